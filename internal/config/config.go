@@ -1,0 +1,304 @@
+// Package config reads hostaccel's one declarative YAML file, validates it strictly (unknown
+// keys are errors, every error names the field and the value) and turns it into a model.State.
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/hostaccel/hostaccel/internal/model"
+)
+
+// Config is the file format. See docs/config.md and examples/.
+type Config struct {
+	// Datapath: flowtable, tc, sockmap or auto.
+	Datapath string `json:"datapath"`
+	Node     Node   `json:"node"`
+	// Classes to accelerate, each on or off. Classes left out are off.
+	Classes map[string]bool `json:"classes"`
+	// PacketThreshold offloads a connection only once it has carried more than this many
+	// packets (both directions, `ct packets > N`, as Kindnet's --fastpath-threshold).
+	// 0 offloads at the first eligible packet (as Antrea does).
+	PacketThreshold int `json:"packetThreshold"`
+	// Exclude lists CIDRs never offloaded, as source or destination, before or after NAT:
+	// offloaded packets skip the forward and postrouting hooks, so traffic that policy or
+	// QoS must see belongs here.
+	Exclude []string `json:"exclude"`
+	Agent   Agent    `json:"agent"`
+}
+
+// Node describes this node's interfaces and addresses.
+type Node struct {
+	Gateways   []string   `json:"gateways"`
+	Transports Transports `json:"transports"`
+
+	LocalPodCIDRs   []string `json:"localPodCIDRs"`
+	PeerPodCIDRs    []string `json:"peerPodCIDRs"`
+	ServiceCIDRs    []string `json:"serviceCIDRs"`
+	NodeIPs         []string `json:"nodeIPs"`
+	PeerNodeIPs     []string `json:"peerNodeIPs"`
+	LoadBalancerIPs []string `json:"loadBalancerIPs"`
+}
+
+// Transports is either the word "auto" (every up, non-loopback link that is not a gateway)
+// or a list of interface names.
+type Transports struct {
+	Auto  bool
+	Names []string
+}
+
+func (t *Transports) UnmarshalJSON(b []byte) error {
+	var s string
+	if json.Unmarshal(b, &s) == nil {
+		if s != "auto" {
+			return fmt.Errorf("node.transports: %q is neither \"auto\" nor a list of interfaces", s)
+		}
+		*t = Transports{Auto: true}
+		return nil
+	}
+	var names []string
+	if err := json.Unmarshal(b, &names); err != nil {
+		return fmt.Errorf("node.transports: want \"auto\" or a list of interface names")
+	}
+	*t = Transports{Names: names}
+	return nil
+}
+
+func (t Transports) MarshalJSON() ([]byte, error) {
+	if t.Auto {
+		return json.Marshal("auto")
+	}
+	return json.Marshal(t.Names)
+}
+
+// Agent tunes the daemon.
+type Agent struct {
+	// ResyncPeriod is how often the agent compares the kernel with the desired state and
+	// repairs drift (default 30s).
+	ResyncPeriod Duration `json:"resyncPeriod"`
+	// MinSyncInterval rate-limits syncs triggered by events (default 1s).
+	MinSyncInterval Duration `json:"minSyncInterval"`
+}
+
+// Duration is a time.Duration written as "30s".
+type Duration struct{ time.Duration }
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration such as \"30s\"")
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}
+
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// Load reads and validates a config file.
+func Load(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	c, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+var unknownField = regexp.MustCompile(`unknown field "([^"]+)"`)
+
+// Parse decodes YAML strictly and validates it.
+func Parse(b []byte) (*Config, error) {
+	var c Config
+	if err := yaml.UnmarshalStrict(b, &c); err != nil {
+		if m := unknownField.FindStringSubmatch(err.Error()); m != nil {
+			return nil, fmt.Errorf("unknown field %q", m[1])
+		}
+		msg := err.Error()
+		if i := strings.LastIndex(msg, "json: "); i >= 0 { // drop the yaml->json plumbing prefix
+			msg = msg[i+len("json: "):]
+		} else if i := strings.LastIndex(msg, "JSON: "); i >= 0 {
+			msg = msg[i+len("JSON: "):]
+		}
+		return nil, errors.New(msg)
+	}
+	if c.Datapath == "" {
+		c.Datapath = model.DatapathFlowtable
+	}
+	if c.Agent.ResyncPeriod.Duration == 0 {
+		c.Agent.ResyncPeriod.Duration = 30 * time.Second
+	}
+	if c.Agent.MinSyncInterval.Duration == 0 {
+		c.Agent.MinSyncInterval.Duration = time.Second
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Errors collects every validation error so that a user fixes them in one go.
+type Errors []error
+
+func (e Errors) Error() string {
+	s := make([]string, len(e))
+	for i, err := range e {
+		s[i] = err.Error()
+	}
+	return strings.Join(s, "\n")
+}
+
+func (c *Config) validate() error {
+	var errs Errors
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+
+	switch c.Datapath {
+	case model.DatapathFlowtable, model.DatapathTC, model.DatapathSockmap, model.DatapathAuto:
+	default:
+		bad("datapath: %q is not one of flowtable, tc, sockmap, auto", c.Datapath)
+	}
+	if len(c.Node.Gateways) == 0 {
+		bad("node.gateways: at least one gateway interface is required")
+	}
+	checkNames := func(field string, names []string) {
+		for i, n := range names {
+			if !validIfname(n) {
+				bad("%s[%d]: %q is not a valid interface name", field, i, n)
+			}
+		}
+	}
+	checkNames("node.gateways", c.Node.Gateways)
+	checkNames("node.transports", c.Node.Transports.Names)
+	if !c.Node.Transports.Auto && len(c.Node.Transports.Names) == 0 {
+		bad("node.transports: list at least one interface, or say \"auto\"")
+	}
+	for i, n := range c.Node.Transports.Names {
+		if slices.Contains(c.Node.Gateways, n) {
+			bad("node.transports[%d]: %q is also a gateway", i, n)
+		}
+	}
+
+	local := parsePrefixes(&errs, "node.localPodCIDRs", c.Node.LocalPodCIDRs)
+	peer := parsePrefixes(&errs, "node.peerPodCIDRs", c.Node.PeerPodCIDRs)
+	svc := parsePrefixes(&errs, "node.serviceCIDRs", c.Node.ServiceCIDRs)
+	lb := parsePrefixes(&errs, "node.loadBalancerIPs", c.Node.LoadBalancerIPs)
+	excl := parsePrefixes(&errs, "exclude", c.Exclude)
+	parseAddrs(&errs, "node.nodeIPs", c.Node.NodeIPs)
+	parseAddrs(&errs, "node.peerNodeIPs", c.Node.PeerNodeIPs)
+	if len(c.Node.LocalPodCIDRs) == 0 {
+		bad("node.localPodCIDRs: at least one local Pod CIDR is required")
+	}
+	noOverlap(&errs, local, nil)
+	noOverlap(&errs, peer, nil)
+	noOverlap(&errs, peer, local)
+	noOverlap(&errs, svc, local)
+	noOverlap(&errs, svc, peer)
+	noOverlap(&errs, lb, nil)
+	noOverlap(&errs, excl, nil)
+
+	for name := range c.Classes {
+		if !slices.Contains(model.Classes, model.Class(name)) {
+			bad("classes: unknown class %q (known: %s)", name, classList())
+		}
+	}
+	if c.PacketThreshold < 0 {
+		bad("packetThreshold: %d is negative; use 0 to offload at once", c.PacketThreshold)
+	}
+	if c.Agent.ResyncPeriod.Duration < time.Second {
+		bad("agent.resyncPeriod: %s is shorter than 1s", c.Agent.ResyncPeriod.Duration)
+	}
+	if c.Agent.MinSyncInterval.Duration < 0 {
+		bad("agent.minSyncInterval: %s is negative", c.Agent.MinSyncInterval.Duration)
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	return nil
+}
+
+func classList() string {
+	s := make([]string, len(model.Classes))
+	for i, c := range model.Classes {
+		s[i] = string(c)
+	}
+	return strings.Join(s, ", ")
+}
+
+// validIfname follows the kernel's dev_valid_name.
+func validIfname(n string) bool {
+	return n != "" && len(n) < 16 && n != "." && n != ".." && !strings.ContainsAny(n, "/: \t\n")
+}
+
+type field struct {
+	name string
+	p    netip.Prefix
+}
+
+func parsePrefixes(errs *Errors, name string, in []string) []field {
+	var out []field
+	for i, s := range in {
+		f := fmt.Sprintf("%s[%d]", name, i)
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			if a, aerr := netip.ParseAddr(s); aerr == nil { // a bare address is a host prefix
+				p = netip.PrefixFrom(a, a.BitLen())
+			} else {
+				*errs = append(*errs, fmt.Errorf("%s: %q is not a valid CIDR", f, s))
+				continue
+			}
+		}
+		if p.Addr().Zone() != "" {
+			*errs = append(*errs, fmt.Errorf("%s: %q has a zone", f, s))
+			continue
+		}
+		if p.Masked() != p {
+			*errs = append(*errs, fmt.Errorf("%s: %q has host bits set (did you mean %s?)", f, s, p.Masked()))
+			continue
+		}
+		out = append(out, field{f, p})
+	}
+	return out
+}
+
+func parseAddrs(errs *Errors, name string, in []string) []netip.Addr {
+	var out []netip.Addr
+	for i, s := range in {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" {
+			*errs = append(*errs, fmt.Errorf("%s[%d]: %q is not a valid IP address", name, i, s))
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// noOverlap reports overlapping prefixes within a (when b is nil) or between a and b.
+func noOverlap(errs *Errors, a, b []field) {
+	for i, x := range a {
+		others, start := b, 0
+		if b == nil {
+			others, start = a, i+1
+		}
+		for _, y := range others[start:] {
+			if x.p.Overlaps(y.p) {
+				*errs = append(*errs, fmt.Errorf("%s: %s overlaps %s %s", x.name, x.p, y.name, y.p))
+			}
+		}
+	}
+}

@@ -1,0 +1,101 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/hostaccel/hostaccel/internal/model"
+)
+
+const good = `
+node:
+  gateways: [gw]
+  transports: [eth0]
+  localPodCIDRs: [10.244.1.0/24, "fd00:10:244:1::/64"]
+  peerPodCIDRs: [10.244.2.0/24]
+classes: {pod-to-pod: true}
+`
+
+func TestParseDefaults(t *testing.T) {
+	c, err := Parse([]byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Datapath != "flowtable" || c.Agent.ResyncPeriod.Seconds() != 30 || c.PacketThreshold != 0 {
+		t.Errorf("defaults: %+v", c)
+	}
+}
+
+// Every bad input is rejected with an error naming the field and the value.
+func TestParseErrors(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"unknown key", good + "bogus: 1\n", `unknown field "bogus"`},
+		{"unknown nested key", strings.Replace(good, "gateways:", "gatways:", 1), `unknown field "gatways"`},
+		{"unknown class", strings.Replace(good, "pod-to-pod", "pod-to-moon", 1), `classes: unknown class "pod-to-moon"`},
+		{"bad cidr", strings.Replace(good, "10.244.2.0/24", "10.244.2.0/33", 1), `node.peerPodCIDRs[0]: "10.244.2.0/33" is not a valid CIDR`},
+		{"host bits", strings.Replace(good, "10.244.2.0/24", "10.244.2.7/24", 1), `node.peerPodCIDRs[0]: "10.244.2.7/24" has host bits set (did you mean 10.244.2.0/24?)`},
+		{"overlap peer/local", strings.Replace(good, "10.244.2.0/24", "10.244.0.0/16", 1), `node.peerPodCIDRs[0]: 10.244.0.0/16 overlaps node.localPodCIDRs[0] 10.244.1.0/24`},
+		{"overlap within", good + "exclude: [10.0.0.0/8, 10.1.0.0/16]\n", `exclude[0]: 10.0.0.0/8 overlaps exclude[1] 10.1.0.0/16`},
+		{"negative threshold", good + "packetThreshold: -1\n", `packetThreshold: -1 is negative`},
+		{"datapath", good + "datapath: warp\n", `datapath: "warp" is not one of`},
+		{"transports word", strings.Replace(good, "[eth0]", "all", 1), `node.transports: "all" is neither "auto" nor a list`},
+		{"ifname", strings.Replace(good, "[gw]", "[a/b]", 1), `node.gateways[0]: "a/b" is not a valid interface name`},
+		{"gateway is transport", strings.Replace(good, "[eth0]", "[gw]", 1), `node.transports[0]: "gw" is also a gateway`},
+		{"node ip", strings.Replace(good, "  gateways:", "  nodeIPs: [1.2.3]\n  gateways:", 1), `node.nodeIPs[0]: "1.2.3" is not a valid IP address`},
+		{"no local", strings.Replace(good, `localPodCIDRs: [10.244.1.0/24, "fd00:10:244:1::/64"]`, "localPodCIDRs: []", 1), `node.localPodCIDRs: at least one`},
+		{"threshold type", good + "packetThreshold: lots\n", "packetThreshold"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestStateResolution(t *testing.T) {
+	c, err := Parse([]byte(strings.Replace(good, "[eth0]", "auto", 1) + "exclude: [10.244.1.9]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	links := []Link{{"lo", true, true}, {"gw", true, false}, {"eth1", true, false}, {"eth0", true, false}, {"down0", false, false}}
+	s, warn, err := c.State(links, true)
+	if err != nil || len(warn) != 0 {
+		t.Fatal(err, warn)
+	}
+	if got := strings.Join(s.Devices(), ","); got != "eth0,eth1,gw" {
+		t.Errorf("auto transports: devices %s", got)
+	}
+	if s.Exclude[0].String() != "10.244.1.9/32" || !s.Enabled(model.PodToPod) || s.Enabled(model.PodToService) {
+		t.Errorf("state %+v", s)
+	}
+
+	// An explicit interface that does not exist: an error for apply, a warning (pruned)
+	// for the agent.
+	c, _ = Parse([]byte(good))
+	if _, _, err := c.State(links[:2], true); err == nil || !strings.Contains(err.Error(), `node.transports[0]: interface "eth0" does not exist`) {
+		t.Errorf("strict: %v", err)
+	}
+	s, warn, err = c.State(links[:2], false)
+	if err != nil || len(warn) != 1 || len(s.Transports) != 0 {
+		t.Errorf("lenient: %v %v %v", s.Transports, warn, err)
+	}
+}
+
+func TestExamplesValid(t *testing.T) {
+	files, _ := filepath.Glob("../../examples/*.yaml")
+	if len(files) < 2 {
+		t.Fatalf("examples missing: %v", files)
+	}
+	for _, f := range files {
+		if _, err := Load(f); err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := os.Stat("../../examples/antrea-node.yaml"); err != nil {
+		t.Error(err)
+	}
+}

@@ -1,0 +1,98 @@
+package config
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/hostaccel/hostaccel/internal/model"
+)
+
+// Link is what resolution needs to know about a network interface.
+type Link struct {
+	Name     string
+	Up       bool
+	Loopback bool
+}
+
+// State resolves the config against the interfaces that exist now. Interfaces named
+// explicitly but absent are an error when strict (apply: bad input), and are pruned with a
+// warning otherwise (agent: a device may vanish and come back; one missing device would fail
+// the whole nft transaction).
+func (c *Config) State(links []Link, strict bool) (model.State, []string, error) {
+	present := map[string]Link{}
+	for _, l := range links {
+		present[l.Name] = l
+	}
+	var warnings []string
+	var errs Errors
+	keep := func(field string, names []string) []string {
+		var out []string
+		for i, n := range names {
+			if _, ok := present[n]; ok {
+				out = append(out, n)
+				continue
+			}
+			msg := fmt.Sprintf("%s[%d]: interface %q does not exist", field, i, n)
+			if strict {
+				errs = append(errs, fmt.Errorf("%s", msg))
+			} else {
+				warnings = append(warnings, msg+" (left out until it appears)")
+			}
+		}
+		return out
+	}
+	s := model.State{
+		Datapath:        c.Datapath,
+		Gateways:        keep("node.gateways", c.Node.Gateways),
+		LocalPodCIDRs:   prefixes(c.Node.LocalPodCIDRs),
+		PeerPodCIDRs:    prefixes(c.Node.PeerPodCIDRs),
+		ServiceCIDRs:    prefixes(c.Node.ServiceCIDRs),
+		LoadBalancerIPs: prefixes(c.Node.LoadBalancerIPs),
+		Exclude:         prefixes(c.Exclude),
+		NodeIPs:         addrs(c.Node.NodeIPs),
+		PeerNodeIPs:     addrs(c.Node.PeerNodeIPs),
+		PacketThreshold: c.PacketThreshold,
+	}
+	if c.Node.Transports.Auto {
+		for _, l := range links {
+			if l.Up && !l.Loopback && !slices.Contains(c.Node.Gateways, l.Name) {
+				s.Transports = append(s.Transports, l.Name)
+			}
+		}
+	} else {
+		s.Transports = keep("node.transports", c.Node.Transports.Names)
+	}
+	for name, on := range c.Classes {
+		if on {
+			s.Classes = append(s.Classes, model.Class(name))
+		}
+	}
+	s.Normalize()
+	if len(errs) > 0 {
+		return s, warnings, errs
+	}
+	return s, warnings, nil
+}
+
+// prefixes and addrs parse values that validate already accepted.
+func prefixes(in []string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range in {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a := netip.MustParseAddr(s)
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func addrs(in []string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range in {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}

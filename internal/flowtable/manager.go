@@ -1,0 +1,192 @@
+package flowtable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/hostaccel/hostaccel/internal/nftjson"
+)
+
+// Manager owns table inet hostaccel in one network namespace. It is the only code of this
+// datapath that touches the kernel.
+type Manager struct {
+	NFT  knftables.Interface // bound to Family/TableName
+	List nftjson.Lister
+
+	last string // fingerprint of the table right after our last successful apply
+}
+
+// NewManager returns a Manager on the real nft binary.
+func NewManager() (*Manager, error) {
+	nft, err := knftables.New(Family, TableName)
+	if err != nil {
+		return nil, err
+	}
+	return &Manager{NFT: nft, List: nftjson.NFT}, nil
+}
+
+// Result says what one Apply changed.
+type Result struct {
+	Rebuilt            bool   `json:"rebuilt"`         // whole table (re)created
+	Reason             string `json:"reason"`          // why it was rebuilt or changed
+	FlowtableRecreated bool   `json:"flowtableFlushed"` // offloaded flows flushed (policy narrowed or devices changed)
+	ElementsAdded      int    `json:"elementsAdded"`
+	ElementsRemoved    int    `json:"elementsRemoved"`
+	Operations         int    `json:"operations"`
+}
+
+// Observe reads the table as the kernel has it; nil, nil if it does not exist.
+func (m *Manager) Observe(ctx context.Context) (*nftjson.Table, error) {
+	t, err := nftjson.List(ctx, m.List, string(Family), TableName)
+	if errors.Is(err, nftjson.ErrNoTable) {
+		return nil, nil
+	}
+	return t, err
+}
+
+// Apply makes the kernel match r in one atomic transaction, changing as little as it can:
+// set elements are added and removed one by one; the flowtable is recreated (which flushes
+// offloaded flows, so that they are re-evaluated) only when devices change or the policy
+// narrows; the whole table is rebuilt when it is missing, has another spec, or was changed
+// by someone else since our last apply (drift).
+func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
+	cur, err := m.Observe(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	tx := m.NFT.NewTransaction()
+	res := Result{}
+	switch reason := m.rebuildReason(cur, r); reason {
+	case "":
+		m.update(tx, cur, r, &res)
+	default:
+		res.Rebuilt, res.Reason = true, reason
+		tx.Add(r.table())
+		tx.Delete(r.table())
+		r.AddAll(tx)
+	}
+	res.Operations = tx.NumOperations()
+	if res.Operations > 0 {
+		if err := m.NFT.Run(ctx, tx); err != nil {
+			return res, fmt.Errorf("nft transaction (nothing was changed): %w", err)
+		}
+	}
+	after, err := m.Observe(ctx)
+	if err != nil {
+		return res, err
+	}
+	if after == nil {
+		return res, fmt.Errorf("table inet %s missing right after apply", TableName)
+	}
+	m.last = after.Fingerprint()
+	return res, nil
+}
+
+func (m *Manager) rebuildReason(cur *nftjson.Table, r *Ruleset) string {
+	switch {
+	case cur == nil:
+		return "table missing"
+	case cur.Comment != r.Comment:
+		return "spec changed"
+	case m.last != "" && cur.Fingerprint() != m.last:
+		return "drift: table changed outside hostaccel"
+	}
+	ch := cur.Chains[ChainName]
+	if ch == nil || len(ch.Rules) != len(r.Rules) || cur.Flowtables[FlowtableName] == nil {
+		return "drift: chain or flowtable differs"
+	}
+	for i, rl := range r.Rules {
+		if ch.Rules[i].Comment != *rl.Comment {
+			return "drift: rule " + fmt.Sprint(i) + " differs"
+		}
+	}
+	for _, s := range r.Sets {
+		if cur.Sets[s.Name] == nil {
+			return "drift: set " + s.Name + " missing"
+		}
+	}
+	return ""
+}
+
+// update adds the element diffs to tx, and recreates the flowtable when devices changed or
+// the policy narrowed (an element left an allow set, or joined the exclude set).
+func (m *Manager) update(tx *knftables.Transaction, cur *nftjson.Table, r *Ruleset, res *Result) {
+	flush := !slices.Equal(cur.Flowtables[FlowtableName].Devices, r.Flowtable.Devices)
+	if flush {
+		res.Reason = "devices changed"
+	}
+	for _, s := range r.Sets {
+		have := map[string]bool{}
+		for _, e := range cur.Sets[s.Name].Elements {
+			have[canonical(e)] = true
+		}
+		want := map[string]bool{}
+		for _, e := range r.Elements[s.Name] {
+			want[canonical(e)] = true
+			if !have[canonical(e)] {
+				tx.Add(elem(s.Name, e))
+				res.ElementsAdded++
+				if strings.HasPrefix(s.Name, "exclude-") {
+					flush, res.Reason = true, "exclude list grew"
+				}
+			}
+		}
+		for _, e := range cur.Sets[s.Name].Elements {
+			if !want[canonical(e)] {
+				tx.Delete(elem(s.Name, quoteIf(s.Type, e)))
+				res.ElementsRemoved++
+				if !strings.HasPrefix(s.Name, "exclude-") && s.Name != DevicesSet {
+					flush, res.Reason = true, "set "+s.Name+" shrank"
+				}
+			}
+		}
+	}
+	if !flush {
+		if res.ElementsAdded+res.ElementsRemoved > 0 {
+			res.Reason = "set elements changed"
+		}
+		return
+	}
+	// Flushing the chain drops the rules' references to the flowtable, so it can be
+	// deleted and re-added in the same transaction; the rules come back right after.
+	res.FlowtableRecreated = true
+	tx.Flush(r.Chain)
+	tx.Delete(&knftables.Flowtable{Name: FlowtableName})
+	tx.Add(r.Flowtable)
+	for _, rl := range r.Rules {
+		tx.Add(rl)
+	}
+}
+
+// canonical makes nft's listing and our rendering comparable: quotes off, host prefixes bare.
+func canonical(e string) string {
+	e = strings.Trim(e, `"`)
+	if a, ok := strings.CutSuffix(e, "/32"); ok && !strings.Contains(a, ":") {
+		return a
+	}
+	if a, ok := strings.CutSuffix(e, "/128"); ok && strings.Contains(a, ":") {
+		return a
+	}
+	return e
+}
+
+func quoteIf(setType, e string) string {
+	if setType == "ifname" {
+		return `"` + e + `"`
+	}
+	return e
+}
+
+// Remove deletes table inet hostaccel and nothing else.
+func (m *Manager) Remove(ctx context.Context) error {
+	tx := m.NFT.NewTransaction()
+	tx.Add(&knftables.Table{})
+	tx.Delete(&knftables.Table{})
+	m.last = ""
+	return m.NFT.Run(ctx, tx)
+}

@@ -1,0 +1,240 @@
+// Package flowtable is the nftables flowtable datapath: Render turns a model.State into the
+// objects of hostaccel's own table (pure, golden-testable), and Manager applies them to the
+// kernel in one transaction, repairs drift and removes them.
+package flowtable
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/hostaccel/hostaccel/internal/model"
+)
+
+const (
+	Family        = knftables.InetFamily
+	TableName     = "hostaccel"
+	FlowtableName = "fastpath"
+	ChainName     = "forward"
+	DevicesSet    = "fastpath-devices"
+	// ChainPriority runs the offload decision after filter-priority chains of other tables
+	// (network policy, firewalls): a connection they drop never becomes established, so it
+	// is never offloaded.
+	ChainPriority = "filter + 10"
+)
+
+// Options are kernel-dependent rendering choices (from probe).
+type Options struct {
+	// FlowtableCounter sets the flowtable's counter flag (kernel >= 5.7), so that
+	// conntrack keeps counting packets and bytes of offloaded flows.
+	FlowtableCounter bool
+}
+
+// Ruleset is the desired content of table inet hostaccel.
+type Ruleset struct {
+	Comment   string
+	Flowtable *knftables.Flowtable
+	Sets      []*knftables.Set
+	Elements  map[string][]string // set name -> element keys, as nft writes them
+	Chain     *knftables.Chain
+	Rules     []*knftables.Rule
+}
+
+type family struct {
+	suffix string // "v4" / "v6"
+	proto  string // "ip" / "ip6"
+	addr   string // set type
+	is     func(netip.Addr) bool
+}
+
+var families = []family{
+	{"v4", "ip", "ipv4_addr", netip.Addr.Is4},
+	{"v6", "ip6", "ipv6_addr", netip.Addr.Is6},
+}
+
+// address sets, each per family; prefixes (interval) unless noted.
+var addrSets = []struct{ name, comment string }{
+	{"local-pod", "this node's Pod CIDRs"},
+	{"peer-pod", "Pod CIDRs of peer nodes"},
+	{"service", "Service CIDRs (empty: any DNAT-ed destination is a Service)"},
+	{"node-ip", "this node's IPs (NodePort)"},
+	{"peer-node-ip", "peer nodes' IPs"},
+	{"lb-ip", "LoadBalancer ingress and external IPs"},
+	{"exclude", "never offloaded, as source or destination, before or after NAT"},
+}
+
+// Render computes the ruleset for s. It is pure: no kernel, no root.
+func Render(s model.State, o Options) *Ruleset {
+	prio := knftables.FilterIngressPriority
+	if o.FlowtableCounter {
+		// knftables v0.0.22 has no Flowtable.Flags; it writes Priority verbatim after
+		// "hook ingress priority", so the flag rides along in that string.
+		prio = "filter ; flags counter"
+	}
+	r := &Ruleset{
+		Flowtable: &knftables.Flowtable{Name: FlowtableName, Priority: &prio, Devices: s.Devices()},
+		Elements:  map[string][]string{},
+		Chain: &knftables.Chain{
+			Name:     ChainName,
+			Type:     knftables.PtrTo(knftables.FilterType),
+			Hook:     knftables.PtrTo(knftables.ForwardHook),
+			Priority: knftables.PtrTo(knftables.BaseChainPriority(ChainPriority)),
+			Comment:  knftables.PtrTo("offload eligible forwarded connections to @" + FlowtableName),
+		},
+	}
+	r.Sets = append(r.Sets, &knftables.Set{Name: DevicesSet, Type: "ifname", Comment: knftables.PtrTo("devices of the flowtable")})
+	for _, d := range s.Devices() {
+		r.Elements[DevicesSet] = append(r.Elements[DevicesSet], `"`+d+`"`)
+	}
+	values := map[string][]netip.Prefix{
+		"local-pod": s.LocalPodCIDRs, "peer-pod": s.PeerPodCIDRs, "service": s.ServiceCIDRs,
+		"node-ip": hosts(s.NodeIPs), "peer-node-ip": hosts(s.PeerNodeIPs),
+		"lb-ip": s.LoadBalancerIPs, "exclude": s.Exclude,
+	}
+	for _, f := range families {
+		for _, as := range addrSets {
+			name := as.name + "-" + f.suffix
+			r.Sets = append(r.Sets, &knftables.Set{
+				Name: name, Type: f.addr, Flags: []knftables.SetFlag{knftables.IntervalFlag},
+				Comment: knftables.PtrTo(as.comment),
+			})
+			for _, p := range values[as.name] {
+				if f.is(p.Addr()) {
+					r.Elements[name] = append(r.Elements[name], p.String())
+				}
+			}
+		}
+	}
+
+	rule := func(text, comment string) {
+		r.Rules = append(r.Rules, &knftables.Rule{Chain: ChainName, Rule: text, Comment: knftables.PtrTo(comment)})
+	}
+	rule("meta l4proto != { tcp, udp } return", "the flowtable offloads TCP and UDP; ICMP (errors, PMTU) always takes the normal path")
+	rule("iifname != @"+DevicesSet+" return", "input device not in the flowtable")
+	rule("oifname != @"+DevicesSet+" return", "output device not in the flowtable")
+	for _, f := range families {
+		ex := "@exclude-" + f.suffix
+		for _, m := range []string{"ct original " + f.proto + " saddr", "ct original " + f.proto + " daddr", "ct reply " + f.proto + " saddr", "ct reply " + f.proto + " daddr"} {
+			rule(m+" "+ex+" counter return", "exclude: "+m)
+		}
+	}
+	threshold := ""
+	if s.PacketThreshold > 0 {
+		threshold = fmt.Sprintf(" ct packets > %d", s.PacketThreshold)
+	}
+	for _, c := range s.Classes {
+		for _, f := range families {
+			for _, m := range classMatches(c, f, len(s.ServiceCIDRs) > 0) {
+				rule(m.match+threshold+" counter flow add @"+FlowtableName+" accept",
+					fmt.Sprintf("%s %s: %s", c, f.suffix, m.what))
+			}
+		}
+	}
+	r.Comment = "hostaccel flowtable datapath, spec " + r.spec()
+	return r
+}
+
+type match struct{ match, what string }
+
+// classMatches says, per class, which connections belong to it. Matches use the conntrack
+// tuples (ct original / ct reply), so a rule matches a connection's packets in both
+// directions, whichever packet first passes the kernel's offload checks.
+func classMatches(c model.Class, f family, haveServiceCIDRs bool) []match {
+	o := func(dir, set string) string { return "ct original " + f.proto + " " + dir + " " + set + "-" + f.suffix }
+	switch c {
+	case model.PodToPod:
+		return []match{
+			{o("saddr", "@local-pod") + " " + o("daddr", "@peer-pod"), "local Pods to peer Pods"},
+			{o("saddr", "@peer-pod") + " " + o("daddr", "@local-pod"), "peer Pods to local Pods"},
+		}
+	case model.PodToService:
+		m := o("saddr", "@local-pod") + " ct status dnat"
+		if haveServiceCIDRs {
+			m += " " + o("daddr", "@service")
+		}
+		return []match{{m, "local Pods to Services, after DNAT"}}
+	case model.ExternalToNodePort:
+		return []match{{o("saddr", "!= @local-pod") + " " + o("daddr", "@node-ip") + " ct status dnat", "external clients to NodePorts, after DNAT"}}
+	case model.ExternalToLoadBalancer:
+		return []match{{o("saddr", "!= @local-pod") + " " + o("daddr", "@lb-ip"), "external clients to LoadBalancer and external IPs"}}
+	case model.NodeToRemotePod:
+		return []match{{o("saddr", "@peer-node-ip") + " " + o("daddr", "@local-pod"), "peer nodes' host network to local Pods"}}
+	case model.ExternalToService:
+		return []match{{o("saddr", "!= @local-pod") + " ct status snat", "external clients to Services, source-NATed by this node"}}
+	}
+	return nil
+}
+
+// spec hashes everything but set elements and devices: when it changes, the table is rebuilt.
+func (r *Ruleset) spec() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n", *r.Flowtable.Priority)
+	for _, s := range r.Sets {
+		fmt.Fprintf(h, "set %s %s %v\n", s.Name, s.Type, s.Flags)
+	}
+	fmt.Fprintf(h, "chain %s %s\n", r.Chain.Name, *r.Chain.Priority)
+	for _, rl := range r.Rules {
+		fmt.Fprintf(h, "rule %s # %s\n", rl.Rule, *rl.Comment)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+func hosts(as []netip.Addr) []netip.Prefix {
+	var out []netip.Prefix
+	for _, a := range as {
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out
+}
+
+// AddAll adds the whole ruleset to tx (after the table exists in tx).
+func (r *Ruleset) AddAll(tx *knftables.Transaction) {
+	tx.Add(r.table())
+	tx.Add(r.Flowtable)
+	for _, s := range r.Sets {
+		tx.Add(s)
+		for _, e := range r.Elements[s.Name] {
+			tx.Add(elem(s.Name, e))
+		}
+	}
+	tx.Add(r.Chain)
+	for _, rl := range r.Rules {
+		tx.Add(rl)
+	}
+}
+
+func (r *Ruleset) table() *knftables.Table {
+	return &knftables.Table{Comment: knftables.PtrTo(r.Comment)}
+}
+
+func elem(set, key string) *knftables.Element {
+	return &knftables.Element{Set: set, Key: []string{key}}
+}
+
+// Dump renders the ruleset as the nft script a fresh apply installs (the knftables Fake's
+// deterministic dump), for `hostaccel render` and golden files.
+func (r *Ruleset) Dump() (string, error) {
+	fake := knftables.NewFake(Family, TableName)
+	tx := fake.NewTransaction()
+	r.AddAll(tx)
+	if err := fake.Run(context.Background(), tx); err != nil {
+		return "", err
+	}
+	return fake.Dump(), nil
+}
+
+// ClassOf returns the class a rule comment belongs to ("" for non-class rules).
+func ClassOf(comment string) model.Class {
+	name, _, _ := strings.Cut(comment, " ")
+	for _, c := range model.Classes {
+		if model.Class(name) == c {
+			return c
+		}
+	}
+	return ""
+}

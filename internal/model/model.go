@@ -1,0 +1,96 @@
+// Package model holds the desired state of one node: a plain value that every source (YAML
+// file, local API, Kubernetes) produces and every datapath consumes. No datapath reads YAML or
+// talks to Kubernetes; they only see a State.
+package model
+
+import (
+	"net/netip"
+	"slices"
+)
+
+// Class is a traffic class that hostaccel can accelerate (seed 000's table, plus
+// node-to-remote-pod).
+type Class string
+
+const (
+	PodToPod               Class = "pod-to-pod"
+	PodToService           Class = "pod-to-service"
+	ExternalToNodePort     Class = "external-to-nodeport"
+	ExternalToLoadBalancer Class = "external-to-loadbalancer"
+	ExternalToService      Class = "external-to-service"
+	NodeToRemotePod        Class = "node-to-remote-pod"
+)
+
+// Classes lists every class in rule order: the most specific first, so that a connection is
+// counted under the class that describes it best.
+var Classes = []Class{PodToService, ExternalToNodePort, ExternalToLoadBalancer, PodToPod, NodeToRemotePod, ExternalToService}
+
+// Datapath names.
+const (
+	DatapathFlowtable = "flowtable"
+	DatapathTC        = "tc"
+	DatapathSockmap   = "sockmap"
+	DatapathAuto      = "auto"
+)
+
+// State is everything one node should do. Slices are sorted and free of duplicates
+// (see Normalize), so two States that mean the same thing are equal.
+type State struct {
+	Datapath string
+	// Gateways and Transports are the interfaces that exist now (vanished ones are pruned
+	// before a State is built, since one missing device fails a whole nft transaction).
+	Gateways   []string
+	Transports []string
+
+	LocalPodCIDRs   []netip.Prefix
+	PeerPodCIDRs    []netip.Prefix
+	ServiceCIDRs    []netip.Prefix
+	NodeIPs         []netip.Addr
+	PeerNodeIPs     []netip.Addr
+	LoadBalancerIPs []netip.Prefix
+	Exclude         []netip.Prefix
+
+	Classes         []Class // enabled classes, in the order of Classes
+	PacketThreshold int     // offload only once a connection has carried more packets than this (0: at once)
+}
+
+// Devices returns the gateways and transports, sorted and without duplicates.
+func (s State) Devices() []string {
+	d := append(append([]string{}, s.Gateways...), s.Transports...)
+	slices.Sort(d)
+	return slices.Compact(d)
+}
+
+// Enabled reports whether class c is on.
+func (s State) Enabled(c Class) bool { return slices.Contains(s.Classes, c) }
+
+// Normalize sorts and de-duplicates every list so that equal states compare equal.
+func (s *State) Normalize() {
+	for _, l := range []*[]string{&s.Gateways, &s.Transports} {
+		slices.Sort(*l)
+		*l = slices.Compact(*l)
+	}
+	for _, l := range []*[]netip.Prefix{&s.LocalPodCIDRs, &s.PeerPodCIDRs, &s.ServiceCIDRs, &s.LoadBalancerIPs, &s.Exclude} {
+		slices.SortFunc(*l, ComparePrefix)
+		*l = slices.Compact(*l)
+	}
+	for _, l := range []*[]netip.Addr{&s.NodeIPs, &s.PeerNodeIPs} {
+		slices.SortFunc(*l, netip.Addr.Compare)
+		*l = slices.Compact(*l)
+	}
+	var cs []Class
+	for _, c := range Classes {
+		if slices.Contains(s.Classes, c) {
+			cs = append(cs, c)
+		}
+	}
+	s.Classes = cs
+}
+
+// ComparePrefix orders prefixes by address, then by length.
+func ComparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
+}

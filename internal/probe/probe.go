@@ -1,0 +1,117 @@
+// Package probe finds out what the running kernel can do for hostaccel, without changing
+// anything on the host: nftables features are dry runs (nft --check, never committed), tc
+// features are tried in a throwaway network namespace and eBPF features use cilium/ebpf's
+// feature probes.
+package probe
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Feature names.
+const (
+	NFTables         = "nf_tables"
+	Flowtable        = "flowtable"
+	FlowtableCounter = "flowtable_counter"
+	NetdevFwd        = "netdev_fwd"
+	Conntrack        = "conntrack"
+	ClsBPF           = "cls_bpf"
+	ClsFlower        = "cls_flower"
+	TCX              = "tcx"
+	RedirectNeigh    = "bpf_redirect_neigh"
+	RedirectPeer     = "bpf_redirect_peer"
+	SockMap          = "sockmap"
+)
+
+// Feature is the outcome of one probe.
+type Feature struct {
+	Name      string `json:"name"`
+	Available bool   `json:"available"`
+	// Detail is the error seen and a remediation hint when the feature is missing.
+	Detail string `json:"detail,omitempty"`
+}
+
+// Result is what Run found.
+type Result struct {
+	Kernel   string    `json:"kernel"`
+	Features []Feature `json:"features"`
+}
+
+// Has reports whether the named feature was found available.
+func (r Result) Has(name string) bool { return r.Get(name).Available }
+
+// Get returns the named feature, or an unavailable Feature with that name if it was not probed.
+func (r Result) Get(name string) Feature {
+	for _, f := range r.Features {
+		if f.Name == name {
+			return f
+		}
+	}
+	return Feature{Name: name, Detail: "not probed"}
+}
+
+// WriteTable writes r as a human-readable table: feature, yes/no, detail.
+func (r Result) WriteTable(w io.Writer) {
+	fmt.Fprintf(w, "kernel: %s\n", r.Kernel)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "FEATURE\tAVAILABLE\tDETAIL")
+	for _, f := range r.Features {
+		yes := "no"
+		if f.Available {
+			yes = "yes"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", f.Name, yes, f.Detail)
+	}
+	tw.Flush()
+}
+
+// Run probes the kernel of the current network namespace. It never fails: a probe that
+// cannot run reports its feature as unavailable, with the reason in Detail. Without a
+// deadline on ctx, Run gives up after 30 seconds.
+func Run(ctx context.Context) Result {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+	}
+	r := Result{Kernel: kernelRelease()}
+	r.Features = append(r.Features, probeNFT(ctx)...)
+	r.Features = append(r.Features, probeTC(ctx)...)
+	r.Features = append(r.Features, probeBPF()...)
+	return r
+}
+
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "unknown: " + err.Error()
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// feature turns the outcome of a probe into a Feature; hint says how to get a missing one.
+func feature(name string, err error, hint string) Feature {
+	if err == nil {
+		return Feature{Name: name, Available: true}
+	}
+	return Feature{Name: name, Detail: strings.TrimSuffix(oneLine(err.Error())+"; "+hint, "; ")}
+}
+
+// try runs fn and turns a panic into an error, so that no probe can take the caller down.
+func try(fn func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("probe panicked: %v", p)
+		}
+	}()
+	return fn()
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
