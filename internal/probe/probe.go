@@ -6,8 +6,10 @@ package probe
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -101,7 +103,15 @@ func feature(name string, err error, hint string) Feature {
 	if err == nil {
 		return Feature{Name: name, Available: true}
 	}
-	return Feature{Name: name, Detail: strings.TrimSuffix(oneLine(err.Error())+"; "+hint, "; ")}
+	msg := oneLine(err.Error())
+	// nft reports errno as text, so look at the text as well.
+	if errors.Is(err, os.ErrPermission) || strings.Contains(strings.ToLower(msg), "operation not permitted") {
+		hint = "run as root (needs CAP_NET_ADMIN, CAP_BPF and CAP_SYS_ADMIN)"
+	}
+	if hint != "" {
+		msg += "; " + hint
+	}
+	return Feature{Name: name, Detail: msg}
 }
 
 // try runs fn and turns a panic into an error, so that no probe can take the caller down.
@@ -114,4 +124,13 @@ func try(fn func() error) (err error) {
 	return fn()
 }
 
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+// oneLine joins the lines of s with "; " and collapses runs of blanks.
+func oneLine(s string) string {
+	var lines []string
+	for line := range strings.Lines(s) {
+		if line = strings.Join(strings.Fields(line), " "); line != "" {
+			lines = append(lines, line)
+		}
+	}
+	return strings.Join(lines, "; ")
+}

@@ -1,0 +1,357 @@
+// Package agent is the reconciler: one loop that wakes on config changes (SIGHUP or the file
+// changing), link events and a period, rebuilds the desired state, and applies it.
+package agent
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/hostaccel/hostaccel/internal/config"
+	"github.com/hostaccel/hostaccel/internal/flowtable"
+	"github.com/hostaccel/hostaccel/internal/model"
+	"github.com/hostaccel/hostaccel/internal/probe"
+)
+
+// Options configure an Agent.
+type Options struct {
+	ConfigPath    string
+	StatePath     string // "" disables publishing state
+	CleanupOnExit bool
+	Log           *slog.Logger
+	// Hooks, replaceable in tests.
+	Probe func(context.Context) probe.Result
+	Links func() ([]config.Link, error)
+	// OnSync is called after every sync attempt (metrics).
+	OnSync func(d time.Duration, st State, err error)
+}
+
+// Agent reconciles one network namespace.
+type Agent struct {
+	opts Options
+	mgr  *flowtable.Manager
+	wake chan struct{}
+
+	mu      sync.Mutex
+	state   State
+	cfg     *config.Config
+	cfgHash [32]byte
+	caps    *probe.Result
+}
+
+// New builds an agent; the config must load and validate.
+func New(opts Options, mgr *flowtable.Manager) (*Agent, error) {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.Probe == nil {
+		opts.Probe = probe.Run
+	}
+	if opts.Links == nil {
+		opts.Links = Links
+	}
+	a := &Agent{opts: opts, mgr: mgr, wake: make(chan struct{}, 1)}
+	if _, err := a.loadConfig(); err != nil {
+		return nil, err
+	}
+	a.state = State{PID: os.Getpid(), ConfigPath: opts.ConfigPath, Datapath: a.cfg.Datapath}
+	return a, nil
+}
+
+// State returns a copy of the agent's current state.
+func (a *Agent) State() State {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.state
+}
+
+// Trigger asks for a sync soon; triggers coalesce.
+func (a *Agent) Trigger() {
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// loadConfig (re)reads the config; it reports whether it changed.
+func (a *Agent) loadConfig() (bool, error) {
+	b, err := os.ReadFile(a.opts.ConfigPath)
+	if err != nil {
+		return false, err
+	}
+	h := sha256.Sum256(b)
+	if a.cfg != nil && h == a.cfgHash {
+		return false, nil
+	}
+	c, err := config.Parse(b)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", a.opts.ConfigPath, err)
+	}
+	a.cfg, a.cfgHash = c, h
+	return true, nil
+}
+
+// Run reconciles until ctx ends. Rules stay in place on exit unless CleanupOnExit.
+func (a *Agent) Run(ctx context.Context) error {
+	log := a.opts.Log
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(3)
+	go func() { defer wg.Done(); a.watchLinks(ctx) }()
+	go func() { defer wg.Done(); a.watchSignals(ctx) }()
+	go func() { defer wg.Done(); a.watchFile(ctx) }()
+
+	var last time.Time
+	backoff := time.Duration(0)
+	a.Trigger()
+	for {
+		a.mu.Lock()
+		period := a.cfg.Agent.ResyncPeriod.Duration
+		minInterval := a.cfg.Agent.MinSyncInterval.Duration
+		a.mu.Unlock()
+		wait := period
+		if backoff > 0 && backoff < wait {
+			wait = backoff
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return a.shutdown()
+		case <-a.wake:
+		case <-timer.C:
+		}
+		timer.Stop()
+		// Rate limit: events arriving in a burst are served by one sync.
+		if d := minInterval - time.Since(last); d > 0 {
+			select {
+			case <-ctx.Done():
+				return a.shutdown()
+			case <-time.After(d):
+			}
+			select { // absorb the triggers that came in meanwhile
+			case <-a.wake:
+			default:
+			}
+		}
+		last = time.Now()
+		if err := a.Sync(ctx); err != nil {
+			if ctx.Err() != nil {
+				return a.shutdown()
+			}
+			backoff = min(max(2*backoff, time.Second), period)
+			log.Error("sync failed; retrying", "err", err, "retryIn", backoff)
+		} else {
+			backoff = 0
+		}
+	}
+}
+
+func (a *Agent) shutdown() error {
+	if !a.opts.CleanupOnExit {
+		a.opts.Log.Info("stopping; rules stay in place (use --cleanup-on-exit or `hostaccel cleanup` to remove them)")
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := a.mgr.Remove(ctx)
+	a.opts.Log.Info("stopping; removed hostaccel's rules", "err", err)
+	if a.opts.StatePath != "" {
+		os.Remove(a.opts.StatePath)
+	}
+	return err
+}
+
+// Sync runs one reconciliation: config, probe, links, render, apply.
+func (a *Agent) Sync(ctx context.Context) error {
+	start := time.Now()
+	var degraded []string
+	err := a.sync(ctx, &degraded)
+	a.mu.Lock()
+	st := &a.state
+	st.Syncs++
+	st.LastSync = start
+	st.Degraded = degraded
+	st.Healthy = err == nil && len(degraded) == 0
+	st.LastError = ""
+	if err != nil {
+		st.SyncErrors++
+		st.LastError = err.Error()
+	}
+	snapshot := *st
+	a.mu.Unlock()
+	a.publish(snapshot)
+	if a.opts.OnSync != nil {
+		a.opts.OnSync(time.Since(start), snapshot, err)
+	}
+	return err
+}
+
+func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
+	log := a.opts.Log
+	a.mu.Lock()
+	changed, err := a.loadConfig()
+	cfg := a.cfg
+	a.mu.Unlock()
+	if err != nil {
+		*degraded = append(*degraded, "config not reloaded, keeping the last good one: "+err.Error())
+		log.Error("config rejected; keeping the last good config", "err", err)
+	} else if changed {
+		log.Info("config loaded", "path", a.opts.ConfigPath, "datapath", cfg.Datapath)
+	}
+
+	if a.caps == nil || !a.caps.Has(probe.Flowtable) {
+		caps := a.opts.Probe(ctx)
+		a.caps = &caps
+	}
+	datapath := cfg.Datapath
+	if datapath == model.DatapathAuto {
+		datapath = model.DatapathFlowtable
+	}
+	if datapath != model.DatapathFlowtable {
+		return fmt.Errorf("datapath %q is not available in this build yet; use flowtable", cfg.Datapath)
+	}
+	if !a.caps.Has(probe.Flowtable) {
+		return fmt.Errorf("%w: %s", ErrNoFlowtable, a.caps.Get(probe.Flowtable).Detail)
+	}
+
+	links, err := a.opts.Links()
+	if err != nil {
+		return fmt.Errorf("list links: %w", err)
+	}
+	s, warnings, _ := cfg.State(links, false)
+	*degraded = append(*degraded, warnings...)
+	for _, w := range warnings {
+		log.Warn("interface pruned from the desired state", "warning", w)
+	}
+	a.mu.Lock()
+	a.state.Devices = s.Devices()
+	a.state.Datapath = datapath
+	a.mu.Unlock()
+
+	res, err := a.mgr.Apply(ctx, flowtable.Render(s, flowtable.Options{FlowtableCounter: a.caps.Has(probe.FlowtableCounter)}))
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.state.LastResult = res
+	a.mu.Unlock()
+	if res.Operations > 0 {
+		log.Info("applied", "reason", res.Reason, "rebuilt", res.Rebuilt, "flowtableFlushed", res.FlowtableRecreated,
+			"elementsAdded", res.ElementsAdded, "elementsRemoved", res.ElementsRemoved, "ops", res.Operations, "devices", s.Devices())
+	}
+	return nil
+}
+
+// ErrNoFlowtable: the kernel cannot do what was asked; the agent keeps retrying.
+var ErrNoFlowtable = errors.New("this kernel has no nftables flowtable (load nf_flow_table_inet and nft_flow_offload, or use a kernel with CONFIG_NF_FLOW_TABLE_INET)")
+
+func (a *Agent) publish(st State) {
+	if a.opts.StatePath == "" {
+		return
+	}
+	b, _ := json.MarshalIndent(st, "", "  ")
+	_ = os.MkdirAll(filepath.Dir(a.opts.StatePath), 0o755)
+	tmp := a.opts.StatePath + ".tmp"
+	if os.WriteFile(tmp, b, 0o644) == nil {
+		_ = os.Rename(tmp, a.opts.StatePath)
+	}
+}
+
+// watchLinks triggers a sync on every link added, removed or changed; the sync prunes
+// vanished devices before its transaction.
+func (a *Agent) watchLinks(ctx context.Context) {
+	for ctx.Err() == nil {
+		ch := make(chan netlink.LinkUpdate, 64)
+		done := make(chan struct{})
+		errc := make(chan error, 1)
+		err := netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{
+			ErrorCallback: func(err error) {
+				select {
+				case errc <- err:
+				default:
+				}
+			},
+		})
+		if err != nil {
+			a.opts.Log.Error("link subscribe failed; relying on the resync period", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(5 * time.Second):
+			}
+			continue
+		}
+		a.drainLinks(ctx, ch, errc)
+		close(done)
+	}
+}
+
+func (a *Agent) drainLinks(ctx context.Context, ch chan netlink.LinkUpdate, errc chan error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case err := <-errc:
+			a.opts.Log.Warn("link subscription broke; resubscribing", "err", err)
+			a.Trigger()
+			return
+		case u, ok := <-ch:
+			if !ok {
+				return
+			}
+			a.opts.Log.Debug("link event", "link", u.Attrs().Name, "type", u.Header.Type)
+			a.Trigger()
+		}
+	}
+}
+
+func (a *Agent) watchSignals(ctx context.Context) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGHUP)
+	defer signal.Stop(ch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+			a.opts.Log.Info("SIGHUP: reloading config")
+			a.Trigger()
+		}
+	}
+}
+
+// watchFile polls the config file: simple, and it survives editors that replace the file.
+func (a *Agent) watchFile(ctx context.Context) {
+	var lastMod time.Time
+	var lastSize int64
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		fi, err := os.Stat(a.opts.ConfigPath)
+		if err != nil {
+			continue
+		}
+		if !lastMod.IsZero() && (fi.ModTime() != lastMod || fi.Size() != lastSize) {
+			a.Trigger()
+		}
+		lastMod, lastSize = fi.ModTime(), fi.Size()
+	}
+}

@@ -1,0 +1,27 @@
+package agent
+
+import (
+	"net"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/hostaccel/hostaccel/internal/config"
+)
+
+// Links lists this network namespace's interfaces for config resolution.
+func Links() ([]config.Link, error) {
+	ls, err := netlink.LinkList()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]config.Link, 0, len(ls))
+	for _, l := range ls {
+		a := l.Attrs()
+		out = append(out, config.Link{
+			Name:     a.Name,
+			Up:       a.Flags&net.FlagUp != 0,
+			Loopback: a.Flags&net.FlagLoopback != 0,
+		})
+	}
+	return out, nil
+}

@@ -1,0 +1,122 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/hostaccel/hostaccel/internal/conntrack"
+	"github.com/hostaccel/hostaccel/internal/flowtable"
+	"github.com/hostaccel/hostaccel/internal/model"
+	"github.com/hostaccel/hostaccel/internal/nftjson"
+)
+
+// DefaultStatePath is where a running agent publishes its state for `hostaccel status`.
+const DefaultStatePath = "/run/hostaccel/agent.json"
+
+// State is what the agent reports about itself.
+type State struct {
+	PID        int              `json:"pid"`
+	ConfigPath string           `json:"configPath"`
+	Datapath   string           `json:"datapath"`
+	Healthy    bool             `json:"healthy"`
+	Degraded   []string         `json:"degraded,omitempty"` // why it cannot do all it was asked
+	Devices    []string         `json:"devices"`
+	Syncs      int              `json:"syncs"`
+	SyncErrors int              `json:"syncErrors"`
+	LastSync   time.Time        `json:"lastSync"`
+	LastError  string           `json:"lastError,omitempty"`
+	LastResult flowtable.Result `json:"lastResult"`
+}
+
+// Status is `hostaccel status`: the kernel's view, plus the agent's if one runs.
+type Status struct {
+	Table     *nftjson.Table    `json:"table"` // nil: not installed
+	Rules     []RuleStatus      `json:"rules"`
+	Classes   []ClassStatus     `json:"classes"`
+	Offloaded []string          `json:"offloaded"` // conntrack entries with [OFFLOAD]
+	Agent     *State            `json:"agent,omitempty"`
+	Errors    map[string]string `json:"errors,omitempty"`
+}
+
+type RuleStatus struct {
+	Comment string `json:"comment"`
+	Packets uint64 `json:"packets"`
+	Bytes   uint64 `json:"bytes"`
+}
+
+// ClassStatus sums the counters of a class's rules: packets that took the normal path
+// (counters stop growing once a connection is offloaded).
+type ClassStatus struct {
+	Class   model.Class `json:"class"`
+	Rules   int         `json:"rules"`
+	Packets uint64      `json:"packets"`
+	Bytes   uint64      `json:"bytes"`
+}
+
+// Gather reads the kernel's state of hostaccel in this network namespace.
+func Gather(ctx context.Context, m *flowtable.Manager, statePath string) Status {
+	st := Status{Errors: map[string]string{}}
+	t, err := m.Observe(ctx)
+	if err != nil {
+		st.Errors["nftables"] = err.Error()
+	}
+	st.Table = t
+	if t != nil && t.Chains[flowtable.ChainName] != nil {
+		byClass := map[model.Class]*ClassStatus{}
+		for _, r := range t.Chains[flowtable.ChainName].Rules {
+			if !r.Counter {
+				continue
+			}
+			st.Rules = append(st.Rules, RuleStatus{r.Comment, r.Packets, r.Bytes})
+			c := flowtable.ClassOf(r.Comment)
+			if c == "" {
+				continue
+			}
+			if byClass[c] == nil {
+				byClass[c] = &ClassStatus{Class: c}
+			}
+			byClass[c].Rules++
+			byClass[c].Packets += r.Packets
+			byClass[c].Bytes += r.Bytes
+		}
+		for _, c := range model.Classes {
+			if cs := byClass[c]; cs != nil {
+				st.Classes = append(st.Classes, *cs)
+			}
+		}
+	}
+	flows, err := conntrack.List(ctx)
+	if err != nil {
+		st.Errors["conntrack"] = err.Error()
+	}
+	for _, f := range flows {
+		if f.Offloaded() {
+			st.Offloaded = append(st.Offloaded, f.String())
+		}
+	}
+	sort.Strings(st.Offloaded)
+	if statePath != "" {
+		if b, err := os.ReadFile(statePath); err == nil {
+			var a State
+			if json.Unmarshal(b, &a) == nil && processAlive(a.PID) {
+				st.Agent = &a
+			}
+		}
+	}
+	if len(st.Errors) == 0 {
+		st.Errors = nil
+	}
+	return st
+}
+
+func processAlive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	_, err := os.Stat("/proc/" + strconv.Itoa(pid))
+	return err == nil
+}

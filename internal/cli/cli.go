@@ -1,0 +1,340 @@
+// Package cli holds hostaccel's cobra commands: thin wrappers over config, probe, the
+// datapaths and the agent.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/hostaccel/hostaccel/internal/agent"
+	"github.com/hostaccel/hostaccel/internal/config"
+	"github.com/hostaccel/hostaccel/internal/flowtable"
+	"github.com/hostaccel/hostaccel/internal/metrics"
+	"github.com/hostaccel/hostaccel/internal/model"
+	"github.com/hostaccel/hostaccel/internal/probe"
+)
+
+// Main runs the CLI and returns the exit code.
+func Main(args []string) int {
+	root := newRoot()
+	root.SetArgs(args)
+	if err := root.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "hostaccel:", err)
+		return 1
+	}
+	return 0
+}
+
+type globals struct {
+	logLevel  string
+	logFormat string
+	output    string
+}
+
+func newRoot() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "hostaccel",
+		Short:         "Accelerate host-network forwarding (nftables flowtable, tc eBPF, sockmap) and load-balance with nftables",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "debug, info, warn or error")
+	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "text", "text or json")
+	root.AddCommand(probeCmd(g), renderCmd(), applyCmd(), agentCmd(g), statusCmd(g), cleanupCmd())
+	return root
+}
+
+func (g *globals) logger() *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(g.logLevel))
+	o := &slog.HandlerOptions{Level: lvl}
+	if g.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, o))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, o))
+}
+
+func addOutput(c *cobra.Command, g *globals) {
+	c.Flags().StringVarP(&g.output, "output", "o", "table", "table or json")
+}
+
+func writeJSON(w io.Writer, v any) error {
+	e := json.NewEncoder(w)
+	e.SetIndent("", "  ")
+	return e.Encode(v)
+}
+
+func probeCmd(g *globals) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "probe",
+		Short: "Show what this kernel supports",
+		RunE: func(c *cobra.Command, _ []string) error {
+			r := probe.Run(c.Context())
+			if g.output == "json" {
+				return writeJSON(c.OutOrStdout(), r)
+			}
+			r.WriteTable(c.OutOrStdout())
+			return nil
+		},
+	}
+	addOutput(c, g)
+	return c
+}
+
+func renderCmd() *cobra.Command {
+	var file string
+	var counter bool
+	c := &cobra.Command{
+		Use:   "render -f CONFIG",
+		Short: "Print the nft ruleset that apply would install (no root needed)",
+		RunE: func(c *cobra.Command, _ []string) error {
+			cfg, err := config.Load(file)
+			if err != nil {
+				return err
+			}
+			// Offline: interfaces named in the config are taken as present; `transports:
+			// auto` expands to this machine's links.
+			links, _ := agent.Links()
+			for _, n := range append(slices.Clone(cfg.Node.Gateways), cfg.Node.Transports.Names...) {
+				links = append(links, config.Link{Name: n, Up: true})
+			}
+			s, _, err := cfg.State(links, false)
+			if err != nil {
+				return err
+			}
+			out, err := flowtable.Render(s, flowtable.Options{FlowtableCounter: counter}).Dump()
+			if err != nil {
+				return err
+			}
+			fmt.Fprint(c.OutOrStdout(), out)
+			return nil
+		},
+	}
+	c.Flags().StringVarP(&file, "file", "f", "", "config file (required)")
+	c.Flags().BoolVar(&counter, "flowtable-counter", true, "render the flowtable's counter flag (kernel >= 5.7; apply probes it)")
+	_ = c.MarkFlagRequired("file")
+	return c
+}
+
+// desired loads the config and resolves it strictly against this namespace's links.
+func desired(ctx context.Context, file string) (*flowtable.Ruleset, model.State, error) {
+	cfg, err := config.Load(file)
+	if err != nil {
+		return nil, model.State{}, err
+	}
+	if cfg.Datapath != model.DatapathFlowtable && cfg.Datapath != model.DatapathAuto {
+		return nil, model.State{}, fmt.Errorf("datapath: %q is not available in this build yet; use flowtable", cfg.Datapath)
+	}
+	caps := probe.Run(ctx)
+	if !caps.Has(probe.Flowtable) {
+		return nil, model.State{}, fmt.Errorf("%w\nprobe said: %s\n(`hostaccel probe` lists what this kernel can do; the README's demo runs the flowtable in a VM on such hosts)",
+			agent.ErrNoFlowtable, caps.Get(probe.Flowtable).Detail)
+	}
+	links, err := agent.Links()
+	if err != nil {
+		return nil, model.State{}, err
+	}
+	s, _, err := cfg.State(links, true)
+	if err != nil {
+		return nil, model.State{}, fmt.Errorf("%s: %w", file, err)
+	}
+	return flowtable.Render(s, flowtable.Options{FlowtableCounter: caps.Has(probe.FlowtableCounter)}), s, nil
+}
+
+func applyCmd() *cobra.Command {
+	var file string
+	c := &cobra.Command{
+		Use:   "apply -f CONFIG",
+		Short: "Install the config in one atomic transaction",
+		RunE: func(c *cobra.Command, _ []string) error {
+			r, s, err := desired(c.Context(), file)
+			if err != nil {
+				return err
+			}
+			m, err := flowtable.NewManager()
+			if err != nil {
+				return err
+			}
+			res, err := m.Apply(c.Context(), r)
+			if err != nil {
+				return err
+			}
+			what := "no change"
+			if res.Operations > 0 {
+				what = res.Reason
+			}
+			fmt.Fprintf(c.OutOrStdout(), "applied table inet %s (%s): devices %s, classes %v, %d operations\n",
+				flowtable.TableName, what, strings.Join(s.Devices(), ","), s.Classes, res.Operations)
+			return nil
+		},
+	}
+	c.Flags().StringVarP(&file, "file", "f", "", "config file (required)")
+	_ = c.MarkFlagRequired("file")
+	return c
+}
+
+func agentCmd(g *globals) *cobra.Command {
+	var file, metricsAddr, statePath string
+	var cleanup bool
+	c := &cobra.Command{
+		Use:   "agent -f CONFIG",
+		Short: "Run the daemon: reconcile on config change, link events and periodically",
+		RunE: func(c *cobra.Command, _ []string) error {
+			log := g.logger()
+			m, err := flowtable.NewManager()
+			if err != nil {
+				return err
+			}
+			var met *metrics.Metrics
+			opts := agent.Options{ConfigPath: file, StatePath: statePath, CleanupOnExit: cleanup, Log: log}
+			if metricsAddr != "" {
+				met = metrics.New(func(ctx context.Context) agent.Status { return agent.Gather(ctx, m, "") })
+				opts.OnSync = met.ObserveSync
+			}
+			a, err := agent.New(opts, m)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(c.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			if met != nil {
+				mux := http.NewServeMux()
+				mux.Handle("/metrics", met.Handler())
+				mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+					st := a.State()
+					if st.Syncs > 0 && st.LastError == "" {
+						fmt.Fprintln(w, "ok")
+						return
+					}
+					w.WriteHeader(http.StatusServiceUnavailable)
+					fmt.Fprintln(w, st.LastError)
+				})
+				srv := &http.Server{Addr: metricsAddr, Handler: mux}
+				go func() {
+					if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+						log.Error("metrics server", "err", err)
+					}
+				}()
+				defer srv.Close()
+				log.Info("serving metrics", "address", metricsAddr)
+			}
+			return a.Run(ctx)
+		},
+	}
+	c.Flags().StringVarP(&file, "file", "f", "", "config file (required)")
+	c.Flags().StringVar(&metricsAddr, "metrics-address", "", "serve /metrics and /healthz here, e.g. 127.0.0.1:9464 (off when empty)")
+	c.Flags().StringVar(&statePath, "state-file", agent.DefaultStatePath, "where the agent publishes its state for `hostaccel status`")
+	c.Flags().BoolVar(&cleanup, "cleanup-on-exit", false, "remove hostaccel's rules when the agent stops")
+	_ = c.MarkFlagRequired("file")
+	return c
+}
+
+func statusCmd(g *globals) *cobra.Command {
+	var statePath string
+	c := &cobra.Command{
+		Use:   "status",
+		Short: "Show hostaccel's tables, devices, rule counters and offloaded connections",
+		RunE: func(c *cobra.Command, _ []string) error {
+			m, err := flowtable.NewManager()
+			if err != nil {
+				return err
+			}
+			st := agent.Gather(c.Context(), m, statePath)
+			if g.output == "json" {
+				return writeJSON(c.OutOrStdout(), st)
+			}
+			writeStatus(c.OutOrStdout(), st)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&statePath, "state-file", agent.DefaultStatePath, "the agent's state file")
+	addOutput(c, g)
+	return c
+}
+
+func writeStatus(out io.Writer, st agent.Status) {
+	if st.Table == nil {
+		fmt.Fprintf(out, "table inet %s: not installed\n", flowtable.TableName)
+	} else {
+		fmt.Fprintf(out, "table inet %s: %s\n", flowtable.TableName, st.Table.Comment)
+		if ft := st.Table.Flowtables[flowtable.FlowtableName]; ft != nil {
+			fmt.Fprintf(out, "flowtable %s: devices %s", flowtable.FlowtableName, strings.Join(ft.Devices, ", "))
+			if len(ft.Flags) > 0 {
+				fmt.Fprintf(out, " (flags %s)", strings.Join(ft.Flags, ","))
+			}
+			fmt.Fprintln(out)
+		}
+	}
+	if st.Agent != nil {
+		a := st.Agent
+		health := "healthy"
+		if !a.Healthy {
+			health = "DEGRADED"
+		}
+		fmt.Fprintf(out, "agent: pid %d, %s, datapath %s, %d syncs (%d failed), last %s\n",
+			a.PID, health, a.Datapath, a.Syncs, a.SyncErrors, a.LastSync.Format("15:04:05"))
+		for _, d := range a.Degraded {
+			fmt.Fprintf(out, "  degraded: %s\n", d)
+		}
+		if a.LastError != "" {
+			fmt.Fprintf(out, "  last error: %s\n", a.LastError)
+		}
+	}
+	if len(st.Classes) > 0 {
+		fmt.Fprintln(out, "\nclasses (packets that took the normal path before offload):")
+		tw := tabwriter.NewWriter(out, 2, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "  CLASS\tRULES\tPACKETS\tBYTES")
+		for _, c := range st.Classes {
+			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\n", c.Class, c.Rules, c.Packets, c.Bytes)
+		}
+		tw.Flush()
+	}
+	if len(st.Rules) > 0 {
+		fmt.Fprintln(out, "\nrules:")
+		tw := tabwriter.NewWriter(out, 2, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "  PACKETS\tBYTES\tRULE")
+		for _, r := range st.Rules {
+			fmt.Fprintf(tw, "  %d\t%d\t%s\n", r.Packets, r.Bytes, r.Comment)
+		}
+		tw.Flush()
+	}
+	fmt.Fprintf(out, "\noffloaded connections (conntrack [OFFLOAD]): %d\n", len(st.Offloaded))
+	for _, f := range st.Offloaded {
+		fmt.Fprintf(out, "  %s\n", f)
+	}
+	for k, v := range st.Errors {
+		fmt.Fprintf(out, "error reading %s: %s\n", k, v)
+	}
+}
+
+func cleanupCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "cleanup",
+		Short: "Remove everything hostaccel installed, and nothing else",
+		RunE: func(c *cobra.Command, _ []string) error {
+			m, err := flowtable.NewManager()
+			if err != nil {
+				return err
+			}
+			if err := m.Remove(c.Context()); err != nil {
+				return err
+			}
+			fmt.Fprintf(c.OutOrStdout(), "removed table inet %s\n", flowtable.TableName)
+			return nil
+		},
+	}
+}

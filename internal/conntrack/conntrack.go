@@ -1,0 +1,289 @@
+// Package conntrack reads the conntrack table of the current network namespace over
+// ctnetlink, including the status bits (ASSURED, NAT, OFFLOAD, HW_OFFLOAD) that
+// vishvananda/netlink's ConntrackFlow leaves out.
+package conntrack
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+)
+
+// Status bits, from linux/netfilter/nf_conntrack_common.h.
+const (
+	StatusSeenReply uint32 = 1 << 1
+	StatusAssured   uint32 = 1 << 2
+	StatusSrcNAT    uint32 = 1 << 4
+	StatusDstNAT    uint32 = 1 << 5
+	StatusOffload   uint32 = 1 << 14
+	StatusHWOffload uint32 = 1 << 15
+)
+
+// Tuple is one direction of a connection.
+type Tuple struct {
+	Src, Dst         netip.Addr
+	SrcPort, DstPort uint16
+	Proto            uint8
+}
+
+// Flow is one conntrack entry.
+type Flow struct {
+	Orig, Reply                                      Tuple
+	Status                                           uint32
+	OrigPackets, OrigBytes, ReplyPackets, ReplyBytes uint64 // zero unless nf_conntrack_acct=1
+	Timeout                                          uint32 // seconds left
+	Mark                                             uint32
+	TCPState                                         string // e.g. "ESTABLISHED"; empty for other protocols
+}
+
+// Offloaded reports whether the flow is in a flowtable (IPS_OFFLOAD).
+func (f Flow) Offloaded() bool { return f.Status&StatusOffload != 0 }
+
+// HWOffloaded reports whether the flow is offloaded to hardware (IPS_HW_OFFLOAD).
+func (f Flow) HWOffloaded() bool { return f.Status&StatusHWOffload != 0 }
+
+// NATed reports whether the flow is source- or destination-NATed.
+func (f Flow) NATed() bool { return f.Status&(StatusSrcNAT|StatusDstNAT) != 0 }
+
+// String formats f like one line of `conntrack -L`.
+func (f Flow) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-8s %d %d ", protoName(f.Orig.Proto), f.Orig.Proto, f.Timeout)
+	if f.TCPState != "" {
+		b.WriteString(f.TCPState + " ")
+	}
+	acct := f.OrigPackets+f.ReplyPackets+f.OrigBytes+f.ReplyBytes != 0
+	writeTuple(&b, f.Orig)
+	if acct {
+		fmt.Fprintf(&b, "packets=%d bytes=%d ", f.OrigPackets, f.OrigBytes)
+	}
+	if f.Status&StatusSeenReply == 0 {
+		b.WriteString("[UNREPLIED] ")
+	}
+	writeTuple(&b, f.Reply)
+	if acct {
+		fmt.Fprintf(&b, "packets=%d bytes=%d ", f.ReplyPackets, f.ReplyBytes)
+	}
+	switch {
+	case f.HWOffloaded():
+		b.WriteString("[HW_OFFLOAD] ")
+	case f.Offloaded():
+		b.WriteString("[OFFLOAD] ")
+	}
+	if f.Status&StatusAssured != 0 {
+		b.WriteString("[ASSURED] ")
+	}
+	fmt.Fprintf(&b, "mark=%d", f.Mark)
+	return b.String()
+}
+
+func writeTuple(b *strings.Builder, t Tuple) {
+	fmt.Fprintf(b, "src=%s dst=%s ", t.Src, t.Dst)
+	if t.SrcPort != 0 || t.DstPort != 0 {
+		fmt.Fprintf(b, "sport=%d dport=%d ", t.SrcPort, t.DstPort)
+	}
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case unix.IPPROTO_TCP:
+		return "tcp"
+	case unix.IPPROTO_UDP:
+		return "udp"
+	case unix.IPPROTO_ICMP:
+		return "icmp"
+	case unix.IPPROTO_ICMPV6:
+		return "icmpv6"
+	case unix.IPPROTO_SCTP:
+		return "sctp"
+	case unix.IPPROTO_UDPLITE:
+		return "udplite"
+	case unix.IPPROTO_DCCP:
+		return "dccp"
+	case unix.IPPROTO_GRE:
+		return "gre"
+	}
+	return "unknown"
+}
+
+// tcpStates are the names of enum tcp_conntrack, as conntrack(8) prints them.
+var tcpStates = []string{"NONE", "SYN_SENT", "SYN_RECV", "ESTABLISHED", "FIN_WAIT",
+	"CLOSE_WAIT", "LAST_ACK", "TIME_WAIT", "CLOSE", "SYN_SENT2"}
+
+// List dumps the IPv4 and IPv6 conntrack tables of the calling thread's network namespace.
+func List(ctx context.Context) ([]Flow, error) {
+	var flows []Flow
+	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		fs, err := dump(family)
+		if err != nil {
+			return nil, err
+		}
+		flows = append(flows, fs...)
+	}
+	return flows, nil
+}
+
+func dump(family uint8) ([]Flow, error) {
+	var (
+		msgs [][]byte
+		err  error
+	)
+	// A dump that raced with a table change is inconsistent; try again a few times.
+	for range 3 {
+		req := nl.NewNetlinkRequest(unix.NFNL_SUBSYS_CTNETLINK<<8|nl.IPCTNL_MSG_CT_GET, unix.NLM_F_DUMP)
+		req.AddData(&nl.Nfgenmsg{NfgenFamily: family, Version: nl.NFNETLINK_V0})
+		if msgs, err = req.Execute(unix.NETLINK_NETFILTER, 0); !errors.Is(err, nl.ErrDumpInterrupted) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ctnetlink dump (family %d): %w", family, err)
+	}
+	flows := make([]Flow, 0, len(msgs))
+	for _, m := range msgs {
+		if len(m) < nl.SizeofNfgenmsg {
+			return nil, errors.New("ctnetlink: short message")
+		}
+		f, err := parseFlow(m[nl.SizeofNfgenmsg:])
+		if err != nil {
+			return nil, err
+		}
+		flows = append(flows, f)
+	}
+	return flows, nil
+}
+
+// parseFlow decodes the attributes of one IPCTNL_MSG_CT_NEW message (after the nfgenmsg).
+func parseFlow(b []byte) (Flow, error) {
+	var f Flow
+	err := forAttrs(b, func(typ uint16, v []byte) error {
+		switch typ {
+		case nl.CTA_TUPLE_ORIG:
+			return parseTuple(v, &f.Orig)
+		case nl.CTA_TUPLE_REPLY:
+			return parseTuple(v, &f.Reply)
+		case nl.CTA_STATUS:
+			f.Status = be32(v)
+		case nl.CTA_TIMEOUT:
+			f.Timeout = be32(v)
+		case nl.CTA_MARK:
+			f.Mark = be32(v)
+		case nl.CTA_COUNTERS_ORIG:
+			return parseCounters(v, &f.OrigPackets, &f.OrigBytes)
+		case nl.CTA_COUNTERS_REPLY:
+			return parseCounters(v, &f.ReplyPackets, &f.ReplyBytes)
+		case nl.CTA_PROTOINFO:
+			return forAttrs(v, func(typ uint16, v []byte) error {
+				if typ != nl.CTA_PROTOINFO_TCP {
+					return nil
+				}
+				return forAttrs(v, func(typ uint16, v []byte) error {
+					if typ == nl.CTA_PROTOINFO_TCP_STATE && len(v) == 1 && int(v[0]) < len(tcpStates) {
+						f.TCPState = tcpStates[v[0]]
+					}
+					return nil
+				})
+			})
+		}
+		return nil
+	})
+	return f, err
+}
+
+func parseTuple(b []byte, t *Tuple) error {
+	return forAttrs(b, func(typ uint16, v []byte) error {
+		switch typ {
+		case nl.CTA_TUPLE_IP:
+			return forAttrs(v, func(typ uint16, v []byte) error {
+				a, ok := netip.AddrFromSlice(v)
+				if !ok {
+					return fmt.Errorf("ctnetlink: bad address of %d bytes", len(v))
+				}
+				switch typ {
+				case nl.CTA_IP_V4_SRC, nl.CTA_IP_V6_SRC:
+					t.Src = a
+				case nl.CTA_IP_V4_DST, nl.CTA_IP_V6_DST:
+					t.Dst = a
+				}
+				return nil
+			})
+		case nl.CTA_TUPLE_PROTO:
+			return forAttrs(v, func(typ uint16, v []byte) error {
+				switch typ {
+				case nl.CTA_PROTO_NUM:
+					if len(v) > 0 {
+						t.Proto = v[0]
+					}
+				case nl.CTA_PROTO_SRC_PORT:
+					t.SrcPort = be16(v)
+				case nl.CTA_PROTO_DST_PORT:
+					t.DstPort = be16(v)
+				}
+				return nil
+			})
+		}
+		return nil
+	})
+}
+
+func parseCounters(b []byte, packets, bytes *uint64) error {
+	return forAttrs(b, func(typ uint16, v []byte) error {
+		switch typ {
+		case nl.CTA_COUNTERS_PACKETS:
+			*packets = be64(v)
+		case nl.CTA_COUNTERS_BYTES:
+			*bytes = be64(v)
+		}
+		return nil
+	})
+}
+
+// forAttrs calls fn for each netlink attribute in b, with the nested and byte-order flags
+// cleared from its type.
+func forAttrs(b []byte, fn func(typ uint16, value []byte) error) error {
+	for len(b) >= unix.SizeofNlAttr {
+		n := int(binary.NativeEndian.Uint16(b))
+		typ := binary.NativeEndian.Uint16(b[2:]) & nl.NLA_TYPE_MASK
+		if n < unix.SizeofNlAttr || n > len(b) {
+			return fmt.Errorf("ctnetlink: bad attribute length %d", n)
+		}
+		if err := fn(typ, b[unix.SizeofNlAttr:n]); err != nil {
+			return err
+		}
+		b = b[min(nlaAlign(n), len(b)):]
+	}
+	return nil
+}
+
+func nlaAlign(n int) int { return (n + unix.NLA_ALIGNTO - 1) &^ (unix.NLA_ALIGNTO - 1) }
+
+// The values of ctnetlink attributes are big endian; short ones read as zero.
+func be16(b []byte) uint16 {
+	if len(b) < 2 {
+		return 0
+	}
+	return binary.BigEndian.Uint16(b)
+}
+
+func be32(b []byte) uint32 {
+	if len(b) < 4 {
+		return 0
+	}
+	return binary.BigEndian.Uint32(b)
+}
+
+func be64(b []byte) uint64 {
+	if len(b) < 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(b)
+}

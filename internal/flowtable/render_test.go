@@ -1,0 +1,135 @@
+package flowtable
+
+import (
+	"context"
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/hostaccel/hostaccel/internal/config"
+	"github.com/hostaccel/hostaccel/internal/model"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".nft")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("render differs from %s (go test -update rewrites it):\n--- got\n%s", path, got)
+	}
+}
+
+func dump(t *testing.T, s model.State, o Options) string {
+	t.Helper()
+	s.Normalize()
+	out, err := Render(s, o).Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func pfx(ss ...string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range ss {
+		out = append(out, netip.MustParsePrefix(s))
+	}
+	return out
+}
+
+func base() model.State {
+	return model.State{
+		Datapath: "flowtable", Gateways: []string{"gw"}, Transports: []string{"eth0"},
+		LocalPodCIDRs: pfx("10.244.1.0/24", "fd00:10:244:1::/64"),
+		PeerPodCIDRs:  pfx("10.244.2.0/24", "fd00:10:244:2::/64"),
+	}
+}
+
+// One golden file per class (IPv4 and IPv6 rules both render from one state).
+func TestRenderEachClass(t *testing.T) {
+	for _, c := range model.Classes {
+		t.Run(string(c), func(t *testing.T) {
+			s := base()
+			s.Classes = []model.Class{c}
+			s.NodeIPs = []netip.Addr{netip.MustParseAddr("172.18.0.2"), netip.MustParseAddr("fd00:172:18::2")}
+			s.PeerNodeIPs = []netip.Addr{netip.MustParseAddr("172.18.0.3")}
+			s.LoadBalancerIPs = pfx("198.51.100.80/32", "2001:db8:80::/120")
+			golden(t, "class-"+string(c), dump(t, s, Options{FlowtableCounter: true}))
+		})
+	}
+}
+
+func TestRenderThresholdExcludeNoCounter(t *testing.T) {
+	s := base()
+	s.Classes = []model.Class{model.PodToPod, model.PodToService}
+	s.PacketThreshold = 20
+	s.ServiceCIDRs = pfx("10.96.0.0/16", "fd00:10:96::/112")
+	s.Exclude = pfx("10.244.1.66/32", "fd00:10:244:1::66/128", "10.244.2.128/25")
+	golden(t, "threshold-exclude", dump(t, s, Options{FlowtableCounter: false}))
+}
+
+// The seed nodes: Antrea's doc node (shared/seeds/001) and a Kindnet node (seed 002),
+// from the example configs users start from.
+func TestRenderExamples(t *testing.T) {
+	links := []config.Link{{Name: "lo", Up: true, Loopback: true}, {Name: "antrea-gw0", Up: true}, {Name: "eth0", Up: true},
+		{Name: "knet379d0a5f", Up: true}, {Name: "knetabb40db0", Up: true}}
+	for _, name := range []string{"antrea-node", "kindnet-node"} {
+		t.Run(name, func(t *testing.T) {
+			c, err := config.Load("../../examples/" + name + ".yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, _, err := c.State(links, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := dump(t, s, Options{FlowtableCounter: true})
+			golden(t, name, got)
+			if name == "kindnet-node" && !strings.Contains(got, "ct packets > 20") {
+				t.Error("kindnet threshold missing")
+			}
+		})
+	}
+}
+
+// The rendered transaction is valid for knftables (the Fake checks references), and the
+// spec hash changes with policy but not with set contents or devices.
+func TestSpecHash(t *testing.T) {
+	a := base()
+	a.Classes = []model.Class{model.PodToPod}
+	b := a
+	b.PeerPodCIDRs = pfx("10.244.9.0/24")
+	b.Transports = []string{"eth0", "eth1"}
+	if Render(a, Options{}).Comment != Render(b, Options{}).Comment {
+		t.Error("elements or devices changed the spec")
+	}
+	c := a
+	c.Classes = []model.Class{model.PodToPod, model.PodToService}
+	if Render(a, Options{}).Comment == Render(c, Options{}).Comment {
+		t.Error("classes did not change the spec")
+	}
+	fake := knftables.NewFake(Family, TableName)
+	tx := fake.NewTransaction()
+	Render(c, Options{}).AddAll(tx)
+	if err := fake.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(fake.Table.Chains[ChainName].Rules); got != 3+8+4+2 {
+		t.Errorf("rules: %d", got)
+	}
+}

@@ -1,0 +1,120 @@
+// Package metrics exports the agent's Prometheus metrics.
+package metrics
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/hostaccel/hostaccel/internal/agent"
+	"github.com/hostaccel/hostaccel/internal/model"
+)
+
+// Metrics holds the agent's metrics on its own registry.
+type Metrics struct {
+	Registry   *prometheus.Registry
+	syncs      prometheus.Counter
+	syncErrors prometheus.Counter
+	duration   prometheus.Histogram
+	devices    prometheus.Gauge
+	healthy    prometheus.Gauge
+}
+
+// New registers the metrics; gather reads the kernel's view at scrape time.
+func New(gather func(context.Context) agent.Status) *Metrics {
+	m := &Metrics{
+		Registry:   prometheus.NewRegistry(),
+		syncs:      prometheus.NewCounter(prometheus.CounterOpts{Name: "hostaccel_syncs_total", Help: "Reconciliations run."}),
+		syncErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "hostaccel_sync_errors_total", Help: "Reconciliations that failed."}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hostaccel_sync_duration_seconds",
+			Help: "Time one reconciliation took.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 12)}),
+		devices: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hostaccel_devices", Help: "Devices in the flowtable."}),
+		healthy: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hostaccel_healthy",
+			Help: "1 when the last sync succeeded and nothing is degraded, else 0."}),
+	}
+	m.Registry.MustRegister(m.syncs, m.syncErrors, m.duration, m.devices, m.healthy,
+		&kernelCollector{gather: gather, base: map[key]float64{}, last: map[key]float64{}})
+	return m
+}
+
+// ObserveSync records one sync (agent.Options.OnSync).
+func (m *Metrics) ObserveSync(d time.Duration, st agent.State, err error) {
+	m.syncs.Inc()
+	if err != nil {
+		m.syncErrors.Inc()
+	}
+	m.duration.Observe(d.Seconds())
+	m.devices.Set(float64(len(st.Devices)))
+	if st.Healthy {
+		m.healthy.Set(1)
+	} else {
+		m.healthy.Set(0)
+	}
+}
+
+// Handler serves /metrics.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})
+}
+
+var (
+	classPackets = prometheus.NewDesc("hostaccel_class_packets_total",
+		"Packets of a traffic class that took the normal path through the forward chain (offloaded packets skip it).", []string{"class"}, nil)
+	classBytes = prometheus.NewDesc("hostaccel_class_bytes_total",
+		"Bytes of a traffic class that took the normal path through the forward chain.", []string{"class"}, nil)
+	offloaded = prometheus.NewDesc("hostaccel_offloaded_flows",
+		"Conntrack entries offloaded to the flowtable right now.", nil, nil)
+	installed = prometheus.NewDesc("hostaccel_table_installed", "1 when table inet hostaccel exists.", nil, nil)
+)
+
+type key struct {
+	class model.Class
+	bytes bool
+}
+
+// kernelCollector turns rule counters into monotonic counters: a rebuilt table starts its
+// counters at zero again, so the value before the reset is carried over.
+type kernelCollector struct {
+	gather func(context.Context) agent.Status
+	mu     sync.Mutex
+	base   map[key]float64
+	last   map[key]float64
+}
+
+func (c *kernelCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{classPackets, classBytes, offloaded, installed} {
+		ch <- d
+	}
+}
+
+func (c *kernelCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st := c.gather(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, cs := range st.Classes {
+		for _, k := range []struct {
+			key
+			v    uint64
+			desc *prometheus.Desc
+		}{{key{cs.Class, false}, cs.Packets, classPackets}, {key{cs.Class, true}, cs.Bytes, classBytes}} {
+			v := float64(k.v)
+			if v < c.last[k.key] {
+				c.base[k.key] += c.last[k.key]
+			}
+			c.last[k.key] = v
+			ch <- prometheus.MustNewConstMetric(k.desc, prometheus.CounterValue, c.base[k.key]+v, string(cs.Class))
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(offloaded, prometheus.GaugeValue, float64(len(st.Offloaded)))
+	inst := 0.0
+	if st.Table != nil {
+		inst = 1
+	}
+	ch <- prometheus.MustNewConstMetric(installed, prometheus.GaugeValue, inst)
+}

@@ -1,0 +1,185 @@
+package probe
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+var sample = Result{
+	Kernel: "6.1.0-test",
+	Features: []Feature{
+		{Name: NFTables, Available: true},
+		{Name: Flowtable, Detail: "nft: Could not process rule: No such file or directory; load nf_flow_table_inet"},
+	},
+}
+
+func TestHasGet(t *testing.T) {
+	if !sample.Has(NFTables) || sample.Has(Flowtable) || sample.Has(SockMap) {
+		t.Errorf("Has: got nf_tables=%v flowtable=%v sockmap=%v, want true false false",
+			sample.Has(NFTables), sample.Has(Flowtable), sample.Has(SockMap))
+	}
+	if got := sample.Get(Flowtable); got != sample.Features[1] {
+		t.Errorf("Get(flowtable) = %+v", got)
+	}
+	if got := sample.Get(SockMap); got.Name != SockMap || got.Available {
+		t.Errorf("Get(sockmap) = %+v, want an unavailable sockmap", got)
+	}
+}
+
+func TestWriteTable(t *testing.T) {
+	var b bytes.Buffer
+	sample.WriteTable(&b)
+	want := "kernel: 6.1.0-test\n" +
+		"FEATURE    AVAILABLE  DETAIL\n" +
+		"nf_tables  yes        \n" +
+		"flowtable  no         nft: Could not process rule: No such file or directory; load nf_flow_table_inet\n"
+	if b.String() != want {
+		t.Errorf("WriteTable:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+func TestJSON(t *testing.T) {
+	b, err := json.Marshal(sample)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"kernel":"6.1.0-test","features":[{"name":"nf_tables","available":true},` +
+		`{"name":"flowtable","available":false,"detail":"nft: Could not process rule: No such file or directory; load nf_flow_table_inet"}]}`
+	if string(b) != want {
+		t.Errorf("JSON:\n%s\nwant:\n%s", b, want)
+	}
+	var back Result
+	if err := json.Unmarshal(b, &back); err != nil || back.Kernel != sample.Kernel || len(back.Features) != 2 || back.Features[1] != sample.Features[1] {
+		t.Errorf("round trip: %+v, %v", back, err)
+	}
+}
+
+func TestFeatureDetail(t *testing.T) {
+	if f := feature(TCX, nil, "hint"); !f.Available || f.Detail != "" {
+		t.Errorf("available feature: %+v", f)
+	}
+	if f := feature(TCX, errors.New("bad\n  thing\n"), "hint"); f.Available || f.Detail != "bad; thing; hint" {
+		t.Errorf("missing feature: %+v", f)
+	}
+	if f := feature(TCX, errors.New("bad"), ""); f.Detail != "bad" {
+		t.Errorf("missing feature without hint: %+v", f)
+	}
+	if err := try(func() error { panic("boom") }); err == nil || !strings.Contains(err.Error(), "boom") {
+		t.Errorf("try did not turn a panic into an error: %v", err)
+	}
+}
+
+func TestNFTError(t *testing.T) {
+	err := errors.New("/dev/stdin:2:1-79: Error: Could not process rule: No such file or directory\n" +
+		"add flowtable inet hostaccel-probe ft { hook ingress priority filter ; devices = { lo } ; }\n" +
+		"^^^^^^^^^^^^^^^\n" +
+		"/dev/stdin:4:20-31: Error: Could not process rule: No such file or directory\n" +
+		"add rule inet hostaccel-probe forward flow add @ft\n")
+	if got := nftError(err).Error(); got != "nft: Could not process rule: No such file or directory" {
+		t.Errorf("nftError = %q", got)
+	}
+	if nftError(nil) != nil {
+		t.Error("nftError(nil) != nil")
+	}
+}
+
+// requireRoot skips the test without root, or fails it if HOSTACCEL_REQUIRE_ROOT=1.
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("HOSTACCEL_REQUIRE_ROOT") == "1" {
+		t.Fatal("needs root (HOSTACCEL_REQUIRE_ROOT=1)")
+	}
+	t.Skip("needs root")
+}
+
+func ruleset(t *testing.T) []byte {
+	t.Helper()
+	out, err := exec.Command("nft", "list", "ruleset").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list ruleset: %v: %s", err, out)
+	}
+	return out
+}
+
+var allFeatures = []string{NFTables, Flowtable, FlowtableCounter, NetdevFwd, Conntrack,
+	ClsBPF, ClsFlower, TCX, RedirectNeigh, RedirectPeer, SockMap}
+
+// checkShape checks that r has every feature once, in order, and a reason for each missing one.
+func checkShape(t *testing.T, r Result) {
+	t.Helper()
+	if r.Kernel == "" {
+		t.Error("no kernel release")
+	}
+	if len(r.Features) != len(allFeatures) {
+		t.Fatalf("got %d features, want %d: %+v", len(r.Features), len(allFeatures), r.Features)
+	}
+	for i, f := range r.Features {
+		if f.Name != allFeatures[i] {
+			t.Errorf("feature %d is %q, want %q", i, f.Name, allFeatures[i])
+		}
+		if !f.Available && f.Detail == "" {
+			t.Errorf("%s is unavailable without a detail", f.Name)
+		}
+	}
+}
+
+// TestRunFailsSoft runs with any privileges: without root every probe must still report.
+func TestRunFailsSoft(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r := Run(ctx)
+	var table bytes.Buffer
+	r.WriteTable(&table)
+	t.Logf("euid %d:\n%s", os.Geteuid(), table.String())
+	checkShape(t, r)
+}
+
+func TestRunHost(t *testing.T) {
+	requireRoot(t)
+	before := ruleset(t)
+	start := time.Now()
+	r := Run(context.Background())
+	took := time.Since(start)
+	after := ruleset(t)
+
+	var table bytes.Buffer
+	r.WriteTable(&table)
+	t.Logf("probe took %v:\n%s", took, table.String())
+
+	if !bytes.Equal(before, after) {
+		t.Errorf("nft ruleset changed by Run:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	checkShape(t, r)
+
+	want := map[string]bool{}
+	inVM := os.Getenv("HOSTACCEL_IN_VM") == "1"
+	if inVM {
+		// The Debian cloud kernel of the VM tests has both as modules.
+		want[Flowtable] = true
+		want[ClsFlower] = true
+	} else {
+		for _, name := range []string{NFTables, NetdevFwd, Conntrack, ClsBPF, SockMap, RedirectNeigh} {
+			want[name] = true
+		}
+		if strings.Contains(r.Kernel, "-fc-") {
+			// The development host: no flowtable, no flower, cannot load modules.
+			want[Flowtable] = false
+			want[ClsFlower] = false
+		}
+	}
+	for name, avail := range want {
+		if f := r.Get(name); f.Available != avail {
+			t.Errorf("%s: available=%v, want %v (detail: %s)", name, f.Available, avail, f.Detail)
+		}
+	}
+}

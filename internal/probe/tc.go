@@ -1,0 +1,139 @@
+package probe
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	hintClsBPF    = "load cls_bpf and sch_ingress (CONFIG_NET_CLS_BPF, CONFIG_NET_SCH_INGRESS)"
+	hintClsFlower = "load cls_flower (CONFIG_NET_CLS_FLOWER)"
+	hintTCX       = "needs Linux >= 6.6"
+)
+
+// removeMemlock lifts RLIMIT_MEMLOCK for kernels before 5.11, which charge BPF memory to
+// it. Best effort: newer kernels do not need it, and if it fails for lack of privileges the
+// probes report that themselves.
+var removeMemlock = sync.OnceFunc(func() { _ = rlimit.RemoveMemlock() })
+
+// probeTC tries a clsact qdisc with a flower and a cls_bpf filter, and a tcx link, on the
+// loopback device of a throwaway network namespace, so the host's devices are never touched.
+func probeTC(ctx context.Context) []Feature {
+	done := make(chan []Feature, 1)
+	go func() {
+		var fs []Feature
+		err := try(func() error {
+			var err error
+			fs, err = inThrowawayNetns(probeTCHere)
+			return err
+		})
+		if err != nil {
+			err = fmt.Errorf("throwaway network namespace: %w", err)
+			fs = []Feature{feature(ClsBPF, err, hintClsBPF), feature(ClsFlower, err, hintClsFlower), feature(TCX, err, hintTCX)}
+		}
+		done <- fs
+	}()
+	select {
+	case fs := <-done:
+		return fs
+	case <-ctx.Done():
+		err := ctx.Err()
+		return []Feature{feature(ClsBPF, err, ""), feature(ClsFlower, err, ""), feature(TCX, err, "")}
+	}
+}
+
+// inThrowawayNetns runs fn on a thread moved into a new, unnamed network namespace, which
+// vanishes with everything in it once fn returns. It must be called on a goroutine of its
+// own: if the thread cannot be moved back, it stays locked and dies with the goroutine.
+func inThrowawayNetns(fn func() []Feature) ([]Feature, error) {
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return nil, err
+	}
+	defer orig.Close()
+	ns, err := netns.New() // moves this thread into the new namespace
+	if err != nil {
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+		return nil, err
+	}
+	defer ns.Close()
+	defer func() {
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+	}()
+	return fn(), nil
+}
+
+// probeTCHere runs the tc probes in the current thread's network namespace.
+func probeTCHere() []Feature {
+	lo, err := netlink.LinkByName("lo")
+	if err == nil {
+		err = netlink.QdiscAdd(&netlink.GenericQdisc{
+			QdiscAttrs: netlink.QdiscAttrs{LinkIndex: lo.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
+			QdiscType:  "clsact",
+		})
+		if err != nil {
+			err = fmt.Errorf("clsact qdisc: %w", err)
+		}
+	}
+	if err != nil {
+		return []Feature{feature(ClsBPF, err, hintClsBPF), feature(ClsFlower, err, hintClsFlower), feature(TCX, err, hintTCX)}
+	}
+	ifindex := lo.Attrs().Index
+	attrs := func(prio uint16) netlink.FilterAttrs {
+		return netlink.FilterAttrs{LinkIndex: ifindex, Parent: netlink.HANDLE_MIN_INGRESS, Priority: prio, Protocol: unix.ETH_P_ALL}
+	}
+
+	prog, progErr := loadTrivialProgram()
+	if progErr == nil {
+		defer prog.Close()
+	}
+
+	err = progErr
+	if err == nil {
+		err = netlink.FilterAdd(&netlink.BpfFilter{FilterAttrs: attrs(1), Fd: prog.FD(), Name: "hostaccel-probe", DirectAction: true})
+	}
+	fs := []Feature{feature(ClsBPF, err, hintClsBPF)}
+
+	err = netlink.FilterAdd(&netlink.Flower{FilterAttrs: attrs(2), EthType: unix.ETH_P_IP})
+	fs = append(fs, feature(ClsFlower, err, hintClsFlower))
+
+	err = progErr
+	if err == nil {
+		var l link.Link
+		if l, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXIngress}); err == nil {
+			l.Close()
+		}
+	}
+	return append(fs, feature(TCX, err, hintTCX))
+}
+
+// loadTrivialProgram loads a SchedCLS program that returns TC_ACT_OK.
+func loadTrivialProgram() (*ebpf.Program, error) {
+	removeMemlock()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:         "hostaccel_probe",
+		Type:         ebpf.SchedCLS,
+		License:      "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("loading a SchedCLS program: %w", err)
+	}
+	return prog, nil
+}

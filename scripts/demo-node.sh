@@ -1,0 +1,66 @@
+#!/bin/bash
+# The demo itself: a namespace mini-cluster (a Pod behind node "gw", a peer node with a remote
+# Pod and an external client behind "eth0"), hostaccel applied in the node, TCP and UDP
+# traffic pod -> remote pod, and `hostaccel status` taken while the traffic runs.
+# Runs wherever the kernel has the nftables flowtable: natively, or inside the project's VM
+# (scripts/demo.sh decides). usage: demo-node.sh HOSTACCEL_BINARY
+set -euo pipefail
+HA=$(readlink -f "${1:-./hostaccel}")
+P=hademo
+ns() { local n=$1; shift; ip netns exec "$P-$n" "$@"; }
+cleanup() { for n in pod node remote; do ip netns del "$P-$n" 2>/dev/null || true; done; }
+trap cleanup EXIT
+cleanup
+
+for n in pod node remote; do ip netns add "$P-$n"; ns $n ip link set lo up; done
+ip -n $P-node link add gw type veth peer name eth0 netns $P-pod
+ip -n $P-node link add eth0 type veth peer name eth0 netns $P-remote
+ns pod ip addr add 10.244.1.2/24 dev eth0; ns pod ip -6 addr add fd00:10:244:1::2/64 dev eth0 nodad
+ns pod ip link set eth0 up
+ns pod ip route add default via 10.244.1.1; ns pod ip -6 route add default via fd00:10:244:1::1
+ns node ip addr add 10.244.1.1/24 dev gw; ns node ip -6 addr add fd00:10:244:1::1/64 dev gw nodad
+ns node ip addr add 172.18.0.2/24 dev eth0; ns node ip -6 addr add fd00:172:18::2/64 dev eth0 nodad
+ns node ip link set gw up; ns node ip link set eth0 up
+ns node ip route add 10.244.2.0/24 via 172.18.0.3; ns node ip -6 route add fd00:10:244:2::/64 via fd00:172:18::3
+ns node sh -c 'echo 1 >/proc/sys/net/ipv4/ip_forward; echo 1 >/proc/sys/net/ipv6/conf/all/forwarding'
+ns remote ip addr add 172.18.0.3/24 dev eth0; ns remote ip -6 addr add fd00:172:18::3/64 dev eth0 nodad
+ns remote ip addr add 10.244.2.2/32 dev lo; ns remote ip -6 addr add fd00:10:244:2::2/128 dev lo
+ns remote ip link set eth0 up
+ns remote ip route add 10.244.1.0/24 via 172.18.0.2 src 10.244.2.2
+ns remote ip -6 route add fd00:10:244:1::/64 via fd00:172:18::2 src fd00:10:244:2::2
+
+cat >/tmp/hostaccel-demo.yaml <<'YAML'
+datapath: flowtable
+node:
+  gateways: [gw]
+  transports: [eth0]
+  localPodCIDRs: [10.244.1.0/24, "fd00:10:244:1::/64"]
+  peerPodCIDRs: [10.244.2.0/24, "fd00:10:244:2::/64"]
+  nodeIPs: [172.18.0.2]
+classes:
+  pod-to-pod: true
+  pod-to-service: true
+YAML
+echo "== hostaccel probe (node)"; ns node "$HA" probe
+echo "== config"; cat /tmp/hostaccel-demo.yaml
+echo "== hostaccel apply"; ns node "$HA" apply -f /tmp/hostaccel-demo.yaml
+ns remote iperf3 -s -D -B 10.244.2.2 -p 5201 -I /run/hademo-iperf4.pid
+ns remote iperf3 -s -D -B fd00:10:244:2::2 -p 5202 -I /run/hademo-iperf6.pid
+sleep 1
+echo "== traffic: iperf3 TCP v4, TCP v6 and UDP v4 from the Pod to the remote Pod (4 s each, in parallel)"
+ns pod iperf3 -c 10.244.2.2 -p 5201 -t 4 -f m >/tmp/hademo-tcp4 2>&1 &
+ns pod iperf3 -c fd00:10:244:2::2 -p 5202 -t 4 -f m >/tmp/hademo-tcp6 2>&1 &
+sleep 2
+echo "== hostaccel status (during the transfer)"
+ns node "$HA" status
+wait
+grep -h receiver /tmp/hademo-tcp4 /tmp/hademo-tcp6 | sed 's/^/iperf3: /'
+ns pod iperf3 -c 10.244.2.2 -p 5201 -u -b 50M -t 3 -f m >/tmp/hademo-udp 2>&1 &
+sleep 1.5
+echo "== offloaded UDP flow (conntrack, during the UDP run)"
+ns node "$HA" status -o json | grep -o '"udp[^"]*OFFLOAD[^"]*"' || echo "(no UDP flow offloaded yet)"
+wait
+kill "$(cat /run/hademo-iperf4.pid)" "$(cat /run/hademo-iperf6.pid)" 2>/dev/null || true
+echo "== hostaccel cleanup"; ns node "$HA" cleanup
+ns node nft list ruleset | grep -q hostaccel && { echo "cleanup left rules behind"; exit 1; }
+echo "demo: OK"

@@ -1,0 +1,31 @@
+#!/bin/bash
+# The whole test suite (run as root on Debian bookworm): installs what is missing, then
+#  1. unit tests (golden renders with the knftables Fake, config validation, parsers),
+#  2. host tests in network namespaces with the real nft, conntrack and netlink,
+#  3. kernel tests that need the nftables flowtable, inside the project's VM (qemu TCG, Debian
+#     cloud kernel) when this kernel lacks it, natively otherwise.
+# Tests that need root fail (not skip) here: HOSTACCEL_REQUIRE_ROOT=1.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+"$ROOT/scripts/setup.sh" >/dev/null
+export HOSTACCEL_REQUIRE_ROOT=1 CGO_ENABLED=0
+T0=$(date +%s)
+
+echo "== go vet"
+go vet ./...
+
+echo "== unit and host tests"
+go test -count=1 -p 1 ./...
+
+mkdir -p .cache/bin
+go build -o .cache/bin/hostaccel ./cmd/hostaccel
+if .cache/bin/hostaccel probe -o json | grep -A1 '"name": "flowtable"' | grep -q '"available": true'; then
+	echo "== kernel tests (native: this kernel has the flowtable)"
+	HOSTACCEL_REQUIRE_FLOWTABLE=1 HOSTACCEL_BIN=$ROOT/.cache/bin/hostaccel go test -count=1 -p 1 -v ./test/e2e/ 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'
+else
+	echo "== kernel tests in the VM ($(cat .cache/kernel/VERSION 2>/dev/null || basename "$(readlink -f .cache/kernel)"))"
+	VMEXEC_FILES="$ROOT/.cache/bin/hostaccel" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_REQUIRE_FLOWTABLE=1 HOSTACCEL_BIN=/vmtest/hostaccel" \
+		go test -count=1 -p 1 -timeout 30m -exec "$ROOT/vmtest/vmexec.sh" ./test/e2e/ ./internal/probe/ ./internal/conntrack/
+fi
+echo "== all tests passed in $(($(date +%s) - T0)) s"

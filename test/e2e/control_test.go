@@ -1,0 +1,265 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hostaccel/hostaccel/internal/config"
+	"github.com/hostaccel/hostaccel/internal/flowtable"
+	"github.com/hostaccel/hostaccel/internal/testbed"
+)
+
+func ruleset(t *testing.T, ns *testbed.NS) string {
+	t.Helper()
+	out, err := ns.Exec("nft", "list", "ruleset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// What render prints is what apply installs: same rules in the same order, same elements.
+// A second apply changes nothing; bad input changes nothing; cleanup removes our table and
+// leaves a foreign one in the same namespace exactly as it was.
+func TestApplyRenderStatusCleanup(t *testing.T) {
+	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
+	foreign := "table inet foreign {\n chain fwd { type filter hook forward priority 0; policy accept; counter }\n}\ntable ip nat {\n chain post { type nat hook postrouting priority 100; ip saddr 10.99.0.0/16 masquerade }\n}\n"
+	if out, err := tp.Node.Exec("sh", "-c", "printf '"+foreign+"' | nft -f -"); err != nil {
+		t.Fatal(err, out)
+	}
+	pristine := ruleset(t, tp.Node)
+	cfg := writeConfig(t, nodeConfig(tp, "classes: {pod-to-pod: true, pod-to-service: true, node-to-remote-pod: true}\nexclude: [10.244.1.99]\n"))
+
+	rendered := mustHA(t, tp.Node.Name, "render", "-f", cfg)
+	out := mustHA(t, tp.Node.Name, "apply", "-f", cfg)
+	if !strings.Contains(out, "table missing") {
+		t.Errorf("first apply: %s", out)
+	}
+	st := status(t, tp.Node)
+	var wantComments, gotComments []string
+	for _, m := range regexp.MustCompile(`(?m)^add rule .* comment "([^"]*)"$`).FindAllStringSubmatch(rendered, -1) {
+		wantComments = append(wantComments, m[1])
+	}
+	for _, r := range st.Table.Chains[flowtable.ChainName].Rules {
+		gotComments = append(gotComments, r.Comment)
+	}
+	if !slices.Equal(wantComments, gotComments) || len(gotComments) < 10 {
+		t.Errorf("kernel rules differ from render:\n got %q\nwant %q", gotComments, wantComments)
+	}
+	for _, m := range regexp.MustCompile(`(?m)^add element inet hostaccel (\S+) \{ "?([^" ]+)"? \}$`).FindAllStringSubmatch(rendered, -1) {
+		els := st.Table.Sets[m[1]].Elements
+		if !slices.Contains(els, m[2]) && !slices.Contains(els, strings.TrimSuffix(m[2], "/32")) {
+			t.Errorf("set %s: kernel has %v, render has %s", m[1], els, m[2])
+		}
+	}
+
+	if out := mustHA(t, tp.Node.Name, "apply", "-f", cfg); !strings.Contains(out, "no change") {
+		t.Errorf("second apply was not a no-op: %s", out)
+	}
+
+	applied := ruleset(t, tp.Node)
+	for _, bad := range []struct{ yaml, want string }{
+		{nodeConfig(tp, "classes: {pod-to-moon: true}\n"), `unknown class "pod-to-moon"`},
+		{nodeConfig(tp, "packetThreshold: -3\n"), "packetThreshold: -3"},
+		{strings.Replace(nodeConfig(tp, podToPod), "transports: [eth0]", "transports: [eth7]", 1), `node.transports[0]: interface "eth7" does not exist`},
+		{strings.Replace(nodeConfig(tp, podToPod), "10.244.2.0/24", "10.244.1.128/25", 1), "overlaps"},
+	} {
+		out, err := ha(tp.Node.Name, "apply", "-f", writeConfig(t, bad.yaml))
+		if err == nil || !strings.Contains(out, bad.want) {
+			t.Errorf("bad config accepted or unclear error (want %q): %v %s", bad.want, err, out)
+		}
+		if now := ruleset(t, tp.Node); now != applied {
+			t.Errorf("rejected config changed the kernel:\n%s", now)
+		}
+	}
+
+	mustHA(t, tp.Node.Name, "cleanup")
+	if now := ruleset(t, tp.Node); now != pristine {
+		t.Errorf("cleanup did not restore the foreign rules exactly:\n got %s\nwant %s", now, pristine)
+	}
+}
+
+// A transaction that the kernel rejects (here: a device vanishes between resolution and
+// commit, the known flowtable trap) leaves the previous state untouched.
+func TestFailedTransactionKeepsPreviousState(t *testing.T) {
+	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
+	cfgText := strings.Replace(nodeConfig(tp, podToPod), "transports: [eth0]", "transports: auto", 1)
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, cfgText))
+	before := ruleset(t, tp.Node)
+	c, err := config.Parse([]byte(cfgText))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := tp.Node.Exec("ip", "link", "add", "vanish0", "type", "veth", "peer", "name", "vanish1"); err != nil {
+		t.Fatal(err, out)
+	}
+	tp.Node.Exec("ip", "link", "set", "vanish0", "up")
+	tp.Node.Exec("ip", "link", "set", "vanish1", "up")
+	err = tp.Node.Do(func() error {
+		links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}, {Name: "vanish0", Up: true}, {Name: "vanish1", Up: true}}
+		s, _, err := c.State(links, true)
+		if err != nil {
+			return err
+		}
+		m, err := flowtable.NewManager()
+		if err != nil {
+			return err
+		}
+		if out, err := exec.Command("ip", "link", "del", "vanish0").CombinedOutput(); err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		_, err = m.Apply(context.Background(), flowtable.Render(s, flowtable.Options{FlowtableCounter: true}))
+		if err == nil {
+			t.Error("apply with a vanished device succeeded")
+		} else {
+			t.Logf("rejected as expected: %v", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := ruleset(t, tp.Node); after != before {
+		t.Errorf("failed transaction changed the kernel:\n%s", after)
+	}
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func devices(t *testing.T, ns *testbed.NS) string {
+	st := status(t, ns)
+	if st.Table == nil || st.Table.Flowtables[flowtable.FlowtableName] == nil {
+		return ""
+	}
+	return strings.Join(st.Table.Flowtables[flowtable.FlowtableName].Devices, ",")
+}
+
+// The agent: applies at start, repairs drift within a period, follows device churn (pruning
+// vanished devices), reloads its config on change, serves metrics, and leaves the rules in
+// place on exit unless told to clean up.
+func TestAgent(t *testing.T) {
+	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
+	cfgText := strings.Replace(nodeConfig(tp, podToPod), "transports: [eth0]", "transports: auto", 1) +
+		"agent: {resyncPeriod: 2s, minSyncInterval: 200ms}\n"
+	cfg := writeConfig(t, cfgText)
+	statePath := t.TempDir() + "/agent.json"
+	cmd := exec.Command("ip", "netns", "exec", tp.Node.Name, hostaccel, "agent", "-f", cfg,
+		"--state-file", statePath, "--metrics-address", "127.0.0.1:9464")
+	logs, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var logBuf strings.Builder
+	logDone := make(chan struct{})
+	go func() {
+		defer close(logDone)
+		sc := bufio.NewScanner(logs)
+		for sc.Scan() {
+			logBuf.WriteString(sc.Text() + "\n")
+		}
+	}()
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+		if t.Failed() {
+			<-logDone
+			t.Logf("agent log:\n%s", logBuf.String())
+		}
+	})
+	const slow = 20 * time.Second // TCG emulation is slow; the period is 2s
+	waitFor(t, "the agent's first apply", slow, func() bool { return devices(t, tp.Node) == "eth0,gw" })
+
+	// Drift: the table deleted, a rule added by someone else.
+	tp.Node.Exec("nft", "delete", "table", "inet", "hostaccel")
+	waitFor(t, "the deleted table to come back", slow, func() bool { return devices(t, tp.Node) == "eth0,gw" })
+	nRules := len(status(t, tp.Node).Table.Chains[flowtable.ChainName].Rules)
+	if out, err := tp.Node.Exec("nft", "add", "rule", "inet", "hostaccel", "forward", "counter", "drop"); err != nil {
+		t.Fatal(err, out)
+	}
+	waitFor(t, "the foreign rule to be removed", slow, func() bool {
+		return len(status(t, tp.Node).Table.Chains[flowtable.ChainName].Rules) == nRules
+	})
+
+	// Device churn: links come and go; the flowtable follows and the agent stays healthy.
+	for i := 0; i < 3; i++ {
+		tp.Node.Exec("ip", "link", "add", "churn0", "type", "veth", "peer", "name", "churn1")
+		tp.Node.Exec("ip", "link", "set", "churn0", "up")
+		tp.Node.Exec("ip", "link", "set", "churn1", "up")
+		waitFor(t, "churn devices added", slow, func() bool { return devices(t, tp.Node) == "churn0,churn1,eth0,gw" })
+		tp.Node.Exec("ip", "link", "del", "churn0")
+		waitFor(t, "churn devices pruned", slow, func() bool { return devices(t, tp.Node) == "eth0,gw" })
+	}
+
+	// Config change: picked up from the file.
+	if err := os.WriteFile(cfg, []byte(strings.Replace(cfgText, "{pod-to-pod: true}", "{pod-to-pod: true, pod-to-service: true}", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the new class after a config change", slow, func() bool {
+		for _, c := range status(t, tp.Node).Classes {
+			if c.Class == "pod-to-service" {
+				return true
+			}
+		}
+		return false
+	})
+
+	// Metrics and the agent's own status.
+	tcpConn(t, tp.Pod, tp.V4.Pod, tp.Remote, tp.V4.RemotePod, 5007, 1<<20)
+	var body string
+	err := tp.Node.Do(func() error {
+		resp, err := http.Get("http://127.0.0.1:9464/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		body = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"hostaccel_syncs_total", "hostaccel_sync_errors_total", "hostaccel_sync_duration_seconds_bucket",
+		"hostaccel_devices 2", `hostaccel_class_packets_total{class="pod-to-pod"}`, "hostaccel_offloaded_flows 1", "hostaccel_healthy 1"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	out := mustHA(t, tp.Node.Name, "status", "--state-file", statePath)
+	if !strings.Contains(out, "healthy") || !strings.Contains(out, "[OFFLOAD]") {
+		t.Errorf("status:\n%s", out)
+	}
+
+	// Exit leaves rules in place.
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("agent exit: %v", err)
+	}
+	stopped = true
+	if devices(t, tp.Node) != "eth0,gw" {
+		t.Error("rules removed on exit without --cleanup-on-exit")
+	}
+}
