@@ -2,15 +2,18 @@
 # Boots the Debian cloud kernel (.cache/kernel) under qemu TCG with the base initramfs plus a
 # second cpio holding /vmtest/{run, copied files}, runs CMD in the guest and exits with its status.
 #
-# usage: run-in-vm.sh [-f HOSTPATH]... [-e K=V]... [-t TIMEOUT] [-m MEM] [-s SMP] [-i] [-q] [-l LOG] -- CMD [ARGS...]
-#   -f  copy a host file or directory into the guest's /vmtest (CMD's cwd, first in PATH); repeatable
+# usage: run-in-vm.sh [-f HOSTPATH[:GUESTPATH]]... [-e K=V]... [-C DIR] [-t TIMEOUT] [-m MEM] [-s SMP]
+#                     [-i] [-q] [-l LOG] -- CMD [ARGS...]
+#   -f  copy a host file or directory into the guest's /vmtest (first in PATH), or to the absolute
+#       GUESTPATH if given (use real paths: /usr/bin, not the /bin symlink); repeatable
 #   -e  export K=V for CMD; repeatable
+#   -C  CMD's working directory in the guest (created if missing; default /vmtest)
 #   -t  seconds before qemu is killed (default 600); exit status 124
 #   -m  guest memory (default 1G)     -s  vCPUs (default 2)
 #   -i  deterministic icount mode for benchmarks: one vCPU, guest clock = instruction count
 #   -q  print only CMD's output (between the START and RC markers); otherwise the whole console
 #   -l  also write the whole console to LOG
-# CMD runs as root under bash in /vmtest, stdin /dev/null, stdout/stderr on the serial console.
+# CMD runs as root under bash, stdin /dev/null, stdout/stderr on the serial console.
 # Exit status: CMD's; 124 timeout; 125 guest never printed HOSTACCEL_VM_RC (panic, qemu error).
 # env: VMTEST_BASE (base cpio, default .cache/vm-base.cpio, (re)built by mkinitramfs.sh as needed),
 #      VMTEST_QEMU_ARGS (extra qemu args), VMTEST_APPEND (extra kernel command line).
@@ -19,13 +22,14 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 ROOT=$(dirname "$HERE")
 BASE=${VMTEST_BASE:-$ROOT/.cache/vm-base.cpio}
-TIMEOUT=600 MEM=1G SMP= ICOUNT= QUIET= LOG=
+TIMEOUT=600 MEM=1G SMP= ICOUNT= QUIET= LOG= CWD=/vmtest
 FILES=() ENVS=()
-usage() { sed -n '5,12p' "$HERE/run-in-vm.sh" | sed 's/^# \{0,1\}//' >&2; exit 2; }
-while getopts "f:e:t:m:s:iql:h" o; do
+usage() { sed -n '5,16p' "$HERE/run-in-vm.sh" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+while getopts "f:e:C:t:m:s:iql:h" o; do
 	case $o in
 	f) FILES+=("$OPTARG") ;;
 	e) ENVS+=("$OPTARG") ;;
+	C) CWD=$OPTARG ;;
 	t) TIMEOUT=$OPTARG ;;
 	m) MEM=$OPTARG ;;
 	s) SMP=$OPTARG ;;
@@ -39,15 +43,18 @@ shift $((OPTIND - 1))
 [ $# -ge 1 ] || usage
 say() { [ -n "$QUIET" ] || echo "run-in-vm: $*" >&2; }
 
-"$HERE/mkinitramfs.sh" "$BASE" # no-op unless the script, init or kernel changed
+# no-op unless mkinitramfs.sh, init or the kernel changed; its notes are hidden under -q
+if ! out=$("$HERE/mkinitramfs.sh" "$BASE" 2>&1); then echo "$out" >&2; exit 1; fi
+[ -z "$out" ] || say "$out"
 KVER=$(basename "$(ls -d "$ROOT"/.cache/kernel/lib/modules/*/ | head -1)")
 KERNEL=$ROOT/.cache/kernel/boot/vmlinuz-$KVER
 
 W=$(mktemp -d "${TMPDIR:-/tmp}/vmtest-run.XXXXXX")
 QPID= WPID=
 cleanup() {
-	[ -n "$QPID" ] && kill -KILL "$QPID" 2>/dev/null
-	[ -n "$WPID" ] && kill "$WPID" 2>/dev/null
+	set +e
+	if [ -n "$QPID" ]; then kill -KILL "$QPID"; fi 2>/dev/null
+	if [ -n "$WPID" ]; then kill "$WPID"; fi 2>/dev/null
 	wait 2>/dev/null
 	rm -rf "$W"
 }
@@ -55,18 +62,24 @@ trap cleanup EXIT
 trap 'echo "run-in-vm: interrupted" >&2; exit 130' INT
 trap 'exit 143' TERM HUP
 
-# second cpio: /vmtest/run (exports + the quoted command) and the copied files
+# second cpio: /vmtest/run (exports, cd, the quoted command) and the copied files
 mkdir -p "$W/x/vmtest"
-for f in "${FILES[@]}"; do cp -rL -- "$f" "$W/x/vmtest/"; done
+for f in "${FILES[@]}"; do
+	dst=/vmtest/
+	case $f in *:/*) dst=${f##*:} f=${f%:*} ;; esac
+	mkdir -p "$W/x$(dirname "$dst")"
+	cp -rL -- "$f" "$W/x$dst"
+done
 {
 	echo '#!/bin/bash'
 	for e in "${ENVS[@]}"; do printf 'export %q\n' "$e"; done
+	printf 'mkdir -p %q && cd %q || exit 126\n' "$CWD" "$CWD"
 	printf 'exec'
 	printf ' %q' "$@"
 	echo
 } >"$W/x/vmtest/run"
 chmod 0755 "$W/x/vmtest/run"
-(cd "$W/x" && find vmtest | cpio -o -H newc --quiet -R 0:0) >"$W/extra.cpio"
+(cd "$W/x" && find . -mindepth 1 | cpio -o -H newc --quiet -R 0:0) >"$W/extra.cpio"
 cat "$BASE" "$W/extra.cpio" >"$W/initrd.cpio"
 
 if [ -n "$ICOUNT" ]; then
@@ -105,7 +118,8 @@ wait -n -p done_pid "$QPID" "$WPID" || true
 if [ "$done_pid" = "$WPID" ]; then
 	WPID=
 	kill -KILL "$QPID" 2>/dev/null || true
-	wait "$FPID" || true
+	wait "$QPID" "$FPID" 2>/dev/null || true
+	QPID=
 	echo "run-in-vm: timeout after ${TIMEOUT}s, qemu killed" >&2
 	exit 124
 fi

@@ -32,8 +32,8 @@ func NewManager() (*Manager, error) {
 
 // Result says what one Apply changed.
 type Result struct {
-	Rebuilt            bool   `json:"rebuilt"`         // whole table (re)created
-	Reason             string `json:"reason"`          // why it was rebuilt or changed
+	Rebuilt            bool   `json:"rebuilt"`          // whole table (re)created
+	Reason             string `json:"reason"`           // why it was rebuilt or changed
 	FlowtableRecreated bool   `json:"flowtableFlushed"` // offloaded flows flushed (policy narrowed or devices changed)
 	ElementsAdded      int    `json:"elementsAdded"`
 	ElementsRemoved    int    `json:"elementsRemoved"`

@@ -72,9 +72,9 @@ var addrSets = []struct{ name, comment string }{
 func Render(s model.State, o Options) *Ruleset {
 	prio := knftables.FilterIngressPriority
 	if o.FlowtableCounter {
-		// knftables v0.0.22 has no Flowtable.Flags; it writes Priority verbatim after
-		// "hook ingress priority", so the flag rides along in that string.
-		prio = "filter ; flags counter"
+		// knftables v0.0.22 has no flowtable counter field; it writes Priority verbatim after
+		// "hook ingress priority", so nft's "counter ;" statement rides along in that string.
+		prio = "filter ; counter"
 	}
 	r := &Ruleset{
 		Flowtable: &knftables.Flowtable{Name: FlowtableName, Priority: &prio, Devices: s.Devices()},

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"regexp"
 	"sort"
 	"strings"
 )
@@ -34,7 +35,34 @@ func NFT(ctx context.Context, family, table string) ([]byte, error) {
 		}
 		return nil, fmt.Errorf("nft list table %s %s: %v: %s", family, table, err, strings.TrimSpace(stderr.String()))
 	}
-	return out, nil
+	// nft 1.0.6 leaves table comments out of its JSON; read it from the text listing.
+	text, err := exec.CommandContext(ctx, "nft", "--terse", "list", "table", family, table).Output()
+	if err != nil {
+		return out, nil
+	}
+	return withTableComment(out, text)
+}
+
+var textTableComment = regexp.MustCompile(`^table \S+ \S+ \{\n\s*comment "((?:[^"\\]|\\.)*)"`)
+
+// withTableComment puts the table comment from a text listing into JSON output that lacks it.
+func withTableComment(js, text []byte) ([]byte, error) {
+	m := textTableComment.FindSubmatch(text)
+	if m == nil {
+		return js, nil
+	}
+	var doc struct {
+		Nftables []map[string]map[string]any `json:"nftables"`
+	}
+	if err := json.Unmarshal(js, &doc); err != nil {
+		return nil, fmt.Errorf("parse nft json: %w", err)
+	}
+	for _, o := range doc.Nftables {
+		if t, ok := o["table"]; ok && t["comment"] == nil {
+			t["comment"] = string(m[1])
+		}
+	}
+	return json.Marshal(doc)
 }
 
 // Table is one table's contents.

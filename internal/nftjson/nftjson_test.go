@@ -69,3 +69,20 @@ func TestListNoTable(t *testing.T) {
 		t.Error("garbage parsed")
 	}
 }
+
+// nft 1.0.6 leaves the table comment out of --json; it is taken from the text listing.
+func TestTableCommentFromText(t *testing.T) {
+	js := []byte(`{"nftables": [{"metainfo": {"version": "1.0.6"}}, {"table": {"family": "inet", "name": "hostaccel", "handle": 22}}]}`)
+	text := []byte("table inet hostaccel {\n\tcomment \"hostaccel flowtable datapath, spec 5f946c40e89a037c\"\n\tset fastpath-devices {\n")
+	out, err := withTableComment(js, text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab, err := Parse(out)
+	if err != nil || tab.Comment != "hostaccel flowtable datapath, spec 5f946c40e89a037c" || tab.Name != "hostaccel" {
+		t.Fatalf("%+v %v", tab, err)
+	}
+	if out, _ := withTableComment(js, []byte("table inet hostaccel {\n\tset x {\n\t\tcomment \"a set\"\n")); string(out) != string(js) {
+		t.Errorf("a set comment was taken for the table's: %s", out)
+	}
+}

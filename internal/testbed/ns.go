@@ -194,7 +194,7 @@ func (n *NS) Handle() (*netlink.Handle, error) {
 		return nil, fmt.Errorf("netns %s: closed", n.Name)
 	}
 	if n.handle == nil {
-		h, err := netlink.NewHandleAt(n.fd)
+		h, err := netlink.NewHandleAt(n.fd, unix.NETLINK_ROUTE) // route only: the VM kernel has no xfrm_user
 		if err != nil {
 			return nil, fmt.Errorf("netlink handle %s: %w", n.Name, err)
 		}
