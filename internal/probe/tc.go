@@ -18,7 +18,7 @@ import (
 const (
 	hintClsBPF    = "load cls_bpf and sch_ingress (CONFIG_NET_CLS_BPF, CONFIG_NET_SCH_INGRESS)"
 	hintClsFlower = "load cls_flower (CONFIG_NET_CLS_FLOWER)"
-	hintTCX       = "needs Linux >= 6.6"
+	hintTCX       = "" // cilium/ebpf's error already names the kernel version needed
 )
 
 // removeMemlock lifts RLIMIT_MEMLOCK for kernels before 5.11, which charge BPF memory to

@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/hostaccel/hostaccel/internal/agent"
 	"github.com/hostaccel/hostaccel/internal/config"
 	"github.com/hostaccel/hostaccel/internal/flowtable"
+	"github.com/hostaccel/hostaccel/internal/probe"
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
@@ -36,6 +38,7 @@ func ruleset(t *testing.T, ns *testbed.NS) string {
 // A second apply changes nothing; bad input changes nothing; cleanup removes our table and
 // leaves a foreign one in the same namespace exactly as it was.
 func TestApplyRenderStatusCleanup(t *testing.T) {
+	needFlowtable(t)
 	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
 	foreign := writeConfig(t, `table inet foreign {
 	chain filter_fwd {
@@ -108,6 +111,7 @@ table ip nat {
 // A transaction that the kernel rejects (here: a device vanishes between resolution and
 // commit, the known flowtable trap) leaves the previous state untouched.
 func TestFailedTransactionKeepsPreviousState(t *testing.T) {
+	needFlowtable(t)
 	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
 	cfgText := strings.Replace(nodeConfig(tp, podToPod), "transports: [eth0]", "transports: auto", 1)
 	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, cfgText))
@@ -150,6 +154,115 @@ func TestFailedTransactionKeepsPreviousState(t *testing.T) {
 	}
 }
 
+// httpGet fetches a URL from inside ns (dialing in the goroutine that Do switched into the
+// namespace; http.Client would dial from another thread, outside it).
+func httpGet(t *testing.T, ns *testbed.NS, addr, path string) (int, string) {
+	t.Helper()
+	var code int
+	var body string
+	err := ns.Do(func() error {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		req, _ := http.NewRequest("GET", "http://"+addr+path, nil)
+		if err := req.Write(c); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		code, body = resp.StatusCode, string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, body
+}
+
+// startAgent runs `hostaccel agent` in ns until the test ends; its log is shown on failure.
+func startAgent(t *testing.T, ns *testbed.NS, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns.Name, hostaccel, "agent"}, args...)...)
+	var log strings.Builder
+	cmd.Stderr = &syncWriter{w: &log}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("agent log:\n%s", cmd.Stderr.(*syncWriter).String())
+		}
+	})
+	return cmd
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  *strings.Builder
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.String()
+}
+
+// On a kernel without the flowtable, apply fails with a message that says so and what to
+// do, and changes nothing; the agent reports degraded status and keeps retrying.
+func TestNoFlowtableFailsLoudly(t *testing.T) {
+	if caps.Has(probe.Flowtable) {
+		t.Skip("this kernel has the flowtable")
+	}
+	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
+	cfg := writeConfig(t, nodeConfig(tp, podToPod)+"agent: {resyncPeriod: 1s, minSyncInterval: 100ms}\n")
+	before := ruleset(t, tp.Node)
+	out, err := ha(tp.Node.Name, "apply", "-f", cfg)
+	if err == nil || !strings.Contains(out, "no nftables flowtable") || !strings.Contains(out, "hostaccel probe") {
+		t.Errorf("apply without flowtable: %v %s", err, out)
+	}
+	if ruleset(t, tp.Node) != before {
+		t.Error("failed apply changed the kernel")
+	}
+
+	statePath := t.TempDir() + "/agent.json"
+	startAgent(t, tp.Node, "-f", cfg, "--state-file", statePath, "--metrics-address", "127.0.0.1:9465")
+	var st agent.State
+	waitFor(t, "the agent to retry at least 3 times", 20*time.Second, func() bool {
+		b, _ := os.ReadFile(statePath)
+		return json.Unmarshal(b, &st) == nil && st.SyncErrors >= 3
+	})
+	if st.Healthy || !strings.Contains(st.LastError, "no nftables flowtable") {
+		t.Errorf("agent state: %+v", st)
+	}
+	out = mustHA(t, tp.Node.Name, "status", "--state-file", statePath)
+	if !strings.Contains(out, "DEGRADED") || !strings.Contains(out, "no nftables flowtable") {
+		t.Errorf("status does not say degraded:\n%s", out)
+	}
+	if code, body := httpGet(t, tp.Node, "127.0.0.1:9465", "/healthz"); code != 503 || !strings.Contains(body, "flowtable") {
+		t.Errorf("/healthz: %d %s", code, body)
+	}
+	if _, body := httpGet(t, tp.Node, "127.0.0.1:9465", "/metrics"); !strings.Contains(body, "hostaccel_healthy 0") ||
+		!strings.Contains(body, "hostaccel_table_installed 0") {
+		t.Errorf("metrics do not show the degraded agent:\n%s", body)
+	}
+}
+
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -173,37 +286,13 @@ func devices(t *testing.T, ns *testbed.NS) string {
 // vanished devices), reloads its config on change, serves metrics, and leaves the rules in
 // place on exit unless told to clean up.
 func TestAgent(t *testing.T) {
+	needFlowtable(t)
 	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
 	cfgText := strings.Replace(nodeConfig(tp, podToPod), "transports: [eth0]", "transports: auto", 1) +
 		"agent: {resyncPeriod: 2s, minSyncInterval: 200ms}\n"
 	cfg := writeConfig(t, cfgText)
 	statePath := t.TempDir() + "/agent.json"
-	cmd := exec.Command("ip", "netns", "exec", tp.Node.Name, hostaccel, "agent", "-f", cfg,
-		"--state-file", statePath, "--metrics-address", "127.0.0.1:9464")
-	logs, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var logBuf strings.Builder
-	logDone := make(chan struct{})
-	go func() {
-		defer close(logDone)
-		sc := bufio.NewScanner(logs)
-		for sc.Scan() {
-			logBuf.WriteString(sc.Text() + "\n")
-		}
-	}()
-	stopped := false
-	t.Cleanup(func() {
-		if !stopped {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-		if t.Failed() {
-			<-logDone
-			t.Logf("agent log:\n%s", logBuf.String())
-		}
-	})
+	cmd := startAgent(t, tp.Node, "-f", cfg, "--state-file", statePath, "--metrics-address", "127.0.0.1:9464")
 	const slow = 20 * time.Second // TCG emulation is slow; the period is 2s
 	waitFor(t, "the agent's first apply", slow, func() bool { return devices(t, tp.Node) == "eth0,gw" })
 
@@ -255,29 +344,7 @@ func TestAgent(t *testing.T) {
 
 	// Metrics and the agent's own status.
 	tcpConn(t, tp.Pod, tp.V4.Pod, tp.Remote, tp.V4.RemotePod, 5007, 1<<20)
-	var body string
-	err := tp.Node.Do(func() error { // dial in this goroutine: it is the one inside the namespace
-		c, err := net.Dial("tcp", "127.0.0.1:9464")
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		req, _ := http.NewRequest("GET", "http://127.0.0.1:9464/metrics", nil)
-		if err := req.Write(c); err != nil {
-			return err
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(c), req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		body = string(b)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, body := httpGet(t, tp.Node, "127.0.0.1:9464", "/metrics")
 	for _, want := range []string{"hostaccel_syncs_total", "hostaccel_sync_errors_total", "hostaccel_sync_duration_seconds_bucket",
 		"hostaccel_devices 2", `hostaccel_class_packets_total{class="pod-to-pod"}`, "hostaccel_offloaded_flows 1", "hostaccel_healthy 1"} {
 		if !strings.Contains(body, want) {
@@ -294,7 +361,6 @@ func TestAgent(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("agent exit: %v", err)
 	}
-	stopped = true
 	if devices(t, tp.Node) != "eth0,gw" {
 		t.Error("rules removed on exit without --cleanup-on-exit")
 	}

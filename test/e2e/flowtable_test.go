@@ -146,6 +146,7 @@ func udpExchange(t *testing.T, client *testbed.NS, server *testbed.NS, dst netip
 // Pod-to-pod TCP and UDP, IPv4 and IPv6, are offloaded: conntrack says [OFFLOAD], and the
 // class's rule counters stop after the first packets while the transfer goes on.
 func TestPodToPodOffloaded(t *testing.T) {
+	needFlowtable(t)
 	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
 	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, nodeConfig(tp, podToPod)))
 	for _, v6 := range []bool{false, true} {
@@ -188,6 +189,7 @@ func TestPodToPodOffloaded(t *testing.T) {
 
 // Traffic outside the enabled classes, and traffic to an excluded CIDR, takes the normal path.
 func TestOutsideClassesAndExcludesNotOffloaded(t *testing.T) {
+	needFlowtable(t)
 	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
 	for _, v6 := range []bool{false, true} {
 		a := tp.Addrs(v6)
@@ -226,6 +228,7 @@ func TestOutsideClassesAndExcludesNotOffloaded(t *testing.T) {
 
 // With packetThreshold N a connection is offloaded only once it carried more than N packets.
 func TestPacketThreshold(t *testing.T) {
+	needFlowtable(t)
 	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
 	const n = 60
 	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, nodeConfig(tp, podToPod+fmt.Sprintf("packetThreshold: %d\n", n))))
