@@ -2,7 +2,6 @@ package flowtable
 
 import (
 	"context"
-	"encoding/json"
 	"net/netip"
 	"strings"
 	"testing"
@@ -10,53 +9,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/hostaccel/hostaccel/internal/model"
-	"github.com/hostaccel/hostaccel/internal/nftjson"
 )
-
-// fakeLister serves the Fake's table as `nft --json list table` would.
-func fakeLister(f *knftables.Fake) nftjson.Lister {
-	return func(context.Context, string, string) ([]byte, error) {
-		f.RLock()
-		defer f.RUnlock()
-		t := f.Table
-		if t == nil {
-			return nil, nftjson.ErrNoTable
-		}
-		var objs []map[string]any
-		comment := ""
-		if t.Comment != nil {
-			comment = *t.Comment
-		}
-		objs = append(objs, map[string]any{"table": map[string]any{"family": "inet", "name": TableName, "comment": comment}})
-		for name, ft := range t.Flowtables {
-			objs = append(objs, map[string]any{"flowtable": map[string]any{"name": name, "dev": ft.Devices}})
-		}
-		for name, s := range t.Sets {
-			var elems []string
-			for _, e := range s.Elements {
-				elems = append(elems, strings.Trim(e.Key[0], `"`))
-			}
-			objs = append(objs, map[string]any{"set": map[string]any{"name": name, "type": s.Type, "elem": elems}})
-		}
-		for name, c := range t.Chains {
-			objs = append(objs, map[string]any{"chain": map[string]any{"name": name}})
-			for _, r := range c.Rules {
-				rc := ""
-				if r.Comment != nil {
-					rc = *r.Comment
-				}
-				objs = append(objs, map[string]any{"rule": map[string]any{"chain": name, "handle": *r.Handle, "comment": rc,
-					"expr": []any{map[string]any{"text": r.Rule}, map[string]any{"counter": map[string]any{"packets": 7, "bytes": 700}}}}})
-			}
-		}
-		return json.Marshal(map[string]any{"nftables": objs})
-	}
-}
-
-func newFakeManager() (*Manager, *knftables.Fake) {
-	f := knftables.NewFake(Family, TableName)
-	return &Manager{NFT: f, List: fakeLister(f)}, f
-}
 
 func state() model.State {
 	s := base()
@@ -84,7 +37,7 @@ func elements(f *knftables.Fake, set string) string {
 }
 
 func TestManagerUpdatesInPlace(t *testing.T) {
-	m, f := newFakeManager()
+	m, f := NewFakeManager()
 	s := state()
 	if res := apply(t, m, s); !res.Rebuilt || res.Reason != "table missing" {
 		t.Fatalf("first apply: %+v", res)
@@ -142,7 +95,7 @@ func TestManagerUpdatesInPlace(t *testing.T) {
 }
 
 func TestManagerRepairsDrift(t *testing.T) {
-	m, f := newFakeManager()
+	m, f := NewFakeManager()
 	s := state()
 	apply(t, m, s)
 
@@ -167,7 +120,7 @@ func TestManagerRepairsDrift(t *testing.T) {
 
 	// A fresh manager (a new `hostaccel apply`) has no memory of the last apply, but still
 	// notices a rule set that is not ours.
-	m2 := &Manager{NFT: f, List: fakeLister(f)}
+	m2 := &Manager{NFT: f, List: FakeLister(f)}
 	f.Lock()
 	f.Table.Chains[ChainName].Rules[3].Comment = knftables.PtrTo("edited")
 	f.Unlock()
@@ -177,7 +130,7 @@ func TestManagerRepairsDrift(t *testing.T) {
 }
 
 func TestManagerRemove(t *testing.T) {
-	m, f := newFakeManager()
+	m, f := NewFakeManager()
 	apply(t, m, state())
 	if err := m.Remove(context.Background()); err != nil {
 		t.Fatal(err)

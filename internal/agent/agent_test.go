@@ -1,0 +1,100 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/hostaccel/hostaccel/internal/config"
+	"github.com/hostaccel/hostaccel/internal/flowtable"
+	"github.com/hostaccel/hostaccel/internal/probe"
+)
+
+const cfgText = `
+node:
+  gateways: [gw]
+  transports: [eth0, eth1]
+  localPodCIDRs: [10.244.1.0/24]
+  peerPodCIDRs: [10.244.2.0/24]
+classes: {pod-to-pod: true}
+`
+
+func caps(flowtableOK bool) func(context.Context) probe.Result {
+	return func(context.Context) probe.Result {
+		return probe.Result{Features: []probe.Feature{
+			{Name: probe.Flowtable, Available: flowtableOK, Detail: "test kernel"},
+			{Name: probe.FlowtableCounter, Available: flowtableOK},
+		}}
+	}
+}
+
+func newTestAgent(t *testing.T, flowtableOK bool, links *[]config.Link) (*Agent, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte(cfgText), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, _ := flowtable.NewFakeManager()
+	a, err := New(Options{
+		ConfigPath: path, Probe: caps(flowtableOK),
+		Links: func() ([]config.Link, error) { return *links, nil },
+	}, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, path
+}
+
+func TestSyncPrunesVanishedDevices(t *testing.T) {
+	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}}
+	a, _ := newTestAgent(t, true, &links)
+	if err := a.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	st := a.State()
+	if strings.Join(st.Devices, ",") != "eth0,gw" || st.Healthy || len(st.Degraded) != 1 ||
+		!strings.Contains(st.Degraded[0], `interface "eth1" does not exist`) {
+		t.Errorf("eth1 missing: %+v", st)
+	}
+	links = append(links, config.Link{Name: "eth1", Up: true})
+	if err := a.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.State(); strings.Join(st.Devices, ",") != "eth0,eth1,gw" || !st.Healthy || st.LastResult.Reason != "devices changed" {
+		t.Errorf("eth1 back: %+v", st)
+	}
+}
+
+func TestBadConfigKeepsLastGood(t *testing.T) {
+	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}, {Name: "eth1", Up: true}}
+	a, path := newTestAgent(t, true, &links)
+	if err := a.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(cfgText+"packetThreshold: -1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	st := a.State()
+	if st.Healthy || len(st.Degraded) != 1 || !strings.Contains(st.Degraded[0], "packetThreshold: -1") ||
+		st.LastResult.Operations != 0 {
+		t.Errorf("bad config: %+v", st)
+	}
+}
+
+func TestNoFlowtableIsAnErrorNotANoop(t *testing.T) {
+	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}, {Name: "eth1", Up: true}}
+	a, _ := newTestAgent(t, false, &links)
+	err := a.Sync(context.Background())
+	if !errors.Is(err, ErrNoFlowtable) || !strings.Contains(err.Error(), "test kernel") {
+		t.Fatalf("err = %v", err)
+	}
+	if st := a.State(); st.Healthy || st.SyncErrors != 1 || st.LastError == "" {
+		t.Errorf("state: %+v", st)
+	}
+}

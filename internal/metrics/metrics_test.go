@@ -1,0 +1,53 @@
+package metrics
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/hostaccel/hostaccel/internal/agent"
+	"github.com/hostaccel/hostaccel/internal/model"
+	"github.com/hostaccel/hostaccel/internal/nftjson"
+)
+
+// Rule counters restart at zero when the table is rebuilt; the exported counter does not.
+func TestClassCountersStayMonotonic(t *testing.T) {
+	var pk uint64
+	m := New(func(context.Context) agent.Status {
+		return agent.Status{Table: &nftjson.Table{}, Classes: []agent.ClassStatus{{Class: model.PodToPod, Packets: pk, Bytes: pk * 100}},
+			Offloaded: []string{"a", "b"}}
+	})
+	m.ObserveSync(time.Millisecond, agent.State{Healthy: true, Devices: []string{"gw", "eth0"}}, nil)
+	want := func(v string) {
+		t.Helper()
+		exp := `
+# HELP hostaccel_class_packets_total Packets of a traffic class that took the normal path through the forward chain (offloaded packets skip it).
+# TYPE hostaccel_class_packets_total counter
+hostaccel_class_packets_total{class="pod-to-pod"} ` + v + "\n"
+		if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(exp), "hostaccel_class_packets_total"); err != nil {
+			t.Error(err)
+		}
+	}
+	pk = 10
+	want("10")
+	pk = 3 // table rebuilt: counters restarted
+	want("13")
+	pk = 5
+	want("15")
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(`
+# HELP hostaccel_offloaded_flows Conntrack entries offloaded to the flowtable right now.
+# TYPE hostaccel_offloaded_flows gauge
+hostaccel_offloaded_flows 2
+# HELP hostaccel_devices Devices in the flowtable.
+# TYPE hostaccel_devices gauge
+hostaccel_devices 2
+# HELP hostaccel_healthy 1 when the last sync succeeded and nothing is degraded, else 0.
+# TYPE hostaccel_healthy gauge
+hostaccel_healthy 1
+`), "hostaccel_offloaded_flows", "hostaccel_devices", "hostaccel_healthy"); err != nil {
+		t.Error(err)
+	}
+}
