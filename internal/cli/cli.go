@@ -55,8 +55,14 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "debug, info, warn or error")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "text", "text or json")
 	root.AddCommand(probeCmd(g), renderCmd(), applyCmd(), agentCmd(g), statusCmd(g), cleanupCmd())
+	for _, c := range commands {
+		root.AddCommand(c(g))
+	}
 	return root
 }
+
+// commands are added by the files that define them (lb.go, bench.go, ...) from init.
+var commands []func(*globals) *cobra.Command
 
 func (g *globals) logger() *slog.Logger {
 	var lvl slog.Level
