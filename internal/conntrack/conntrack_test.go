@@ -167,13 +167,14 @@ func inNetns(t *testing.T, fn func()) {
 	run(t, "", "ip", "netns", "add", name)
 	defer run(t, "", "ip", "netns", "del", name)
 	run(t, "", "ip", "-n", name, "link", "set", "lo", "up")
-	run(t, "", "ip", "netns", "exec", name, "sysctl", "-qw", "net.netfilter.nf_conntrack_acct=1")
 	run(t, `table inet hostaccel-ct-test {
 	chain output {
 		type filter hook output priority filter; policy accept;
 		ct state new,established counter accept
 	}
 }`, "ip", "netns", "exec", name, "nft", "-f", "-")
+	// after the nft rule: on a modular kernel (the VM) nf_conntrack loads with it
+	run(t, "", "ip", "netns", "exec", name, "sysctl", "-qw", "net.netfilter.nf_conntrack_acct=1")
 
 	runtime.LockOSThread() // left locked, so the thread dies, if it cannot be moved back
 	orig, err := netns.Get()
