@@ -109,7 +109,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	wg.Add(3)
+	wg.Add(4)
+	go func() { defer wg.Done(); a.runLB(ctx) }()
 	go func() { defer wg.Done(); a.watchLinks(ctx) }()
 	go func() { defer wg.Done(); a.watchSignals(ctx) }()
 	go func() { defer wg.Done(); a.watchFile(ctx) }()
@@ -242,6 +243,9 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 	a.state.Datapath = datapath
 	a.mu.Unlock()
 
+	if err := a.syncLB(ctx, cfg); err != nil {
+		return err
+	}
 	res, err := a.mgr.Apply(ctx, flowtable.Render(s, flowtable.Options{FlowtableCounter: a.caps.Has(probe.FlowtableCounter)}))
 	if err != nil {
 		return err

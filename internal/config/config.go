@@ -15,6 +15,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/hostaccel/hostaccel/internal/lb"
 	"github.com/hostaccel/hostaccel/internal/model"
 )
 
@@ -34,6 +35,8 @@ type Config struct {
 	// QoS must see belongs here.
 	Exclude []string `json:"exclude"`
 	Agent   Agent    `json:"agent"`
+	// LoadBalancer is the nftables L4 load balancer (docs/lb.md).
+	LoadBalancer lb.Config `json:"loadBalancer"`
 }
 
 // Node describes this node's interfaces and addresses.
@@ -225,6 +228,7 @@ func (c *Config) validate() error {
 	if c.Agent.MinSyncInterval.Duration < 0 {
 		bad("agent.minSyncInterval: %s is negative", c.Agent.MinSyncInterval.Duration)
 	}
+	errs = append(errs, c.LoadBalancer.Validate()...)
 	if len(errs) > 0 {
 		return errs
 	}
