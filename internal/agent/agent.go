@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"sigs.k8s.io/knftables"
 
 	"github.com/hostaccel/hostaccel/internal/config"
 	"github.com/hostaccel/hostaccel/internal/flowtable"
@@ -214,6 +215,14 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 		log.Info("config loaded", "path", a.opts.ConfigPath, "datapath", cfg.Datapath)
 	}
 
+	// The load balancer first: fastpath rules then see balanced (DNAT-ed) connections.
+	lbErr := a.syncLB(ctx, cfg)
+	if cfg.Datapath == model.DatapathNone {
+		if err := a.mgr.Remove(ctx); err != nil && !knftables.IsNotFound(err) {
+			return errors.Join(lbErr, err)
+		}
+		return lbErr
+	}
 	if a.caps == nil || !a.caps.Has(probe.Flowtable) {
 		caps := a.opts.Probe(ctx)
 		a.caps = &caps
@@ -223,10 +232,10 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 		datapath = model.DatapathFlowtable
 	}
 	if datapath != model.DatapathFlowtable {
-		return fmt.Errorf("datapath %q is not available in this build yet; use flowtable", cfg.Datapath)
+		return errors.Join(lbErr, fmt.Errorf("datapath %q is not available in this build yet; use flowtable", cfg.Datapath))
 	}
 	if !a.caps.Has(probe.Flowtable) {
-		return fmt.Errorf("%w: %s", ErrNoFlowtable, a.caps.Get(probe.Flowtable).Detail)
+		return errors.Join(lbErr, fmt.Errorf("%w: %s", ErrNoFlowtable, a.caps.Get(probe.Flowtable).Detail))
 	}
 
 	links, err := a.opts.Links()
@@ -243,12 +252,9 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 	a.state.Datapath = datapath
 	a.mu.Unlock()
 
-	if err := a.syncLB(ctx, cfg); err != nil {
-		return err
-	}
 	res, err := a.mgr.Apply(ctx, flowtable.Render(s, flowtable.Options{FlowtableCounter: a.caps.Has(probe.FlowtableCounter)}))
 	if err != nil {
-		return err
+		return errors.Join(lbErr, err)
 	}
 	a.mu.Lock()
 	a.state.LastResult = res
@@ -257,7 +263,7 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 		log.Info("applied", "reason", res.Reason, "rebuilt", res.Rebuilt, "flowtableFlushed", res.FlowtableRecreated,
 			"elementsAdded", res.ElementsAdded, "elementsRemoved", res.ElementsRemoved, "ops", res.Operations, "devices", s.Devices())
 	}
-	return nil
+	return lbErr
 }
 
 // ErrNoFlowtable: the kernel cannot do what was asked; the agent keeps retrying.

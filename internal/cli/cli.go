@@ -61,6 +61,10 @@ func newRoot() *cobra.Command {
 	return root
 }
 
+// applyLB applies the config's load balancer section (set by lb.go); it returns a line for
+// the user, or "" when there is nothing to say.
+var applyLB = func(context.Context, *config.Config) (string, error) { return "", nil }
+
 // commands are added by the files that define them (lb.go, bench.go, ...) from init.
 var commands []func(*globals) *cobra.Command
 
@@ -136,12 +140,8 @@ func renderCmd() *cobra.Command {
 	return c
 }
 
-// desired loads the config and resolves it strictly against this namespace's links.
-func desired(ctx context.Context, file string) (*flowtable.Ruleset, model.State, error) {
-	cfg, err := config.Load(file)
-	if err != nil {
-		return nil, model.State{}, err
-	}
+// desired resolves the config strictly against this namespace's links.
+func desired(ctx context.Context, file string, cfg *config.Config) (*flowtable.Ruleset, model.State, error) {
 	if cfg.Datapath != model.DatapathFlowtable && cfg.Datapath != model.DatapathAuto {
 		return nil, model.State{}, fmt.Errorf("datapath: %q is not available in this build yet; use flowtable", cfg.Datapath)
 	}
@@ -167,7 +167,21 @@ func applyCmd() *cobra.Command {
 		Use:   "apply -f CONFIG",
 		Short: "Install the config in one atomic transaction",
 		RunE: func(c *cobra.Command, _ []string) error {
-			r, s, err := desired(c.Context(), file)
+			cfg, err := config.Load(file)
+			if err != nil {
+				return err
+			}
+			// The load balancer first: its table must exist before connections it balances
+			// are offloaded.
+			if msg, err := applyLB(c.Context(), cfg); err != nil {
+				return err
+			} else if msg != "" {
+				fmt.Fprintln(c.OutOrStdout(), msg)
+			}
+			if cfg.Datapath == model.DatapathNone {
+				return nil
+			}
+			r, s, err := desired(c.Context(), file, cfg)
 			if err != nil {
 				return err
 			}

@@ -171,11 +171,12 @@ func (c *Config) validate() error {
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 
 	switch c.Datapath {
-	case model.DatapathFlowtable, model.DatapathTC, model.DatapathSockmap, model.DatapathAuto:
+	case model.DatapathFlowtable, model.DatapathTC, model.DatapathSockmap, model.DatapathAuto, model.DatapathNone:
 	default:
-		bad("datapath: %q is not one of flowtable, tc, sockmap, auto", c.Datapath)
+		bad("datapath: %q is not one of flowtable, tc, sockmap, auto, none", c.Datapath)
 	}
-	if len(c.Node.Gateways) == 0 {
+	fastpath := c.Datapath != model.DatapathNone
+	if fastpath && len(c.Node.Gateways) == 0 {
 		bad("node.gateways: at least one gateway interface is required")
 	}
 	checkNames := func(field string, names []string) {
@@ -187,7 +188,7 @@ func (c *Config) validate() error {
 	}
 	checkNames("node.gateways", c.Node.Gateways)
 	checkNames("node.transports", c.Node.Transports.Names)
-	if !c.Node.Transports.Auto && len(c.Node.Transports.Names) == 0 {
+	if fastpath && !c.Node.Transports.Auto && len(c.Node.Transports.Names) == 0 {
 		bad("node.transports: list at least one interface, or say \"auto\"")
 	}
 	for i, n := range c.Node.Transports.Names {
@@ -203,7 +204,7 @@ func (c *Config) validate() error {
 	excl := parsePrefixes(&errs, "exclude", c.Exclude)
 	parseAddrs(&errs, "node.nodeIPs", c.Node.NodeIPs)
 	parseAddrs(&errs, "node.peerNodeIPs", c.Node.PeerNodeIPs)
-	if len(c.Node.LocalPodCIDRs) == 0 {
+	if fastpath && len(c.Node.LocalPodCIDRs) == 0 {
 		bad("node.localPodCIDRs: at least one local Pod CIDR is required")
 	}
 	noOverlap(&errs, local, nil)

@@ -31,6 +31,7 @@ const (
 	DatapathTC        = "tc"
 	DatapathSockmap   = "sockmap"
 	DatapathAuto      = "auto"
+	DatapathNone      = "none" // no fastpath (e.g. a load balancer only)
 )
 
 // State is everything one node should do. Slices are sorted and free of duplicates
