@@ -87,8 +87,8 @@ func TestRenderThresholdExcludeNoCounter(t *testing.T) {
 // from the example configs users start from.
 func TestRenderExamples(t *testing.T) {
 	links := []config.Link{{Name: "lo", Up: true, Loopback: true}, {Name: "antrea-gw0", Up: true}, {Name: "eth0", Up: true},
-		{Name: "knet379d0a5f", Up: true}, {Name: "knetabb40db0", Up: true}}
-	for _, name := range []string{"antrea-node", "kindnet-node"} {
+		{Name: "knet379d0a5f", Up: true}, {Name: "knetabb40db0", Up: true}, {Name: "eth1", Up: true}, {Name: "eth2", Up: true}}
+	for _, name := range []string{"antrea-node", "antrea-slides-node", "kindnet-node"} {
 		t.Run(name, func(t *testing.T) {
 			c, err := config.Load("../../examples/" + name + ".yaml")
 			if err != nil {
