@@ -86,9 +86,19 @@ func TestRenderThresholdExcludeNoCounter(t *testing.T) {
 // The seed nodes: Antrea's doc node (shared/seeds/001) and a Kindnet node (seed 002),
 // from the example configs users start from.
 func TestRenderExamples(t *testing.T) {
-	links := []config.Link{{Name: "lo", Up: true, Loopback: true}, {Name: "antrea-gw0", Up: true}, {Name: "eth0", Up: true},
-		{Name: "knet379d0a5f", Up: true}, {Name: "knetabb40db0", Up: true}, {Name: "eth1", Up: true}, {Name: "eth2", Up: true}}
-	for _, name := range []string{"antrea-node", "antrea-slides-node", "kindnet-node"} {
+	up := func(names ...string) []config.Link {
+		links := []config.Link{{Name: "lo", Up: true, Loopback: true}}
+		for _, n := range names {
+			links = append(links, config.Link{Name: n, Up: true})
+		}
+		return links
+	}
+	nodes := map[string][]config.Link{
+		"antrea-node":        up("antrea-gw0", "eth0"),
+		"antrea-slides-node": up("antrea-gw0", "eth0", "eth1", "eth2"),
+		"kindnet-node":       up("eth0", "knet379d0a5f", "knetabb40db0"), // transports: auto
+	}
+	for name, links := range nodes {
 		t.Run(name, func(t *testing.T) {
 			c, err := config.Load("../../examples/" + name + ".yaml")
 			if err != nil {
