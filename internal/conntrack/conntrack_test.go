@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hostaccel/hostaccel/internal/testbed"
+
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -139,18 +141,6 @@ func TestStatus(t *testing.T) {
 	}
 }
 
-// requireRoot skips the test without root, or fails it if HOSTACCEL_REQUIRE_ROOT=1.
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("HOSTACCEL_REQUIRE_ROOT") == "1" {
-		t.Fatal("needs root (HOSTACCEL_REQUIRE_ROOT=1)")
-	}
-	t.Skip("needs root")
-}
-
 func run(t *testing.T, stdin string, args ...string) {
 	t.Helper()
 	cmd := exec.Command(args[0], args[1:]...)
@@ -262,7 +252,7 @@ func udpPair(t *testing.T, addr string) (client, server netip.AddrPort) {
 }
 
 func TestListNetns(t *testing.T) {
-	requireRoot(t)
+	testbed.RequireRoot(t)
 	inNetns(t, func() {
 		type conn struct {
 			name           string

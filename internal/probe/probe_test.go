@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
 var sample = Result{
@@ -90,18 +92,6 @@ func TestNFTError(t *testing.T) {
 	}
 }
 
-// requireRoot skips the test without root, or fails it if HOSTACCEL_REQUIRE_ROOT=1.
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("HOSTACCEL_REQUIRE_ROOT") == "1" {
-		t.Fatal("needs root (HOSTACCEL_REQUIRE_ROOT=1)")
-	}
-	t.Skip("needs root")
-}
-
 func ruleset(t *testing.T) []byte {
 	t.Helper()
 	out, err := exec.Command("nft", "list", "ruleset").CombinedOutput()
@@ -145,7 +135,7 @@ func TestRunFailsSoft(t *testing.T) {
 }
 
 func TestRunHost(t *testing.T) {
-	requireRoot(t)
+	testbed.RequireRoot(t)
 	before := ruleset(t)
 	start := time.Now()
 	r := Run(context.Background())
