@@ -1,0 +1,119 @@
+package tc
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/hostaccel/hostaccel/internal/model"
+)
+
+// Role is what a device is to the node; the program matches a class differently on each.
+type Role uint32
+
+// Roles, as the program's ifaces map holds them.
+const (
+	RoleGateway   Role = 1 // towards the local Pods
+	RoleTransport Role = 2 // towards peer nodes
+)
+
+func (r Role) String() string {
+	switch r {
+	case RoleGateway:
+		return "gateway"
+	case RoleTransport:
+		return "transport"
+	}
+	return fmt.Sprintf("role(%d)", uint32(r))
+}
+
+// MarshalText writes the role's name (JSON status).
+func (r Role) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+// UnmarshalText reads a role's name.
+func (r *Role) UnmarshalText(b []byte) error {
+	for _, v := range []Role{RoleGateway, RoleTransport} {
+		if string(b) == v.String() {
+			*r = v
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown role %q", b)
+}
+
+// Supported lists the classes the tc datapath serves: those that need no NAT, so that a
+// stateless router can carry them. Their bits in the program's config map are 1 << index.
+var Supported = []model.Class{model.PodToPod, model.NodeToRemotePod}
+
+// Desired is what the program's maps should hold.
+type Desired struct {
+	Devices  map[string]Role // device name -> role
+	LocalPod []netip.Prefix  // this node's Pod CIDRs
+	PeerPod  []netip.Prefix  // peer nodes' Pod CIDRs
+	PeerNode []netip.Prefix  // peer nodes' IPs, as host prefixes
+	Exclude  []netip.Prefix  // never redirected, as source or destination
+	Classes  []model.Class   // enabled classes, all in Supported
+}
+
+// Render computes the Desired state for s. It is pure. Every enabled class the tc datapath
+// cannot serve is an error naming it; so is a device that is both gateway and transport.
+func Render(s model.State) (*Desired, error) {
+	var errs []error
+	d := &Desired{Devices: map[string]Role{}}
+	for _, c := range model.Classes {
+		switch {
+		case !s.Enabled(c):
+		case slices.Contains(Supported, c):
+			d.Classes = append(d.Classes, c)
+		default:
+			errs = append(errs, fmt.Errorf("classes.%s: datapath tc cannot serve it (needs the host stack's NAT); use flowtable or auto", c))
+		}
+	}
+	for _, g := range s.Gateways {
+		d.Devices[g] = RoleGateway
+	}
+	for _, t := range s.Transports {
+		if d.Devices[t] == RoleGateway {
+			errs = append(errs, fmt.Errorf("node: device %q is both a gateway and a transport", t))
+			continue
+		}
+		d.Devices[t] = RoleTransport
+	}
+	d.LocalPod = canonical(s.LocalPodCIDRs)
+	d.PeerPod = canonical(s.PeerPodCIDRs)
+	d.Exclude = canonical(s.Exclude)
+	var hosts []netip.Prefix
+	for _, a := range s.PeerNodeIPs {
+		hosts = append(hosts, netip.PrefixFrom(a, a.BitLen()))
+	}
+	d.PeerNode = canonical(hosts)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return d, nil
+}
+
+// canonical masks, unmaps, sorts and de-duplicates prefixes (LPM trie keys must be masked).
+func canonical(ps []netip.Prefix) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(ps))
+	for _, p := range ps {
+		if p.Addr().Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		out = append(out, p.Masked())
+	}
+	slices.SortFunc(out, model.ComparePrefix)
+	return slices.Compact(out)
+}
+
+// classBits is the config map's class mask for cs.
+func classBits(cs []model.Class) uint32 {
+	var bits uint32
+	for i, c := range Supported {
+		if slices.Contains(cs, c) {
+			bits |= 1 << i
+		}
+	}
+	return bits
+}
