@@ -17,11 +17,9 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"sigs.k8s.io/knftables"
 
 	"github.com/hostaccel/hostaccel/internal/config"
-	"github.com/hostaccel/hostaccel/internal/flowtable"
-	"github.com/hostaccel/hostaccel/internal/model"
+	"github.com/hostaccel/hostaccel/internal/datapath"
 	"github.com/hostaccel/hostaccel/internal/probe"
 )
 
@@ -41,7 +39,7 @@ type Options struct {
 // Agent reconciles one network namespace.
 type Agent struct {
 	opts Options
-	mgr  *flowtable.Manager
+	mgrs *datapath.Managers
 	wake chan struct{}
 
 	mu      sync.Mutex
@@ -52,7 +50,7 @@ type Agent struct {
 }
 
 // New builds an agent; the config must load and validate.
-func New(opts Options, mgr *flowtable.Manager) (*Agent, error) {
+func New(opts Options, mgrs *datapath.Managers) (*Agent, error) {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
@@ -62,7 +60,7 @@ func New(opts Options, mgr *flowtable.Manager) (*Agent, error) {
 	if opts.Links == nil {
 		opts.Links = Links
 	}
-	a := &Agent{opts: opts, mgr: mgr, wake: make(chan struct{}, 1)}
+	a := &Agent{opts: opts, mgrs: mgrs, wake: make(chan struct{}, 1)}
 	if _, err := a.loadConfig(); err != nil {
 		return nil, err
 	}
@@ -169,7 +167,7 @@ func (a *Agent) shutdown() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err := a.mgr.Remove(ctx)
+	err := a.mgrs.Remove(ctx)
 	a.opts.Log.Info("stopping; removed hostaccel's rules", "err", err)
 	if a.opts.StatePath != "" {
 		os.Remove(a.opts.StatePath)
@@ -217,57 +215,42 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 
 	// The load balancer first: fastpath rules then see balanced (DNAT-ed) connections.
 	lbErr := a.syncLB(ctx, cfg)
-	if cfg.Datapath == model.DatapathNone {
-		if err := a.mgr.Remove(ctx); err != nil && !knftables.IsNotFound(err) {
-			return errors.Join(lbErr, err)
-		}
-		return lbErr
-	}
-	if a.caps == nil || !a.caps.Has(probe.Flowtable) {
+
+	if a.caps == nil || !a.caps.Has(probe.Flowtable) { // probe again until the kernel has it all
 		caps := a.opts.Probe(ctx)
 		a.caps = &caps
 	}
-	datapath := cfg.Datapath
-	if datapath == model.DatapathAuto {
-		datapath = model.DatapathFlowtable
-	}
-	if datapath != model.DatapathFlowtable {
-		return errors.Join(lbErr, fmt.Errorf("datapath %q is not available in this build yet; use flowtable", cfg.Datapath))
-	}
-	if !a.caps.Has(probe.Flowtable) {
-		return errors.Join(lbErr, fmt.Errorf("%w: %s", ErrNoFlowtable, a.caps.Get(probe.Flowtable).Detail))
-	}
-
 	links, err := a.opts.Links()
 	if err != nil {
-		return fmt.Errorf("list links: %w", err)
+		return errors.Join(lbErr, fmt.Errorf("list links: %w", err))
 	}
 	s, warnings, _ := cfg.State(links, false)
 	*degraded = append(*degraded, warnings...)
 	for _, w := range warnings {
 		log.Warn("interface pruned from the desired state", "warning", w)
 	}
+	plan, planErr := datapath.Choose(s, *a.caps)
 	a.mu.Lock()
 	a.state.Devices = s.Devices()
-	a.state.Datapath = datapath
+	a.state.Datapath = cfg.Datapath
+	a.state.Plan = plan.Summary()
 	a.mu.Unlock()
-
-	res, err := a.mgr.Apply(ctx, flowtable.Render(s, flowtable.Options{FlowtableCounter: a.caps.Has(probe.FlowtableCounter)}))
-	if err != nil {
-		return errors.Join(lbErr, err)
+	if planErr != nil && plan.Flowtable == nil && plan.TC == nil {
+		return errors.Join(lbErr, planErr) // nothing can run: leave the kernel as it is
 	}
+
+	res, err := a.mgrs.Apply(ctx, plan, *a.caps)
 	a.mu.Lock()
 	a.state.LastResult = res
 	a.mu.Unlock()
-	if res.Operations > 0 {
-		log.Info("applied", "reason", res.Reason, "rebuilt", res.Rebuilt, "flowtableFlushed", res.FlowtableRecreated,
-			"elementsAdded", res.ElementsAdded, "elementsRemoved", res.ElementsRemoved, "ops", res.Operations, "devices", s.Devices())
+	if res.Changed() {
+		log.Info("applied", "plan", plan.Summary(), "flowtable", res.Flowtable, "tc", res.TC, "devices", s.Devices())
 	}
-	return lbErr
+	return errors.Join(lbErr, planErr, err)
 }
 
 // ErrNoFlowtable: the kernel cannot do what was asked; the agent keeps retrying.
-var ErrNoFlowtable = errors.New("this kernel has no nftables flowtable (load nf_flow_table_inet and nft_flow_offload, or use a kernel with CONFIG_NF_FLOW_TABLE_INET)")
+var ErrNoFlowtable = datapath.ErrNoFlowtable
 
 func (a *Agent) publish(st State) {
 	if a.opts.StatePath == "" {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/hostaccel/hostaccel/internal/config"
+	"github.com/hostaccel/hostaccel/internal/datapath"
 	"github.com/hostaccel/hostaccel/internal/flowtable"
 	"github.com/hostaccel/hostaccel/internal/probe"
 )
@@ -37,11 +38,11 @@ func newTestAgent(t *testing.T, flowtableOK bool, links *[]config.Link) (*Agent,
 	if err := os.WriteFile(path, []byte(cfgText), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	m, _ := flowtable.NewFakeManager()
+	ft, _ := flowtable.NewFakeManager()
 	a, err := New(Options{
 		ConfigPath: path, Probe: caps(flowtableOK),
 		Links: func() ([]config.Link, error) { return *links, nil },
-	}, m)
+	}, &datapath.Managers{Flowtable: ft})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +64,7 @@ func TestSyncPrunesVanishedDevices(t *testing.T) {
 	if err := a.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if st := a.State(); strings.Join(st.Devices, ",") != "eth0,eth1,gw" || !st.Healthy || st.LastResult.Reason != "devices changed" {
+	if st := a.State(); strings.Join(st.Devices, ",") != "eth0,eth1,gw" || !st.Healthy || st.LastResult.Flowtable.Reason != "devices changed" {
 		t.Errorf("eth1 back: %+v", st)
 	}
 }
@@ -82,7 +83,7 @@ func TestBadConfigKeepsLastGood(t *testing.T) {
 	}
 	st := a.State()
 	if st.Healthy || len(st.Degraded) != 1 || !strings.Contains(st.Degraded[0], "packetThreshold: -1") ||
-		st.LastResult.Operations != 0 {
+		st.LastResult.Flowtable.Operations != 0 {
 		t.Errorf("bad config: %+v", st)
 	}
 }

@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/hostaccel/hostaccel/internal/conntrack"
+	"github.com/hostaccel/hostaccel/internal/datapath"
 	"github.com/hostaccel/hostaccel/internal/flowtable"
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/nftjson"
+	"github.com/hostaccel/hostaccel/internal/tc"
 )
 
 // DefaultStatePath is where a running agent publishes its state for `hostaccel status`.
@@ -19,17 +21,18 @@ const DefaultStatePath = "/run/hostaccel/agent.json"
 
 // State is what the agent reports about itself.
 type State struct {
-	PID        int              `json:"pid"`
-	ConfigPath string           `json:"configPath"`
-	Datapath   string           `json:"datapath"`
-	Healthy    bool             `json:"healthy"`
-	Degraded   []string         `json:"degraded,omitempty"` // why it cannot do all it was asked
-	Devices    []string         `json:"devices"`
-	Syncs      int              `json:"syncs"`
-	SyncErrors int              `json:"syncErrors"`
-	LastSync   time.Time        `json:"lastSync"`
-	LastError  string           `json:"lastError,omitempty"`
-	LastResult flowtable.Result `json:"lastResult"`
+	PID        int             `json:"pid"`
+	ConfigPath string          `json:"configPath"`
+	Datapath   string          `json:"datapath"`
+	Healthy    bool            `json:"healthy"`
+	Degraded   []string        `json:"degraded,omitempty"` // why it cannot do all it was asked
+	Devices    []string        `json:"devices"`
+	Syncs      int             `json:"syncs"`
+	SyncErrors int             `json:"syncErrors"`
+	LastSync   time.Time       `json:"lastSync"`
+	LastError  string          `json:"lastError,omitempty"`
+	Plan       string          `json:"plan"` // which datapath serves which classes
+	LastResult datapath.Result `json:"lastResult"`
 }
 
 // Status is `hostaccel status`: the kernel's view, plus the agent's if one runs.
@@ -37,7 +40,8 @@ type Status struct {
 	Table     *nftjson.Table    `json:"table"` // nil: not installed
 	Rules     []RuleStatus      `json:"rules"`
 	Classes   []ClassStatus     `json:"classes"`
-	Offloaded []string          `json:"offloaded"` // conntrack entries with [OFFLOAD]
+	Offloaded []string          `json:"offloaded"`    // conntrack entries with [OFFLOAD]
+	TC        *tc.Status        `json:"tc,omitempty"` // nil: the tc datapath is not attached
 	Agent     *State            `json:"agent,omitempty"`
 	Errors    map[string]string `json:"errors,omitempty"`
 }
@@ -58,9 +62,17 @@ type ClassStatus struct {
 }
 
 // Gather reads the kernel's state of hostaccel in this network namespace.
-func Gather(ctx context.Context, m *flowtable.Manager, statePath string) Status {
+func Gather(ctx context.Context, m *datapath.Managers, statePath string) Status {
 	st := Status{Errors: map[string]string{}}
-	t, err := m.Observe(ctx)
+	if m.TC != nil {
+		ts, err := m.TC.Status(ctx)
+		if err != nil {
+			st.Errors["tc"] = err.Error()
+		} else if ts.Mode != "" {
+			st.TC = &ts
+		}
+	}
+	t, err := m.Flowtable.Observe(ctx)
 	if err != nil {
 		st.Errors["nftables"] = err.Error()
 	}

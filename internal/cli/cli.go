@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"os/signal"
@@ -21,10 +22,11 @@ import (
 
 	"github.com/hostaccel/hostaccel/internal/agent"
 	"github.com/hostaccel/hostaccel/internal/config"
+	"github.com/hostaccel/hostaccel/internal/datapath"
 	"github.com/hostaccel/hostaccel/internal/flowtable"
 	"github.com/hostaccel/hostaccel/internal/metrics"
-	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/probe"
+	"github.com/hostaccel/hostaccel/internal/tc"
 )
 
 // Main runs the CLI and returns the exit code.
@@ -64,6 +66,9 @@ func newRoot() *cobra.Command {
 // applyLB applies the config's load balancer section (set by lb.go); it returns a line for
 // the user, or "" when there is nothing to say.
 var applyLB = func(context.Context, *config.Config) (string, error) { return "", nil }
+
+// cleanupLB removes the load balancer's tables (set by lb.go).
+var cleanupLB = func(context.Context) error { return nil }
 
 // commands are added by the files that define them (lb.go, bench.go, ...) from init.
 var commands []func(*globals) *cobra.Command
@@ -110,14 +115,15 @@ func renderCmd() *cobra.Command {
 	var counter bool
 	c := &cobra.Command{
 		Use:   "render -f CONFIG",
-		Short: "Print the nft ruleset that apply would install (no root needed)",
+		Short: "Print what apply would install: the nft ruleset, and the tc datapath's map contents (no root needed)",
+		Long: "Renders offline, for a kernel that has every feature (auto then splits classes between tc and the\n" +
+			"flowtable as it would on such a kernel). Interfaces named in the config are taken as present;\n" +
+			"`transports: auto` expands to this machine's links.",
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg, err := config.Load(file)
 			if err != nil {
 				return err
 			}
-			// Offline: interfaces named in the config are taken as present; `transports:
-			// auto` expands to this machine's links.
 			links, _ := agent.Links()
 			for _, n := range append(slices.Clone(cfg.Node.Gateways), cfg.Node.Transports.Names...) {
 				links = append(links, config.Link{Name: n, Up: true})
@@ -126,11 +132,35 @@ func renderCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			out, err := flowtable.Render(s, flowtable.Options{FlowtableCounter: counter}).Dump()
+			all := probe.Result{}
+			for _, f := range probe.All {
+				all.Features = append(all.Features, probe.Feature{Name: f, Available: f != probe.FlowtableCounter || counter})
+			}
+			plan, err := datapath.Choose(s, all)
 			if err != nil {
 				return err
 			}
-			fmt.Fprint(c.OutOrStdout(), out)
+			out := c.OutOrStdout()
+			if plan.Flowtable != nil {
+				dump, err := flowtable.Render(*plan.Flowtable, flowtable.Options{FlowtableCounter: counter}).Dump()
+				if err != nil {
+					return err
+				}
+				fmt.Fprint(out, dump)
+			}
+			if plan.TC != nil {
+				d, err := tc.Render(*plan.TC)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(out, "# tc datapath: eBPF program on each device's tc ingress, with these map contents")
+				if err := writeJSON(out, d); err != nil {
+					return err
+				}
+			}
+			if plan.Flowtable == nil && plan.TC == nil {
+				fmt.Fprintln(out, "# no fastpath (datapath: none)")
+			}
 			return nil
 		},
 	}
@@ -140,65 +170,65 @@ func renderCmd() *cobra.Command {
 	return c
 }
 
-// desired resolves the config strictly against this namespace's links.
-func desired(ctx context.Context, file string, cfg *config.Config) (*flowtable.Ruleset, model.State, error) {
-	if cfg.Datapath != model.DatapathFlowtable && cfg.Datapath != model.DatapathAuto {
-		return nil, model.State{}, fmt.Errorf("datapath: %q is not available in this build yet; use flowtable", cfg.Datapath)
-	}
-	caps := probe.Run(ctx)
-	if !caps.Has(probe.Flowtable) {
-		return nil, model.State{}, fmt.Errorf("%w\nprobe said: %s\n(`hostaccel probe` lists what this kernel can do; the README's demo runs the flowtable in a VM on such hosts)",
-			agent.ErrNoFlowtable, caps.Get(probe.Flowtable).Detail)
-	}
-	links, err := agent.Links()
+func managers() (*datapath.Managers, error) {
+	ft, err := flowtable.NewManager()
 	if err != nil {
-		return nil, model.State{}, err
+		return nil, err
 	}
-	s, _, err := cfg.State(links, true)
-	if err != nil {
-		return nil, model.State{}, fmt.Errorf("%s: %w", file, err)
-	}
-	return flowtable.Render(s, flowtable.Options{FlowtableCounter: caps.Has(probe.FlowtableCounter)}), s, nil
+	return &datapath.Managers{Flowtable: ft, TC: tc.NewManager()}, nil
 }
 
 func applyCmd() *cobra.Command {
 	var file string
 	c := &cobra.Command{
 		Use:   "apply -f CONFIG",
-		Short: "Install the config in one atomic transaction",
+		Short: "Install the config; nothing changes when the config or the kernel cannot do it",
 		RunE: func(c *cobra.Command, _ []string) error {
+			ctx := c.Context()
 			cfg, err := config.Load(file)
+			if err != nil {
+				return err
+			}
+			links, err := agent.Links()
+			if err != nil {
+				return err
+			}
+			s, _, err := cfg.State(links, true)
+			if err != nil {
+				return fmt.Errorf("%s: %w", file, err)
+			}
+			caps := probe.Run(ctx)
+			plan, err := datapath.Choose(s, caps)
+			if err != nil {
+				return fmt.Errorf("%w\n(`hostaccel probe` lists what this kernel can do; the README's demo runs the flowtable in a VM on such hosts)", err)
+			}
+			m, err := managers()
 			if err != nil {
 				return err
 			}
 			// The load balancer first: its table must exist before connections it balances
 			// are offloaded.
-			if msg, err := applyLB(c.Context(), cfg); err != nil {
+			if msg, err := applyLB(ctx, cfg); err != nil {
 				return err
 			} else if msg != "" {
 				fmt.Fprintln(c.OutOrStdout(), msg)
 			}
-			if cfg.Datapath == model.DatapathNone {
-				return nil
-			}
-			r, s, err := desired(c.Context(), file, cfg)
+			res, err := m.Apply(ctx, plan, caps)
 			if err != nil {
 				return err
 			}
-			m, err := flowtable.NewManager()
-			if err != nil {
-				return err
+			if plan.Flowtable != nil {
+				what := "no change"
+				if res.Flowtable.Operations > 0 {
+					what = res.Flowtable.Reason
+				}
+				fmt.Fprintf(c.OutOrStdout(), "applied table inet %s (%s): devices %s, classes %v, %d operations\n",
+					flowtable.TableName, what, strings.Join(plan.Flowtable.Devices(), ","), plan.Flowtable.Classes, res.Flowtable.Operations)
 			}
-			res, err := m.Apply(c.Context(), r)
-			if err != nil {
-				return err
+			if t := res.TC; t != nil {
+				fmt.Fprintf(c.OutOrStdout(), "applied tc datapath (%s, program %d): classes %v, attached %v, missing %v, elements +%d ~%d -%d\n",
+					t.Mode, t.ProgramID, plan.TC.Classes, t.Attached, t.Missing, t.ElementsAdded, t.ElementsUpdated, t.ElementsRemoved)
 			}
-			what := "no change"
-			if res.Operations > 0 {
-				what = res.Reason
-			}
-			fmt.Fprintf(c.OutOrStdout(), "applied table inet %s (%s): devices %s, classes %v, %d operations\n",
-				flowtable.TableName, what, strings.Join(s.Devices(), ","), s.Classes, res.Operations)
 			return nil
 		},
 	}
@@ -215,7 +245,7 @@ func agentCmd(g *globals) *cobra.Command {
 		Short: "Run the daemon: reconcile on config change, link events and periodically",
 		RunE: func(c *cobra.Command, _ []string) error {
 			log := g.logger()
-			m, err := flowtable.NewManager()
+			m, err := managers()
 			if err != nil {
 				return err
 			}
@@ -269,7 +299,7 @@ func statusCmd(g *globals) *cobra.Command {
 		Use:   "status",
 		Short: "Show hostaccel's tables, devices, rule counters and offloaded connections",
 		RunE: func(c *cobra.Command, _ []string) error {
-			m, err := flowtable.NewManager()
+			m, err := managers()
 			if err != nil {
 				return err
 			}
@@ -305,8 +335,8 @@ func writeStatus(out io.Writer, st agent.Status) {
 		if !a.Healthy {
 			health = "DEGRADED"
 		}
-		fmt.Fprintf(out, "agent: pid %d, %s, datapath %s, %d syncs (%d failed), last %s\n",
-			a.PID, health, a.Datapath, a.Syncs, a.SyncErrors, a.LastSync.Format("15:04:05"))
+		fmt.Fprintf(out, "agent: pid %d, %s, datapath %s (%s), %d syncs (%d failed), last %s\n",
+			a.PID, health, a.Datapath, a.Plan, a.Syncs, a.SyncErrors, a.LastSync.Format("15:04:05"))
 		for _, d := range a.Degraded {
 			fmt.Fprintf(out, "  degraded: %s\n", d)
 		}
@@ -332,6 +362,24 @@ func writeStatus(out io.Writer, st agent.Status) {
 		}
 		tw.Flush()
 	}
+	if t := st.TC; t != nil {
+		fmt.Fprintf(out, "\ntc datapath: %s, program %d, devices:", t.Mode, t.ProgramID)
+		for _, d := range t.Devices {
+			fmt.Fprintf(out, " %s(%s)", d.Name, d.Role)
+		}
+		fmt.Fprintln(out, "\n  redirected past the host stack:")
+		tw := tabwriter.NewWriter(out, 2, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "  CLASS\tFAMILY\tPACKETS\tBYTES")
+		for _, c := range t.Classes {
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\n", c.Class, c.Family, c.Packets, c.Bytes)
+		}
+		tw.Flush()
+		fmt.Fprint(out, "  handed to the stack:")
+		for _, k := range slices.Sorted(maps.Keys(t.Passed)) {
+			fmt.Fprintf(out, " %s=%d", k, t.Passed[k].Packets)
+		}
+		fmt.Fprintln(out)
+	}
 	fmt.Fprintf(out, "\noffloaded connections (conntrack [OFFLOAD]): %d\n", len(st.Offloaded))
 	for _, f := range st.Offloaded {
 		fmt.Fprintf(out, "  %s\n", f)
@@ -346,14 +394,14 @@ func cleanupCmd() *cobra.Command {
 		Use:   "cleanup",
 		Short: "Remove everything hostaccel installed, and nothing else",
 		RunE: func(c *cobra.Command, _ []string) error {
-			m, err := flowtable.NewManager()
+			m, err := managers()
 			if err != nil {
 				return err
 			}
-			if err := m.Remove(c.Context()); err != nil {
+			if err := errors.Join(m.Remove(c.Context()), cleanupLB(c.Context())); err != nil {
 				return err
 			}
-			fmt.Fprintf(c.OutOrStdout(), "removed table inet %s\n", flowtable.TableName)
+			fmt.Fprintf(c.OutOrStdout(), "removed table inet %s, the tc datapath and the load balancer's tables\n", flowtable.TableName)
 			return nil
 		},
 	}

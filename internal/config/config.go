@@ -215,9 +215,12 @@ func (c *Config) validate() error {
 	noOverlap(&errs, lb, nil)
 	noOverlap(&errs, excl, nil)
 
-	for name := range c.Classes {
-		if !slices.Contains(model.Classes, model.Class(name)) {
+	for name, on := range c.Classes {
+		switch {
+		case !slices.Contains(model.Classes, model.Class(name)):
 			bad("classes: unknown class %q (known: %s)", name, classList())
+		case on && c.Datapath == model.DatapathTC && !slices.Contains(model.TCClasses, model.Class(name)):
+			bad("classes.%s: datapath tc cannot serve it (it needs the host stack's NAT); use flowtable or auto", name)
 		}
 	}
 	if c.PacketThreshold < 0 {

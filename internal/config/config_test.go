@@ -46,6 +46,8 @@ func TestParseErrors(t *testing.T) {
 		{"node ip", strings.Replace(good, "  gateways:", "  nodeIPs: [1.2.3]\n  gateways:", 1), `node.nodeIPs[0]: "1.2.3" is not a valid IP address`},
 		{"no local", strings.Replace(good, `localPodCIDRs: [10.244.1.0/24, "fd00:10:244:1::/64"]`, "localPodCIDRs: []", 1), `node.localPodCIDRs: at least one`},
 		{"threshold type", good + "packetThreshold: lots\n", "packetThreshold"},
+		{"tc cannot NAT", strings.Replace(good, "{pod-to-pod: true}", "{pod-to-pod: true, external-to-nodeport: true}", 1) + "datapath: tc\n",
+			"classes.external-to-nodeport: datapath tc cannot serve it"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.yaml))

@@ -4,6 +4,7 @@ package metrics
 import (
 	"context"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -11,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/hostaccel/hostaccel/internal/agent"
-	"github.com/hostaccel/hostaccel/internal/model"
 )
 
 // Metrics holds the agent's metrics on its own registry.
@@ -32,7 +32,7 @@ func New(gather func(context.Context) agent.Status) *Metrics {
 		syncErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "hostaccel_sync_errors_total", Help: "Reconciliations that failed."}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hostaccel_sync_duration_seconds",
 			Help: "Time one reconciliation took.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 12)}),
-		devices: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hostaccel_devices", Help: "Devices in the flowtable."}),
+		devices: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hostaccel_devices", Help: "Gateway and transport devices the fastpath serves."}),
 		healthy: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hostaccel_healthy",
 			Help: "1 when the last sync succeeded and nothing is degraded, else 0."}),
 	}
@@ -69,11 +69,18 @@ var (
 	offloaded = prometheus.NewDesc("hostaccel_offloaded_flows",
 		"Conntrack entries offloaded to the flowtable right now.", nil, nil)
 	installed = prometheus.NewDesc("hostaccel_table_installed", "1 when table inet hostaccel exists.", nil, nil)
+	tcPackets = prometheus.NewDesc("hostaccel_tc_redirected_packets_total",
+		"Packets the tc datapath redirected past the host stack.", []string{"class", "family"}, nil)
+	tcBytes = prometheus.NewDesc("hostaccel_tc_redirected_bytes_total",
+		"Bytes the tc datapath redirected past the host stack.", []string{"class", "family"}, nil)
+	tcPassed = prometheus.NewDesc("hostaccel_tc_passed_packets_total",
+		"Packets the tc datapath handed to the normal stack, by reason.", []string{"reason"}, nil)
 )
 
+// key names one exported counter series.
 type key struct {
-	class model.Class
-	bytes bool
+	desc   *prometheus.Desc
+	labels string
 }
 
 // kernelCollector turns rule counters into monotonic counters: a rebuilt table starts its
@@ -86,9 +93,21 @@ type kernelCollector struct {
 }
 
 func (c *kernelCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{classPackets, classBytes, offloaded, installed} {
+	for _, d := range []*prometheus.Desc{classPackets, classBytes, offloaded, installed, tcPackets, tcBytes, tcPassed} {
 		ch <- d
 	}
+}
+
+// counter sends v as a monotonic counter: when v falls (the table or the tc program was
+// replaced, its counters restarted at zero), the value before the reset is carried over.
+func (c *kernelCollector) counter(ch chan<- prometheus.Metric, desc *prometheus.Desc, v uint64, labels ...string) {
+	k := key{desc, strings.Join(labels, "\x00")}
+	f := float64(v)
+	if f < c.last[k] {
+		c.base[k] += c.last[k]
+	}
+	c.last[k] = f
+	ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, c.base[k]+f, labels...)
 }
 
 func (c *kernelCollector) Collect(ch chan<- prometheus.Metric) {
@@ -98,17 +117,16 @@ func (c *kernelCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, cs := range st.Classes {
-		for _, k := range []struct {
-			key
-			v    uint64
-			desc *prometheus.Desc
-		}{{key{cs.Class, false}, cs.Packets, classPackets}, {key{cs.Class, true}, cs.Bytes, classBytes}} {
-			v := float64(k.v)
-			if v < c.last[k.key] {
-				c.base[k.key] += c.last[k.key]
-			}
-			c.last[k.key] = v
-			ch <- prometheus.MustNewConstMetric(k.desc, prometheus.CounterValue, c.base[k.key]+v, string(cs.Class))
+		c.counter(ch, classPackets, cs.Packets, string(cs.Class))
+		c.counter(ch, classBytes, cs.Bytes, string(cs.Class))
+	}
+	if t := st.TC; t != nil {
+		for _, cs := range t.Classes {
+			c.counter(ch, tcPackets, cs.Packets, string(cs.Class), cs.Family)
+			c.counter(ch, tcBytes, cs.Bytes, string(cs.Class), cs.Family)
+		}
+		for reason, n := range t.Passed {
+			c.counter(ch, tcPassed, n.Packets, reason)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(offloaded, prometheus.GaugeValue, float64(len(st.Offloaded)))

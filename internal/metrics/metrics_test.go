@@ -41,7 +41,7 @@ hostaccel_class_packets_total{class="pod-to-pod"} ` + v + "\n"
 # HELP hostaccel_offloaded_flows Conntrack entries offloaded to the flowtable right now.
 # TYPE hostaccel_offloaded_flows gauge
 hostaccel_offloaded_flows 2
-# HELP hostaccel_devices Devices in the flowtable.
+# HELP hostaccel_devices Gateway and transport devices the fastpath serves.
 # TYPE hostaccel_devices gauge
 hostaccel_devices 2
 # HELP hostaccel_healthy 1 when the last sync succeeded and nothing is degraded, else 0.

@@ -25,6 +25,9 @@ const (
 // counted under the class that describes it best.
 var Classes = []Class{PodToService, ExternalToNodePort, ExternalToLoadBalancer, PodToPod, NodeToRemotePod, ExternalToService}
 
+// TCClasses are the classes the stateless tc datapath can serve: no NAT involved.
+var TCClasses = []Class{PodToPod, NodeToRemotePod}
+
 // Datapath names.
 const (
 	DatapathFlowtable = "flowtable"

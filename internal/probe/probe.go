@@ -32,6 +32,9 @@ const (
 	SockMap          = "sockmap"
 )
 
+// All lists every feature Run probes, in its order.
+var All = []string{NFTables, Flowtable, FlowtableCounter, NetdevFwd, Conntrack, ClsBPF, ClsFlower, TCX, RedirectNeigh, RedirectPeer, SockMap}
+
 // Feature is the outcome of one probe.
 type Feature struct {
 	Name      string `json:"name"`

@@ -178,3 +178,15 @@ func TestRunHost(t *testing.T) {
 		}
 	}
 }
+
+func TestAllListsWhatRunProbes(t *testing.T) {
+	r := Run(context.Background())
+	if len(r.Features) != len(All) {
+		t.Fatalf("Run probed %d features, All lists %d", len(r.Features), len(All))
+	}
+	for i, f := range r.Features {
+		if f.Name != All[i] {
+			t.Errorf("feature %d: Run %s, All %s", i, f.Name, All[i])
+		}
+	}
+}

@@ -44,7 +44,7 @@ func (r *Role) UnmarshalText(b []byte) error {
 
 // Supported lists the classes the tc datapath serves: those that need no NAT, so that a
 // stateless router can carry them. Their bits in the program's config map are 1 << index.
-var Supported = []model.Class{model.PodToPod, model.NodeToRemotePod}
+var Supported = model.TCClasses
 
 // Desired is what the program's maps should hold.
 type Desired struct {

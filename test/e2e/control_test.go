@@ -304,7 +304,7 @@ func TestAgent(t *testing.T) {
 	}
 	s0 := readState()
 	waitFor(t, "two more periodic syncs", slow, func() bool { return readState().Syncs >= s0.Syncs+2 })
-	if st := readState(); st.LastResult.Operations != 0 || !st.Healthy {
+	if st := readState(); st.LastResult.Flowtable.Operations != 0 || !st.Healthy {
 		t.Errorf("a periodic sync with nothing to do changed the kernel or is unhealthy: %+v", st)
 	}
 

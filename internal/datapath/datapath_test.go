@@ -1,0 +1,63 @@
+package datapath
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/hostaccel/hostaccel/internal/model"
+	"github.com/hostaccel/hostaccel/internal/probe"
+)
+
+func kernel(features ...string) probe.Result {
+	var r probe.Result
+	for _, f := range probe.All {
+		avail := false
+		for _, g := range features {
+			avail = avail || f == g
+		}
+		r.Features = append(r.Features, probe.Feature{Name: f, Available: avail})
+	}
+	return r
+}
+
+var (
+	full     = kernel(probe.All...)
+	noFT     = kernel(probe.NFTables, probe.TCX, probe.ClsBPF, probe.RedirectNeigh) // this host
+	noEBPF   = kernel(probe.NFTables, probe.Flowtable, probe.FlowtableCounter)
+	allClass = []model.Class{model.PodToService, model.PodToPod, model.NodeToRemotePod, model.ExternalToNodePort}
+)
+
+func TestChooseAuto(t *testing.T) {
+	s := model.State{Datapath: model.DatapathAuto, Classes: allClass}
+	p, err := Choose(s, full)
+	if err != nil || p.Summary() != "tc: [pod-to-pod node-to-remote-pod]; flowtable: [pod-to-service external-to-nodeport]" {
+		t.Errorf("full kernel: %s %v", p.Summary(), err)
+	}
+	p, err = Choose(s, noEBPF)
+	if err != nil || p.TC != nil || len(p.Flowtable.Classes) != 4 {
+		t.Errorf("no eBPF: %s %v", p.Summary(), err)
+	}
+	// Without the flowtable, auto still runs tc for what it can, and says what it cannot.
+	p, err = Choose(s, noFT)
+	if !errors.Is(err, ErrNoFlowtable) || p.Flowtable != nil || p.Summary() != "tc: [pod-to-pod node-to-remote-pod]" {
+		t.Errorf("no flowtable: %s %v", p.Summary(), err)
+	}
+}
+
+func TestChooseExplicit(t *testing.T) {
+	s := model.State{Datapath: model.DatapathFlowtable, Classes: allClass}
+	if _, err := Choose(s, noFT); !errors.Is(err, ErrNoFlowtable) {
+		t.Errorf("flowtable without kernel support: %v", err)
+	}
+	s.Datapath = model.DatapathTC
+	if p, err := Choose(s, noFT); err != nil || p.TC == nil || p.Flowtable != nil {
+		t.Errorf("tc: %s %v", p.Summary(), err)
+	}
+	if _, err := Choose(s, noEBPF); !errors.Is(err, ErrNoTC) {
+		t.Errorf("tc without eBPF: %v", err)
+	}
+	s.Datapath = model.DatapathNone
+	if p, err := Choose(s, full); err != nil || p.Summary() != "no fastpath" {
+		t.Errorf("none: %s %v", p.Summary(), err)
+	}
+}
