@@ -631,21 +631,8 @@ func linkIndex(t *testing.T, ns *testbed.NS, dev string) int {
 // recreateTransport re-creates the Node <-> Remote link with its addresses and routes.
 func recreateTransport(t *testing.T, topo *testbed.Topo) {
 	t.Helper()
-	if err := testbed.Veth(topo.Node, topo.TransportName, topo.Remote, "eth0"); err != nil {
+	if err := topo.RecreateTransport(); err != nil {
 		t.Fatal(err)
-	}
-	for _, a := range []testbed.Addrs{topo.V4, topo.V6} {
-		for _, err := range []error{
-			topo.Node.AddrAdd(topo.TransportName, netip.PrefixFrom(a.Node, a.TransportCIDR.Bits())),
-			topo.Remote.AddrAdd("eth0", netip.PrefixFrom(a.Remote, a.TransportCIDR.Bits())),
-			topo.Node.RouteAdd(a.RemotePodCIDR, a.Remote),
-			topo.Node.RouteAdd(a.ExternalCIDR, a.Remote),
-			topo.Remote.RouteAdd(a.PodCIDR, a.Node),
-		} {
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
 	}
 }
 

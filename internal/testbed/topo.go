@@ -255,3 +255,25 @@ func waitTCP(client, server *NS, dst netip.Addr) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// RecreateTransport re-creates the Node <-> Remote link (new ifindex) with its addresses and
+// routes, as after a device was deleted; the old link must be gone.
+func (t *Topo) RecreateTransport() error {
+	if err := Veth(t.Node, t.TransportName, t.Remote, "eth0"); err != nil {
+		return err
+	}
+	for _, a := range []Addrs{t.V4, t.V6} {
+		for _, err := range []error{
+			t.Node.AddrAdd(t.TransportName, netip.PrefixFrom(a.Node, a.TransportCIDR.Bits())),
+			t.Remote.AddrAdd("eth0", netip.PrefixFrom(a.Remote, a.TransportCIDR.Bits())),
+			t.Node.RouteAdd(a.RemotePodCIDR, a.Remote),
+			t.Node.RouteAdd(a.ExternalCIDR, a.Remote),
+			t.Remote.RouteAdd(a.PodCIDR, a.Node),
+		} {
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

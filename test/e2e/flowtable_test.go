@@ -18,8 +18,7 @@ import (
 
 // nodeConfig renders a node config for the testbed topology.
 func nodeConfig(tp *testbed.Topo, extra string) string {
-	return fmt.Sprintf(`datapath: flowtable
-node:
+	return fmt.Sprintf(`node:
   gateways: [%s]
   transports: [%s]
   localPodCIDRs: [%s, "%s"]

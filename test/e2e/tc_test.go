@@ -1,0 +1,171 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hostaccel/hostaccel/internal/agent"
+	"github.com/hostaccel/hostaccel/internal/model"
+	"github.com/hostaccel/hostaccel/internal/probe"
+	"github.com/hostaccel/hostaccel/internal/testbed"
+)
+
+func needTC(t *testing.T) {
+	t.Helper()
+	if !(caps.Has(probe.TCX) || caps.Has(probe.ClsBPF)) || !caps.Has(probe.RedirectNeigh) {
+		t.Skip("this kernel cannot run the tc datapath")
+	}
+}
+
+// forwardingOff stops the node's stack from forwarding, so that traffic between the Pod and the
+// remote Pod can only flow through the tc redirect.
+func forwardingOff(t *testing.T, tp *testbed.Topo) {
+	t.Helper()
+	for _, k := range []string{"net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"} {
+		if err := tp.Node.Sysctl(k, "0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// reachable moves 256 KiB over TCP pod -> remote pod and reports whether it got through.
+func reachable(tp *testbed.Topo, a testbed.Addrs, port int) error {
+	srv, err := tp.Remote.ListenTCP(hostport(a.RemotePod, port))
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	c, err := tp.Pod.DialTCP("", srv.Addr().String())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return testbed.Transfer(c, 256<<10, 16<<10)
+}
+
+func tcStatus(t *testing.T, ns *testbed.NS) agent.Status {
+	st := status(t, ns)
+	if st.TC == nil {
+		t.Fatalf("status shows no tc datapath")
+	}
+	return st
+}
+
+// datapath: tc end to end through the binary: with the node's forwarding off, traffic flows
+// only because of the redirect; status and cleanup; a class tc cannot serve is refused.
+func TestTCDatapathApply(t *testing.T) {
+	needTC(t)
+	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
+	forwardingOff(t, tp)
+	old := testbed.IOTimeout
+	testbed.IOTimeout = 2 * time.Second
+	t.Cleanup(func() { testbed.IOTimeout = old })
+
+	bad := nodeConfig(tp, "datapath: tc\nclasses: {pod-to-pod: true, pod-to-service: true}\n")
+	if out, err := ha(tp.Node.Name, "apply", "-f", writeConfig(t, bad)); err == nil ||
+		!strings.Contains(out, "classes.pod-to-service: datapath tc cannot serve it") {
+		t.Errorf("tc with a NAT class: %v %s", err, out)
+	}
+	if st := status(t, tp.Node); st.TC != nil {
+		t.Errorf("a rejected config attached the tc datapath: %+v", st.TC)
+	}
+	for _, v6 := range []bool{false, true} {
+		if err := reachable(tp, tp.Addrs(v6), 5100); err == nil {
+			t.Fatalf("v6=%v: traffic crossed a node with forwarding off before apply", v6)
+		}
+	}
+
+	cfg := writeConfig(t, nodeConfig(tp, "datapath: tc\nclasses: {pod-to-pod: true, node-to-remote-pod: true}\n"))
+	out := mustHA(t, tp.Node.Name, "apply", "-f", cfg)
+	if !strings.Contains(out, "applied tc datapath") {
+		t.Errorf("apply: %s", out)
+	}
+	for _, v6 := range []bool{false, true} {
+		if err := reachable(tp, tp.Addrs(v6), 5101); err != nil {
+			t.Errorf("v6=%v: no traffic through the tc redirect: %v", v6, err)
+		}
+	}
+	udpExchange(t, tp.Pod, tp.Remote, tp.V4.RemotePod, 5102, 50)
+	st := tcStatus(t, tp.Node)
+	var p4, p6 uint64
+	for _, c := range st.TC.Classes {
+		if c.Class == model.PodToPod && c.Family == "ipv4" {
+			p4 = c.Packets
+		}
+		if c.Class == model.PodToPod && c.Family == "ipv6" {
+			p6 = c.Packets
+		}
+	}
+	if p4 < 100 || p6 < 10 {
+		t.Errorf("tc counters: v4 %d, v6 %d packets", p4, p6)
+	}
+	if txt := mustHA(t, tp.Node.Name, "status"); !strings.Contains(txt, "tc datapath:") || !strings.Contains(txt, "pod-to-pod") {
+		t.Errorf("status text:\n%s", txt)
+	}
+	if out := mustHA(t, tp.Node.Name, "apply", "-f", cfg); !strings.Contains(out, "attached [], missing [], elements +0 ~0 -0") {
+		t.Errorf("second apply changed something: %s", out)
+	}
+
+	mustHA(t, tp.Node.Name, "cleanup")
+	if st := status(t, tp.Node); st.TC != nil {
+		t.Errorf("cleanup left the tc datapath: %+v", st.TC)
+	}
+	if out, _ := tp.Node.Exec("tc", "filter", "show", "dev", "eth0", "ingress"); strings.Contains(out, "hostaccel") {
+		t.Errorf("cleanup left a filter: %s", out)
+	}
+	if err := reachable(tp, tp.V4, 5103); err == nil {
+		t.Error("traffic still crosses the node after cleanup")
+	}
+}
+
+// The agent with datapath auto on this kernel: tc serves pod-to-pod; the transport deleted
+// and re-created gets the program again (link event), and metrics count redirects.
+func TestTCDatapathAgent(t *testing.T) {
+	needTC(t)
+	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
+	forwardingOff(t, tp)
+	cfg := writeConfig(t, nodeConfig(tp, "datapath: auto\nclasses: {pod-to-pod: true}\nagent: {resyncPeriod: 2s, minSyncInterval: 200ms}\n"))
+	statePath := t.TempDir() + "/agent.json"
+	startAgent(t, tp.Node, "-f", cfg, "--state-file", statePath, "--metrics-address", "127.0.0.1:9467")
+	attached := func() string {
+		st := status(t, tp.Node)
+		if st.TC == nil {
+			return ""
+		}
+		var ds []string
+		for _, d := range st.TC.Devices {
+			ds = append(ds, d.Name)
+		}
+		return strings.Join(ds, ",")
+	}
+	waitFor(t, "tc attached by the agent", 20*time.Second, func() bool { return attached() == "eth0,gw" || attached() == "gw,eth0" })
+	if err := reachable(tp, tp.V4, 5110); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(statePath)
+	var st agent.State
+	json.Unmarshal(b, &st)
+	if !strings.HasPrefix(st.Plan, "tc: [pod-to-pod]") {
+		t.Errorf("plan: %q", st.Plan)
+	}
+
+	if out, err := tp.Node.Exec("ip", "link", "del", tp.TransportName); err != nil {
+		t.Fatal(err, out)
+	}
+	if err := tp.RecreateTransport(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "traffic over the re-created transport", 20*time.Second, func() bool { return reachable(tp, tp.V4, 5111) == nil })
+
+	_, body := httpGet(t, tp.Node, "127.0.0.1:9467", "/metrics")
+	if !strings.Contains(body, `hostaccel_tc_redirected_packets_total{class="pod-to-pod",family="ipv4"}`) {
+		t.Errorf("metrics lack tc counters:\n%s", body)
+	}
+	_ = netip.Addr{}
+	_ = fmt.Sprint()
+}
