@@ -3,9 +3,12 @@
 # Pod and an external client behind "eth0"), hostaccel applied in the node, TCP and UDP
 # traffic pod -> remote pod, and `hostaccel status` taken while the traffic runs.
 # Runs wherever the kernel has the nftables flowtable: natively, or inside the project's VM
-# (scripts/demo.sh decides). usage: demo-node.sh HOSTACCEL_BINARY
+# (scripts/demo.sh decides). With DATAPATH=tc the node's IP forwarding is switched OFF after
+# apply: traffic then crosses the node only through the tc redirect.
+# usage: [DATAPATH=flowtable|tc|auto] demo-node.sh HOSTACCEL_BINARY
 set -euo pipefail
 HA=$(readlink -f "${1:-./hostaccel}")
+DATAPATH=${DATAPATH:-flowtable}
 P=hademo
 ns() { local n=$1; shift; ip netns exec "$P-$n" "$@"; }
 cleanup() { for n in pod node remote; do ip netns del "$P-$n" 2>/dev/null || true; done; }
@@ -29,8 +32,11 @@ ns remote ip link set eth0 up
 ns remote ip route add 10.244.1.0/24 via 172.18.0.2 src 10.244.2.2
 ns remote ip -6 route add fd00:10:244:1::/64 via fd00:172:18::2 src fd00:10:244:2::2
 
-cat >/tmp/hostaccel-demo.yaml <<'YAML'
-datapath: flowtable
+CLASSES="  pod-to-pod: true
+  pod-to-service: true"
+[ "$DATAPATH" = tc ] && CLASSES="  pod-to-pod: true"
+cat >/tmp/hostaccel-demo.yaml <<YAML
+datapath: $DATAPATH
 node:
   gateways: [gw]
   transports: [eth0]
@@ -38,12 +44,15 @@ node:
   peerPodCIDRs: [10.244.2.0/24, "fd00:10:244:2::/64"]
   nodeIPs: [172.18.0.2]
 classes:
-  pod-to-pod: true
-  pod-to-service: true
+$CLASSES
 YAML
 echo "== hostaccel probe (node)"; ns node "$HA" probe
 echo "== config"; cat /tmp/hostaccel-demo.yaml
 echo "== hostaccel apply"; ns node "$HA" apply -f /tmp/hostaccel-demo.yaml
+if [ "$DATAPATH" = tc ]; then
+	echo "== node: IP forwarding OFF (v4 and v6): from now on only the tc redirect carries Pod traffic"
+	ns node sh -c 'echo 0 >/proc/sys/net/ipv4/ip_forward; echo 0 >/proc/sys/net/ipv6/conf/all/forwarding'
+fi
 ns remote iperf3 -s -D -B 10.244.2.2 -p 5201 -I /run/hademo-iperf4.pid
 ns remote iperf3 -s -D -B fd00:10:244:2::2 -p 5202 -I /run/hademo-iperf6.pid
 sleep 1
@@ -57,10 +66,16 @@ wait
 grep -h receiver /tmp/hademo-tcp4 /tmp/hademo-tcp6 | sed 's/^/iperf3: /'
 ns pod iperf3 -c 10.244.2.2 -p 5201 -u -b 50M -t 3 -f m >/tmp/hademo-udp 2>&1 &
 sleep 1.5
-echo "== offloaded UDP flow (conntrack, during the UDP run)"
-ns node "$HA" status -o json | grep -o '"udp[^"]*OFFLOAD[^"]*"' || echo "(no UDP flow offloaded yet)"
-wait
+if [ "$DATAPATH" = tc ]; then
+	wait; grep -h -A1 "Lost/Total" /tmp/hademo-udp | tail -1 | sed 's/^/iperf3 udp: /'
+	echo "== hostaccel status (tc counters after TCP v4, TCP v6 and UDP)"; ns node "$HA" status | sed -n '/tc datapath/,/handed/p'
+else
+	echo "== offloaded UDP flow (conntrack, during the UDP run)"
+	ns node "$HA" status -o json | grep -o '"udp[^"]*OFFLOAD[^"]*"' || echo "(no UDP flow offloaded yet)"
+	wait
+fi
 kill "$(cat /run/hademo-iperf4.pid)" "$(cat /run/hademo-iperf6.pid)" 2>/dev/null || true
 echo "== hostaccel cleanup"; ns node "$HA" cleanup
 ns node nft list ruleset | grep -q hostaccel && { echo "cleanup left rules behind"; exit 1; }
+ns node tc filter show dev eth0 ingress | grep -q hostaccel && { echo "cleanup left a tc filter behind"; exit 1; }
 echo "demo: OK"

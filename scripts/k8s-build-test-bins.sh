@@ -87,7 +87,7 @@ end=$(date +%s)
 log "etcd built in $((end - mid))s; total $((end - start))s"
 
 "$TMP/out/kube-apiserver" --version >&2
-"$TMP/out/etcd" --version | head -1 >&2
+"$TMP/out/etcd" --version >&2
 rm -rf "$DEST"
 mv "$TMP/out" "$DEST"
 echo "built in $((end - start))s on $(nproc) cores, $(date -u +%FT%TZ)" >"$STAMP"

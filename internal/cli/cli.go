@@ -376,9 +376,11 @@ func writeStatus(out io.Writer, st agent.Status) {
 		tw.Flush()
 		fmt.Fprint(out, "  handed to the stack:")
 		for _, k := range slices.Sorted(maps.Keys(t.Passed)) {
-			fmt.Fprintf(out, " %s=%d", k, t.Passed[k].Packets)
+			if k != tc.RoutedForwardOff {
+				fmt.Fprintf(out, " %s=%d", k, t.Passed[k].Packets)
+			}
 		}
-		fmt.Fprintln(out)
+		fmt.Fprintf(out, "\n  redirected by the route fallback (the node's forwarding is off): %d\n", t.Passed[tc.RoutedForwardOff].Packets)
 	}
 	fmt.Fprintf(out, "\noffloaded connections (conntrack [OFFLOAD]): %d\n", len(st.Offloaded))
 	for _, f := range st.Offloaded {
