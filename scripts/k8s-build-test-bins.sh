@@ -5,7 +5,8 @@
 # and prints that directory on its last line of stdout. A finished build is marked by a stamp
 # file; later runs return at once. Concurrent runs wait for each other (flock).
 #
-# Cold, on 2 cores, this takes about ten minutes. Nothing but Go modules is downloaded.
+# Cold (no k8s modules downloaded yet), on 2 cores, this took 408 s (kube-apiserver and kubectl
+# 350 s, etcd 58 s); with warm Go caches 12 s. Nothing but Go modules is downloaded.
 #
 #   K8S_VERSION   k8s.io/kubernetes tag without the v (default 1.37.1; the proxy refuses 1.37.2's zip)
 #   ETCD_VERSION  go.etcd.io/etcd/server/v3 tag without the v (default 3.7.3; Debian's etcd is too old)

@@ -34,6 +34,21 @@ type Options struct {
 	Links func() ([]config.Link, error)
 	// OnSync is called after every sync attempt (metrics).
 	OnSync func(d time.Duration, st State, err error)
+	// Source, when set, supplies the config in place of reading ConfigPath (Kubernetes mode:
+	// internal/k8s.Source). The agent asks it at every sync and syncs when Changed fires.
+	Source Source
+}
+
+// Source supplies the desired config instead of the file.
+type Source interface {
+	// Config returns the current config, validated; an error keeps the last good one.
+	Config() (*config.Config, error)
+	// Changed fires (coalesced) when Config, Notes or Report may have changed.
+	Changed() <-chan struct{}
+	// Notes say why the applied state may lag the source (reported as degraded).
+	Notes() []string
+	// Report is published as State.Source for `hostaccel status`.
+	Report() any
 }
 
 // Agent reconciles one network namespace.
@@ -47,6 +62,7 @@ type Agent struct {
 	cfg     *config.Config
 	cfgHash [32]byte
 	caps    *probe.Result
+	lb      lbRuntime // the load balancer (lb.go)
 }
 
 // New builds an agent; the config must load and validate.
@@ -85,6 +101,19 @@ func (a *Agent) Trigger() {
 
 // loadConfig (re)reads the config; it reports whether it changed.
 func (a *Agent) loadConfig() (bool, error) {
+	if a.opts.Source != nil {
+		c, err := a.opts.Source.Config()
+		if err != nil {
+			return false, err
+		}
+		b, _ := json.Marshal(c)
+		h := sha256.Sum256(b)
+		if a.cfg != nil && h == a.cfgHash {
+			return false, nil
+		}
+		a.cfg, a.cfgHash = c, h
+		return true, nil
+	}
 	b, err := os.ReadFile(a.opts.ConfigPath)
 	if err != nil {
 		return false, err
@@ -112,7 +141,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); a.runLB(ctx) }()
 	go func() { defer wg.Done(); a.watchLinks(ctx) }()
 	go func() { defer wg.Done(); a.watchSignals(ctx) }()
-	go func() { defer wg.Done(); a.watchFile(ctx) }()
+	if a.opts.Source != nil {
+		go func() { defer wg.Done(); a.watchSource(ctx) }()
+	} else {
+		go func() { defer wg.Done(); a.watchFile(ctx) }()
+	}
 
 	var last time.Time
 	backoff := time.Duration(0)
@@ -211,6 +244,13 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 		log.Error("config rejected; keeping the last good config", "err", err)
 	} else if changed {
 		log.Info("config loaded", "path", a.opts.ConfigPath, "datapath", cfg.Datapath)
+	}
+	if src := a.opts.Source; src != nil {
+		*degraded = append(*degraded, src.Notes()...)
+		rep, _ := json.Marshal(src.Report())
+		a.mu.Lock()
+		a.state.Source = rep
+		a.mu.Unlock()
 	}
 
 	// The load balancer first: fastpath rules then see balanced (DNAT-ed) connections.
@@ -346,5 +386,17 @@ func (a *Agent) watchFile(ctx context.Context) {
 			a.Trigger()
 		}
 		lastMod, lastSize = fi.ModTime(), fi.Size()
+	}
+}
+
+// watchSource triggers a sync whenever the config source says something changed.
+func (a *Agent) watchSource(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.opts.Source.Changed():
+			a.Trigger()
+		}
 	}
 }

@@ -2,13 +2,47 @@ package agent
 
 import (
 	"context"
+	"fmt"
+	"sync"
+	"time"
 
 	"github.com/hostaccel/hostaccel/internal/config"
+	"github.com/hostaccel/hostaccel/internal/lb"
 )
 
-// runLB runs the load balancer's background work (health checks, local API) until ctx ends.
-func (a *Agent) runLB(ctx context.Context) { <-ctx.Done() }
+// lbRuntime holds the agent's load balancer, created on first use.
+type lbRuntime struct {
+	once sync.Once
+	rt   *lb.Runtime
+}
+
+// LB returns the agent's load balancer: its Status for `hostaccel status` and metrics
+// (lb.NewCollector), its API handler.
+func (a *Agent) LB() *lb.Runtime {
+	a.lb.once.Do(func() { a.lb.rt = lb.NewRuntime(a.opts.Log.With("component", "lb"), a.Trigger) })
+	return a.lb.rt
+}
+
+// runLB runs the load balancer's background work (health checks, local API) until ctx ends;
+// with CleanupOnExit it then removes the load balancer's tables.
+func (a *Agent) runLB(ctx context.Context) {
+	rt := a.LB()
+	rt.Run(ctx)
+	if a.opts.CleanupOnExit {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err := rt.Remove(ctx)
+		a.opts.Log.Info("stopping; removed the load balancer's tables", "err", err)
+	}
+}
 
 // syncLB applies the load balancer part of cfg; it runs inside every sync, before the
 // fastpath, so that balanced connections are offloaded after the balancing decision.
-func (a *Agent) syncLB(ctx context.Context, cfg *config.Config) error { return nil }
+func (a *Agent) syncLB(ctx context.Context, cfg *config.Config) error {
+	rt := a.LB()
+	rt.FullEvery = cfg.Agent.ResyncPeriod.Duration * 9 / 10 // each periodic resync repairs drift
+	if err := rt.Sync(ctx, cfg.LoadBalancer); err != nil {
+		return fmt.Errorf("load balancer: %w", err)
+	}
+	return nil
+}

@@ -33,6 +33,8 @@ type State struct {
 	LastError  string          `json:"lastError,omitempty"`
 	Plan       string          `json:"plan"` // which datapath serves which classes
 	LastResult datapath.Result `json:"lastResult"`
+	// Source is the config source's report (Kubernetes mode: connectivity and what it derived).
+	Source json.RawMessage `json:"source,omitempty"`
 }
 
 // Status is `hostaccel status`: the kernel's view, plus the agent's if one runs.

@@ -240,6 +240,7 @@ func applyCmd() *cobra.Command {
 func agentCmd(g *globals) *cobra.Command {
 	var file, metricsAddr, statePath string
 	var cleanup bool
+	var kube *kubeFlags
 	c := &cobra.Command{
 		Use:   "agent -f CONFIG",
 		Short: "Run the daemon: reconcile on config change, link events and periodically",
@@ -249,8 +250,17 @@ func agentCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			ctx, stop := signal.NotifyContext(c.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
 			var met *metrics.Metrics
 			opts := agent.Options{ConfigPath: file, StatePath: statePath, CleanupOnExit: cleanup, Log: log}
+			if kube.enabled {
+				src, err := kube.startSource(ctx, log, file, 0)
+				if err != nil {
+					return err
+				}
+				opts.Source = src
+			}
 			if metricsAddr != "" {
 				met = metrics.New(func(ctx context.Context) agent.Status { return agent.Gather(ctx, m, "") })
 				opts.OnSync = met.ObserveSync
@@ -259,9 +269,8 @@ func agentCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(c.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
 			if met != nil {
+				kube.registerMetrics(met.Registry)
 				mux := http.NewServeMux()
 				mux.Handle("/metrics", met.Handler())
 				mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -290,6 +299,7 @@ func agentCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&statePath, "state-file", agent.DefaultStatePath, "where the agent publishes its state for `hostaccel status`")
 	c.Flags().BoolVar(&cleanup, "cleanup-on-exit", false, "remove hostaccel's rules when the agent stops")
 	_ = c.MarkFlagRequired("file")
+	kube = addKubeFlags(c, true)
 	return c
 }
 
@@ -343,6 +353,7 @@ func writeStatus(out io.Writer, st agent.Status) {
 		if a.LastError != "" {
 			fmt.Fprintf(out, "  last error: %s\n", a.LastError)
 		}
+		writeKubernetesStatus(out, a.Source)
 	}
 	if len(st.Classes) > 0 {
 		fmt.Fprintln(out, "\nclasses (packets that took the normal path before offload):")

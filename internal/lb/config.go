@@ -1,15 +1,579 @@
-// Package lb is hostaccel's nftables L4 load balancer.
+// Package lb is hostaccel's nftables L4 load balancer (docs/lb.md): services with virtual IPs,
+// schedulers (numgen, jhash, symhash), persistence, four topologies (snat, dnat, dsr at the
+// netdev ingress hook, stateless dnat at ingress), health checks and a local API.
+//
+// The data flows one way: Config (validated) -> Desired (with health) -> Render (pure,
+// knftables objects) -> Manager.Apply (the only code that touches the kernel).
 package lb
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Topologies.
+const (
+	SNAT          = "snat"           // DNAT to the backend and source NAT (masquerade or a given address)
+	DNAT          = "dnat"           // DNAT only: backends route their replies through this host
+	DSR           = "dsr"            // direct server return: ingress rewrites MACs only, replies bypass this host
+	StatelessDNAT = "stateless-dnat" // ingress rewrites addresses both ways, no conntrack
+)
+
+// Schedulers.
+const (
+	RoundRobin = "rr"      // numgen inc: exact (weighted) rotation
+	Weighted   = "weight"  // numgen random: proportional to the weights
+	Hash       = "hash"    // jhash over hashFields
+	SymHash    = "symhash" // symmetric hash of the flow
+)
+
+// Backend admin states.
+const (
+	StateUp    = "up"
+	StateDrain = "drain" // no new connections; established ones keep their backend
+	StateDown  = "down"  // out of every map; its flows are forgotten
+)
+
+// Defaults.
+const (
+	DefaultSocket      = "/run/hostaccel/lb.sock"
+	DefaultStateFile   = "/var/lib/hostaccel/lb-services.yaml"
+	defaultFlowTimeout = 5 * time.Minute
+	maxSlots           = 4096 // map entries of one service and family, after dividing weights by their gcd
+	maxWeight          = 1000
+)
+
+var (
+	topologies = []string{SNAT, DNAT, DSR, StatelessDNAT}
+	schedulers = []string{RoundRobin, Weighted, Hash, SymHash}
+	protocols  = []string{"tcp", "udp", "sctp"}
+	states     = []string{StateUp, StateDrain, StateDown}
+	hashFields = []string{"src-ip", "src-port", "dst-ip", "dst-port"}
+	checkTypes = []string{"tcp", "http", "https", "udp", "dns", "command", "none"}
+	validName  = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
+)
 
 // Config is the `loadBalancer` section of the config file.
 type Config struct {
-	Services []Service `json:"services,omitempty"`
+	// API is the local API (`hostaccel lb ...`). It serves on Socket whenever the section has
+	// services or an api key; set disabled to turn it off.
+	API *API `json:"api,omitempty"`
+	// StateFile keeps the services changed through the API (default
+	// /var/lib/hostaccel/lb-services.yaml); they override the file's services of the same name.
+	StateFile string    `json:"stateFile,omitempty"`
+	Services  []Service `json:"services,omitempty"`
 }
 
-// Service is one load-balanced service.
+// API configures the local API server.
+type API struct {
+	Disabled bool   `json:"disabled,omitempty"`
+	Socket   string `json:"socket,omitempty"`  // unix socket, mode 0600 (default /run/hostaccel/lb.sock)
+	Listen   string `json:"listen,omitempty"`  // optional TCP address; requires keyFile
+	KeyFile  string `json:"keyFile,omitempty"` // bearer key for TCP clients
+}
+
+// Service is one load-balanced service: VIPs x ports of one protocol.
 type Service struct {
-	Name string `json:"name"`
+	Name     string   `json:"name"`
+	VIPs     []string `json:"vips"`
+	Port     int      `json:"port,omitempty"`
+	Ports    []int    `json:"ports,omitempty"`
+	Protocol string   `json:"protocol,omitempty"` // tcp (default), udp, sctp
+	Topology string   `json:"topology,omitempty"` // dnat (default), snat, dsr, stateless-dnat
+	// SNATAddresses (snat only): the source address per family; a family without one is
+	// masqueraded (the address of the outgoing interface).
+	SNATAddresses []string `json:"snatAddresses,omitempty"`
+	// Interface (dsr, stateless-dnat): where clients' packets arrive (the ingress hook).
+	Interface string `json:"interface,omitempty"`
+	// BackendInterface (dsr, stateless-dnat): where the backends are (dsr forwards out of it,
+	// stateless-dnat rewrites replies arriving on it); default: Interface.
+	BackendInterface string   `json:"backendInterface,omitempty"`
+	Scheduler        string   `json:"scheduler,omitempty"`  // rr (default), weight, hash, symhash
+	HashFields       []string `json:"hashFields,omitempty"` // hash: src-ip (default), src-port, dst-ip, dst-port
+	// Persistence sends a client (source address) to the backend it had, for this long after
+	// its last new connection.
+	Persistence *Duration `json:"persistence,omitempty"`
+	// FlowTimeout (dsr, stateless-dnat): how long an idle flow keeps its backend (default 5m).
+	FlowTimeout *Duration `json:"flowTimeout,omitempty"`
+	// FlushConntrack deletes a backend's conntrack entries (snat, dnat) when it goes down or
+	// fails its health check, so that clients see a reset at once instead of a timeout.
+	FlushConntrack bool         `json:"flushConntrack,omitempty"`
+	HealthCheck    *HealthCheck `json:"healthCheck,omitempty"`
+	Backends       []Backend    `json:"backends"`
 }
 
-// Validate checks the section; errors name the field (loadBalancer.services[i]...).
-func (c *Config) Validate() []error { return nil }
+// Backend is one real server of a service.
+type Backend struct {
+	Address string `json:"address"`
+	// Port the backend listens on; 0 keeps the port the client asked for.
+	Port int `json:"port,omitempty"`
+	// Weight (1-1000, default 1): the share of new connections, relative to the others.
+	Weight int `json:"weight,omitempty"`
+	// Priority: 0 (default) for primaries; backends with a higher number are used only when
+	// no backend with a lower number is up.
+	Priority int    `json:"priority,omitempty"`
+	State    string `json:"state,omitempty"` // up (default), drain, down
+	// MAC (dsr): the backend's MAC address; default: from the neighbour table.
+	MAC string `json:"mac,omitempty"`
+}
+
+// HealthCheck says how the agent checks a service's backends.
+type HealthCheck struct {
+	Type string `json:"type"` // tcp, http, https, udp, dns, command, none
+	// Port to check; default: the backend's port (or the service's first port).
+	Port int `json:"port,omitempty"`
+	// HTTP(S): path (default /), Host header, expected status (default 200), and an optional
+	// string the body must contain.
+	Path         string `json:"path,omitempty"`
+	Host         string `json:"host,omitempty"`
+	ExpectStatus int    `json:"expectStatus,omitempty"`
+	// Send (udp): the request payload; Expect (udp, http): a string the reply must contain.
+	Send   string `json:"send,omitempty"`
+	Expect string `json:"expect,omitempty"`
+	// Query (dns): the name asked for (type A; default "."); any answer with the same id and
+	// rcode NOERROR or NXDOMAIN is healthy.
+	Query string `json:"query,omitempty"`
+	// Command (command): argv, run with HOSTACCEL_BACKEND_ADDRESS and HOSTACCEL_BACKEND_PORT
+	// in its environment; exit status 0 is healthy.
+	Command  []string `json:"command,omitempty"`
+	Interval Duration `json:"interval,omitempty"` // default 5s
+	Timeout  Duration `json:"timeout,omitempty"`  // default 2s, at most interval
+	Rise     int      `json:"rise,omitempty"`     // successes to go up (default 2)
+	Fall     int      `json:"fall,omitempty"`     // failures to go down (default 3)
+}
+
+// Duration is a time.Duration written as "30s".
+type Duration struct{ time.Duration }
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration such as \"30s\"")
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}
+
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// D returns a *Duration (for literals).
+func D(d time.Duration) *Duration { return &Duration{d} }
+
+// InUse reports whether the section asks for anything: services, or an API to add them.
+func (c *Config) InUse() bool {
+	return len(c.Services) > 0 || (c.API != nil && !c.API.Disabled)
+}
+
+// APIConfig returns the API settings with defaults; nil when the API is off.
+func (c *Config) APIConfig() *API {
+	if !c.InUse() || (c.API != nil && c.API.Disabled) {
+		return nil
+	}
+	a := API{}
+	if c.API != nil {
+		a = *c.API
+	}
+	if a.Socket == "" {
+		a.Socket = DefaultSocket
+	}
+	return &a
+}
+
+// StatePath returns the state file's path.
+func (c *Config) StatePath() string {
+	if c.StateFile == "" {
+		return DefaultStateFile
+	}
+	return c.StateFile
+}
+
+// Validate checks the section; errors name the field (loadBalancer.services[1].port: ...).
+func (c *Config) Validate() []error {
+	var errs []error
+	if a := c.API; a != nil {
+		if a.Listen != "" {
+			if _, _, err := net.SplitHostPort(a.Listen); err != nil {
+				errs = append(errs, fmt.Errorf("loadBalancer.api.listen: %q is not host:port", a.Listen))
+			}
+			if a.KeyFile == "" {
+				errs = append(errs, fmt.Errorf("loadBalancer.api.listen: %q needs loadBalancer.api.keyFile (TCP clients must present the key)", a.Listen))
+			}
+		}
+		if a.Socket != "" && !strings.HasPrefix(a.Socket, "/") {
+			errs = append(errs, fmt.Errorf("loadBalancer.api.socket: %q is not an absolute path", a.Socket))
+		}
+	}
+	if c.StateFile != "" && !strings.HasPrefix(c.StateFile, "/") {
+		errs = append(errs, fmt.Errorf("loadBalancer.stateFile: %q is not an absolute path", c.StateFile))
+	}
+	return append(errs, ValidateServices(c.Services, func(i int) string { return fmt.Sprintf("loadBalancer.services[%d]", i) })...)
+}
+
+// ValidateServices checks each service and the services together (names, VIPs and reverse
+// paths must not collide). field names a service in errors.
+func ValidateServices(svcs []Service, field func(i int) string) []error {
+	var errs []error
+	names := map[string]int{}
+	type vipKey struct {
+		addr  netip.Addr
+		proto string
+		port  int
+	}
+	vips := map[vipKey]int{}
+	reverse := map[vipKey]int{}
+	for i := range svcs {
+		s := &svcs[i]
+		f := field(i)
+		errs = append(errs, s.validate(f)...)
+		if j, dup := names[s.Name]; dup && s.Name != "" {
+			errs = append(errs, fmt.Errorf("%s.name: %q is already used by %s", f, s.Name, field(j)))
+		}
+		names[s.Name] = i
+		proto := s.proto()
+		for k, v := range s.VIPs {
+			a, err := netip.ParseAddr(v)
+			if err != nil {
+				continue
+			}
+			for _, p := range s.ports() {
+				key := vipKey{a, proto, p}
+				if j, dup := vips[key]; dup && j != i {
+					errs = append(errs, fmt.Errorf("%s.vips[%d]: %s %s/%d is already used by service %q (%s)", f, k, a, proto, p, svcs[j].Name, field(j)))
+				}
+				vips[key] = i
+			}
+		}
+		// Replies from a stateless-dnat backend are rewritten to its VIP at the ingress hook,
+		// so no other service (but dsr, whose replies bypass this host) may share the backend.
+		if s.topology() != DSR {
+			for k, b := range s.Backends {
+				a, err := netip.ParseAddr(b.Address)
+				if err != nil {
+					continue
+				}
+				for _, p := range s.ports() {
+					key := vipKey{a, proto, cmpOr(b.Port, p)}
+					if j, dup := reverse[key]; dup && j != i && (s.Topology == StatelessDNAT || svcs[j].Topology == StatelessDNAT) {
+						errs = append(errs, fmt.Errorf("%s.backends[%d]: %s %s/%d is also a backend of service %q (%s), and one of them is stateless-dnat: replies could not be told apart",
+							f, k, a, proto, key.port, svcs[j].Name, field(j)))
+					}
+					if _, dup := reverse[key]; !dup || s.Topology == StatelessDNAT {
+						reverse[key] = i
+					}
+				}
+			}
+		}
+	}
+	return errs
+}
+
+func cmpOr(a, b int) int {
+	if a != 0 {
+		return a
+	}
+	return b
+}
+
+func (s *Service) proto() string {
+	if s.Protocol == "" {
+		return "tcp"
+	}
+	return s.Protocol
+}
+
+func (s *Service) topology() string {
+	if s.Topology == "" {
+		return DNAT
+	}
+	return s.Topology
+}
+
+func (s *Service) scheduler() string {
+	if s.Scheduler == "" {
+		return RoundRobin
+	}
+	return s.Scheduler
+}
+
+func (s *Service) ports() []int {
+	if s.Port != 0 {
+		return []int{s.Port}
+	}
+	return s.Ports
+}
+
+func (s *Service) validate(f string) []error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(f+"."+format, a...)) }
+	if !validName.MatchString(s.Name) {
+		bad("name: %q is not a valid name (lower-case letters, digits and '-', at most 32, e.g. \"web\")", s.Name)
+	}
+	topo := s.topology()
+	if !slices.Contains(topologies, topo) {
+		bad("topology: %q is not one of %s", s.Topology, strings.Join(topologies, ", "))
+	}
+	if !slices.Contains(protocols, s.proto()) {
+		bad("protocol: %q is not one of tcp, udp, sctp", s.Protocol)
+	}
+	sched := s.scheduler()
+	if !slices.Contains(schedulers, sched) {
+		bad("scheduler: %q is not one of %s", s.Scheduler, strings.Join(schedulers, ", "))
+	}
+
+	// VIPs.
+	families := map[bool]int{} // is6 -> count
+	if len(s.VIPs) == 0 {
+		bad("vips: at least one virtual IP is required")
+	}
+	seen := map[netip.Addr]bool{}
+	for i, v := range s.VIPs {
+		a, err := netip.ParseAddr(v)
+		switch {
+		case err != nil || a.Zone() != "":
+			bad("vips[%d]: %q is not a valid IP address", i, v)
+			continue
+		case a.IsUnspecified() || a.IsMulticast() || a.IsLoopback():
+			bad("vips[%d]: %s cannot be a virtual IP", i, a)
+			continue
+		case seen[a]:
+			bad("vips[%d]: %s is listed twice", i, a)
+		}
+		seen[a] = true
+		families[a.Is6()]++
+	}
+
+	// Ports.
+	switch {
+	case s.Port != 0 && len(s.Ports) > 0:
+		bad("ports: give either port or ports, not both")
+	case s.Port == 0 && len(s.Ports) == 0:
+		bad("port: 0 is not a valid port")
+	}
+	if s.Port < 0 || s.Port > 65535 {
+		bad("port: %d is not a valid port", s.Port)
+	}
+	for i, p := range s.Ports {
+		if p <= 0 || p > 65535 {
+			bad("ports[%d]: %d is not a valid port", i, p)
+		} else if slices.Index(s.Ports, p) != i {
+			bad("ports[%d]: %d is listed twice", i, p)
+		}
+	}
+	multiPort := len(s.Ports) > 1
+
+	// Topology-specific fields.
+	ingress := topo == DSR || topo == StatelessDNAT
+	if len(s.SNATAddresses) > 0 && topo != SNAT {
+		bad("snatAddresses: only a snat service translates source addresses")
+	}
+	snatFam := map[bool]bool{}
+	for i, v := range s.SNATAddresses {
+		a, err := netip.ParseAddr(v)
+		if err != nil || a.Zone() != "" {
+			bad("snatAddresses[%d]: %q is not a valid IP address", i, v)
+			continue
+		}
+		if snatFam[a.Is6()] {
+			bad("snatAddresses[%d]: %s: one source address per family", i, a)
+		}
+		snatFam[a.Is6()] = true
+	}
+	if ingress {
+		if s.Interface == "" {
+			bad("interface: a %s service needs the interface its clients' packets arrive on", topo)
+		} else if !validIfname(s.Interface) {
+			bad("interface: %q is not a valid interface name", s.Interface)
+		}
+		if s.BackendInterface != "" && !validIfname(s.BackendInterface) {
+			bad("backendInterface: %q is not a valid interface name", s.BackendInterface)
+		}
+	} else {
+		if s.Interface != "" {
+			bad("interface: only dsr and stateless-dnat services attach to an interface")
+		}
+		if s.BackendInterface != "" {
+			bad("backendInterface: only dsr and stateless-dnat services attach to an interface")
+		}
+		if s.FlowTimeout != nil {
+			bad("flowTimeout: only dsr and stateless-dnat services keep their own flow table (snat and dnat use conntrack)")
+		}
+	}
+	if topo == StatelessDNAT && (families[false] > 1 || families[true] > 1) {
+		bad("vips: a stateless-dnat service has at most one VIP per family (replies are rewritten back to it)")
+	}
+	if s.FlowTimeout != nil && (s.FlowTimeout.Duration < time.Second || s.FlowTimeout.Duration > 24*time.Hour) {
+		bad("flowTimeout: %s is not between 1s and 24h", s.FlowTimeout.Duration)
+	}
+	if s.Persistence != nil && (s.Persistence.Duration < time.Second || s.Persistence.Duration > 24*time.Hour) {
+		bad("persistence: %s is not between 1s and 24h", s.Persistence.Duration)
+	}
+	if len(s.HashFields) > 0 && sched != Hash {
+		bad("hashFields: only the hash scheduler hashes fields (scheduler is %q)", sched)
+	}
+	for i, h := range s.HashFields {
+		if !slices.Contains(hashFields, h) {
+			bad("hashFields[%d]: %q is not one of %s", i, h, strings.Join(hashFields, ", "))
+		} else if slices.Index(s.HashFields, h) != i {
+			bad("hashFields[%d]: %q is listed twice", i, h)
+		}
+	}
+
+	// Backends.
+	if len(s.Backends) == 0 {
+		bad("backends: a %s service needs at least one backend", topo)
+	}
+	type bkey struct {
+		a netip.Addr
+		p int
+	}
+	bseen := map[bkey]bool{}
+	bfam := map[bool]int{}
+	slots := map[bool]int{}
+	for i, b := range s.Backends {
+		bf := fmt.Sprintf("backends[%d]", i)
+		a, err := netip.ParseAddr(b.Address)
+		if err != nil || a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() {
+			bad("%s.address: %q is not a valid backend address", bf, b.Address)
+		} else {
+			if bseen[bkey{a, b.Port}] {
+				bad("%s: %s port %d is listed twice", bf, a, b.Port)
+			}
+			bseen[bkey{a, b.Port}] = true
+			bfam[a.Is6()]++
+		}
+		switch {
+		case b.Port < 0 || b.Port > 65535:
+			bad("%s.port: %d is not a valid port", bf, b.Port)
+		case b.Port != 0 && multiPort:
+			bad("%s.port: a service with several ports keeps the client's port; leave the backend's port out", bf)
+		case b.Port != 0 && topo == DSR && b.Port != s.Port:
+			bad("%s.port: dsr cannot translate ports (%d != %d); leave the backend's port out", bf, b.Port, s.Port)
+		}
+		if b.Weight < 0 || b.Weight > maxWeight {
+			bad("%s.weight: %d is not between 1 and %d", bf, b.Weight, maxWeight)
+		}
+		slots[a.Is6()] += max(b.Weight, 1)
+		if b.Priority < 0 {
+			bad("%s.priority: %d is negative (0 is a primary, higher numbers are backups)", bf, b.Priority)
+		}
+		if b.State != "" && !slices.Contains(states, b.State) {
+			bad("%s.state: %q is not one of up, drain, down", bf, b.State)
+		}
+		if b.MAC != "" {
+			if topo != DSR {
+				bad("%s.mac: only dsr backends are reached by their MAC address", bf)
+			} else if hw, err := net.ParseMAC(b.MAC); err != nil || len(hw) != 6 {
+				bad("%s.mac: %q is not an Ethernet MAC address", bf, b.MAC)
+			}
+		}
+	}
+	for is6, n := range slots {
+		if n > maxSlots {
+			bad("backends: the %s weights add up to %d map entries (at most %d)", famName(is6), n, maxSlots)
+		}
+	}
+	if topo != DSR && len(s.Backends) > 0 {
+		// NAT cannot change the family: every VIP family needs backends of its own.
+		for i, v := range s.VIPs {
+			if a, err := netip.ParseAddr(v); err == nil && bfam[a.Is6()] == 0 {
+				bad("vips[%d]: %s is %s but no backend is (%s cannot translate between families)", i, a, famName(a.Is6()), topo)
+			}
+		}
+	}
+	if hc := s.HealthCheck; hc != nil {
+		errs = append(errs, hc.validate(f+".healthCheck")...)
+	}
+	return errs
+}
+
+func famName(is6 bool) string {
+	if is6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+func (h *HealthCheck) validate(f string) []error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(f+"."+format, a...)) }
+	if !slices.Contains(checkTypes, h.Type) {
+		bad("type: %q is not one of %s", h.Type, strings.Join(checkTypes, ", "))
+	}
+	if h.Port < 0 || h.Port > 65535 {
+		bad("port: %d is not a valid port", h.Port)
+	}
+	web := h.Type == "http" || h.Type == "https"
+	if !web && (h.Path != "" || h.Host != "" || h.ExpectStatus != 0) {
+		bad("path, host, expectStatus: only for http and https checks")
+	}
+	if h.Path != "" && !strings.HasPrefix(h.Path, "/") {
+		bad("path: %q does not start with /", h.Path)
+	}
+	if h.ExpectStatus != 0 && (h.ExpectStatus < 100 || h.ExpectStatus > 599) {
+		bad("expectStatus: %d is not an HTTP status", h.ExpectStatus)
+	}
+	if h.Type == "udp" && h.Send == "" {
+		bad("send: a udp check needs a request payload")
+	}
+	if h.Send != "" && h.Type != "udp" {
+		bad("send: only for udp checks")
+	}
+	if h.Expect != "" && h.Type != "udp" && !web {
+		bad("expect: only for udp, http and https checks")
+	}
+	if h.Query != "" && h.Type != "dns" {
+		bad("query: only for dns checks")
+	}
+	if (h.Type == "command") != (len(h.Command) > 0) {
+		bad("command: a command check needs a command, and only a command check has one")
+	}
+	if h.Type == "command" && len(h.Command) > 0 && !strings.HasPrefix(h.Command[0], "/") {
+		bad("command[0]: %q is not an absolute path", h.Command[0])
+	}
+	iv, to := h.interval(), h.timeout()
+	if iv < 50*time.Millisecond || iv > time.Hour {
+		bad("interval: %s is not between 50ms and 1h", iv)
+	}
+	if to <= 0 || to > iv {
+		bad("timeout: %s is not between 0 and the interval (%s)", to, iv)
+	}
+	if h.Rise < 0 || h.Rise > 100 {
+		bad("rise: %d is not between 1 and 100", h.Rise)
+	}
+	if h.Fall < 0 || h.Fall > 100 {
+		bad("fall: %d is not between 1 and 100", h.Fall)
+	}
+	return errs
+}
+
+func (h *HealthCheck) interval() time.Duration {
+	if h.Interval.Duration == 0 {
+		return 5 * time.Second
+	}
+	return h.Interval.Duration
+}
+
+func (h *HealthCheck) timeout() time.Duration {
+	if h.Timeout.Duration == 0 {
+		return min(2*time.Second, h.interval())
+	}
+	return h.Timeout.Duration
+}
+
+func (h *HealthCheck) rise() int { return cmpOr(h.Rise, 2) }
+func (h *HealthCheck) fall() int { return cmpOr(h.Fall, 3) }
+
+// validIfname follows the kernel's dev_valid_name.
+func validIfname(n string) bool {
+	return n != "" && len(n) < 16 && n != "." && n != ".." && !strings.ContainsAny(n, "/: \t\n")
+}

@@ -1,0 +1,239 @@
+// Package bench reproduces the seed benchmark tables (netperf TCP_STREAM, TCP_RR and TCP_CRR
+// for Pod-to-Pod, Pod-to-Service and External-to-NodePort; pktgen per-packet cost) on this
+// machine, for the default node path, each hostaccel datapath, the Antrea and Kindnet
+// rulesets and a direct link, side by side.
+//
+// A run builds a kind-like cluster out of network namespaces (Build, Plan), applies one
+// Variant at a time to every node, runs the tests interleaved and repeated, and reports
+// medians with their spread (Report: Markdown, JSON, PNG). Variants the running kernel lacks
+// run inside the project's VM (vmtest/run-in-vm.sh); their cells are compared only with the
+// VM's own default and direct runs.
+package bench
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// netperf tests.
+const (
+	TCPStream = "TCP_STREAM"
+	TCPRR     = "TCP_RR"
+	TCPCRR    = "TCP_CRR"
+)
+
+// Tests lists the netperf tests in report order.
+var Tests = []string{TCPStream, TCPRR, TCPCRR}
+
+// Traffic is a path through the cluster.
+type Traffic string
+
+const (
+	PodToPod           Traffic = "pod-to-pod"
+	PodToService       Traffic = "pod-to-service"
+	ExternalToNodePort Traffic = "external-to-nodeport"
+	// DirectLink is the direct variant's path: client and server on one veth, no hop.
+	DirectLink Traffic = "direct"
+)
+
+// Traffics lists the cluster paths in report order.
+var Traffics = []Traffic{PodToPod, PodToService, ExternalToNodePort}
+
+// Title is the traffic type as the seeds write it.
+func (t Traffic) Title() string {
+	switch t {
+	case PodToPod:
+		return "Pod-to-Pod"
+	case PodToService:
+		return "Pod-to-Service"
+	case ExternalToNodePort:
+		return "External-to-NodePort"
+	case DirectLink:
+		return "no hop"
+	}
+	return string(t)
+}
+
+// VM modes.
+const (
+	VMAuto   = "auto"
+	VMAlways = "always"
+	VMNever  = "never"
+)
+
+// Options configure a run. Zero values take the defaults of Defaults.
+type Options struct {
+	Variants []string  // variant names; empty: every default variant
+	Tests    []string  // netperf tests; empty: none (pktgen only) unless DefaultTests
+	Traffic  []Traffic // cluster paths
+	Reps     int       // repetitions of every cell
+	Duration time.Duration
+	Rules    int    // filter rules in the default node's forward chain
+	Pin      string // "auto" (the last CPU), "none", or a CPU number
+	Nodes    int    // nodes in the cluster (2 or 3)
+	Services int    // extra (idle) Services in the kube-proxy-like ruleset
+
+	Pktgen         bool
+	PktgenDuration time.Duration // per round, in the generator's clock
+	PktgenSize     int           // bytes per packet (pktgen pkt_size)
+
+	VM         string        // auto, always or never
+	VMDuration time.Duration // netperf duration inside the VM (guest clock)
+	VMReps     int           // repetitions inside the VM; 0: Reps
+	VMTest     string        // directory holding run-in-vm.sh; empty: search
+	VMTimeout  time.Duration // 0: estimated from the plan
+	VMICount   bool          // deterministic icount mode (-i)
+
+	// Here runs everything in this kernel and never starts a VM (the VM part of a run is
+	// such a run inside the guest).
+	Here bool
+	// RaiseConntrackMax sets nf_conntrack_max to at least 262144 (the VM's 1 GiB gives
+	// 8192, which TCP_CRR can fill). Only for a kernel the run owns (the VM).
+	RaiseConntrackMax bool
+	// Command is the command line recorded in the report.
+	Command string
+}
+
+// Defaults returns the options of a plain `hostaccel bench`.
+func Defaults() Options {
+	return Options{
+		Tests:          slices.Clone(Tests),
+		Traffic:        slices.Clone(Traffics),
+		Reps:           5,
+		Duration:       5 * time.Second,
+		Rules:          100,
+		Pin:            "auto",
+		Nodes:          3,
+		Services:       50,
+		Pktgen:         true,
+		PktgenDuration: time.Second,
+		PktgenSize:     64,
+		VM:             VMAuto,
+		VMDuration:     time.Second,
+		VMICount:       true,
+	}
+}
+
+// Validate checks the options and fills in defaults for zero values.
+func (o *Options) Validate() error {
+	d := Defaults()
+	if o.Reps <= 0 {
+		o.Reps = d.Reps
+	}
+	if o.Duration <= 0 {
+		o.Duration = d.Duration
+	}
+	if o.VMDuration <= 0 {
+		o.VMDuration = d.VMDuration
+	}
+	if o.PktgenDuration <= 0 {
+		o.PktgenDuration = d.PktgenDuration
+	}
+	if o.PktgenSize == 0 {
+		o.PktgenSize = d.PktgenSize
+	}
+	if o.Nodes == 0 {
+		o.Nodes = d.Nodes
+	}
+	if o.Pin == "" {
+		o.Pin = d.Pin
+	}
+	if o.VM == "" {
+		o.VM = d.VM
+	}
+	var errs []string
+	for _, t := range o.Tests {
+		if !slices.Contains(Tests, t) {
+			errs = append(errs, fmt.Sprintf("tests: unknown test %q (want %s)", t, strings.Join(Tests, ", ")))
+		}
+	}
+	for _, t := range o.Traffic {
+		if !slices.Contains(Traffics, t) {
+			errs = append(errs, fmt.Sprintf("traffic: unknown traffic %q (want %s)", t, joinTraffic(Traffics)))
+		}
+	}
+	for _, v := range o.Variants {
+		if _, ok := Lookup(v); !ok {
+			errs = append(errs, fmt.Sprintf("variants: unknown variant %q (want %s)", v, strings.Join(Names(), ", ")))
+		}
+	}
+	if o.Rules < 0 || o.Rules > 100000 {
+		errs = append(errs, fmt.Sprintf("rules: %d out of range 0..100000", o.Rules))
+	}
+	if o.Nodes < 2 || o.Nodes > 3 {
+		errs = append(errs, fmt.Sprintf("nodes: %d, want 2 or 3", o.Nodes))
+	}
+	if o.Services < 0 || o.Services > 200 {
+		errs = append(errs, fmt.Sprintf("services: %d out of range 0..200", o.Services))
+	}
+	if o.PktgenSize < 60 || o.PktgenSize > 1500 {
+		errs = append(errs, fmt.Sprintf("pktgen-size: %d out of range 60..1500", o.PktgenSize))
+	}
+	if _, err := ParsePin(o.Pin, 1); err != nil {
+		errs = append(errs, err.Error())
+	}
+	if !slices.Contains([]string{VMAuto, VMAlways, VMNever}, o.VM) {
+		errs = append(errs, fmt.Sprintf("vm: %q, want auto, always or never", o.VM))
+	}
+	if len(o.Tests) == 0 && !o.Pktgen {
+		errs = append(errs, "nothing to measure: no tests and no pktgen")
+	}
+	if len(o.Tests) > 0 && len(o.Traffic) == 0 {
+		errs = append(errs, "traffic: empty")
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("bench: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+func joinTraffic(ts []Traffic) string {
+	s := make([]string, len(ts))
+	for i, t := range ts {
+		s[i] = string(t)
+	}
+	return strings.Join(s, ", ")
+}
+
+// Pinning says where netperf, netserver and pktgen run.
+type Pinning struct {
+	Enabled bool `json:"enabled"`
+	CPU     int  `json:"cpu"`
+	// How is the exact prefix and flag, for the report.
+	How string `json:"how"`
+}
+
+// ParsePin resolves a --pin value on a machine with ncpu CPUs: "auto" is the last CPU (CPU 1
+// on two cores), "none" disables pinning.
+func ParsePin(s string, ncpu int) (Pinning, error) {
+	switch s {
+	case "none", "off", "false":
+		return Pinning{How: "not pinned"}, nil
+	case "auto", "":
+		cpu := max(ncpu-1, 0)
+		return pinOn(cpu), nil
+	}
+	cpu, err := strconv.Atoi(s)
+	if err != nil || cpu < 0 {
+		return Pinning{}, fmt.Errorf("pin: %q, want auto, none or a CPU number", s)
+	}
+	if cpu >= ncpu {
+		return Pinning{}, fmt.Errorf("pin: CPU %d does not exist (%d CPUs)", cpu, ncpu)
+	}
+	return pinOn(cpu), nil
+}
+
+func pinOn(cpu int) Pinning {
+	return Pinning{Enabled: true, CPU: cpu, How: fmt.Sprintf("taskset -c %d netperf ... -T %d,%d; taskset -c %d netserver; pktgen thread kpktgend_%d", cpu, cpu, cpu, cpu, cpu)}
+}
+
+// prefix returns the command prefix that pins a process.
+func (p Pinning) prefix() []string {
+	if !p.Enabled {
+		return nil
+	}
+	return []string{"taskset", "-c", strconv.Itoa(p.CPU)}
+}

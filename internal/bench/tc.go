@@ -1,0 +1,85 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/hostaccel/hostaccel/internal/datapath"
+	"github.com/hostaccel/hostaccel/internal/flowtable"
+	"github.com/hostaccel/hostaccel/internal/model"
+	"github.com/hostaccel/hostaccel/internal/probe"
+	"github.com/hostaccel/hostaccel/internal/tc"
+)
+
+// Variant names of the datapaths chosen through internal/datapath.
+const VariantTC = "hostaccel-tc"
+
+// tcVariant is registered by variant.go's init, after the flowtable (init order follows
+// file names).
+var tcVariant = Variant{
+	Name: VariantTC, Title: "hostaccel tc", Default: true,
+	Needs: []string{probe.ClsBPF, probe.RedirectNeigh},
+	Setup: func(ctx context.Context, n *Node) error {
+		_, err := applyPlan(ctx, n, tcState(n))
+		return err
+	},
+	Teardown: func(ctx context.Context, n *Node) error {
+		return n.NS.Do(func() error { return tc.NewManager().Remove(ctx) })
+	},
+	Ruleset: func(n *Node) (string, error) {
+		d, err := tc.Render(tcState(n))
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("eBPF program at tc ingress (internal/tc), maps:\ndevices  %v\nlocalPod %v\npeerPod  %v\npeerNode %v\nclasses  %v\n", d.Devices, d.LocalPod, d.PeerPod, d.PeerNode, d.Classes), nil
+	},
+	Note: "hostaccel's tc datapath (internal/tc: eBPF at tc ingress, bpf_fib_lookup + bpf_redirect_neigh), stateless, so only the classes without NAT (pod-to-pod); the rest takes the normal path",
+}
+
+// tcState is the node's state with the tc datapath and the classes it can serve.
+func tcState(n *Node) model.State {
+	s := flowtableState(n, model.DatapathTC)
+	s.Classes = slices.Clone(tc.Supported)
+	s.Normalize()
+	return s
+}
+
+// applyPlan chooses datapaths for s as the agent does (internal/datapath) and applies them
+// in the node. A partial plan (auto on a kernel without the flowtable) is applied and its
+// error returned only when nothing could be applied.
+func applyPlan(ctx context.Context, n *Node, s model.State) (datapath.Plan, error) {
+	plan, cerr := datapath.Choose(s, n.Caps)
+	if plan.TC == nil && plan.Flowtable == nil {
+		return plan, fmt.Errorf("no datapath for %s here: %w", s.Datapath, cerr)
+	}
+	err := n.NS.Do(func() error {
+		m := &datapath.Managers{TC: tc.NewManager()}
+		if plan.Flowtable != nil || s.Datapath == model.DatapathAuto && n.Caps.Has(probe.Flowtable) {
+			ft, err := flowtable.NewManager()
+			if err != nil {
+				return err
+			}
+			m.Flowtable = ft
+		}
+		_, err := m.Apply(ctx, plan, n.Caps)
+		return err
+	})
+	return plan, err
+}
+
+// removeAll removes every hostaccel datapath from the node.
+func removeAll(ctx context.Context, n *Node) error {
+	return n.NS.Do(func() error {
+		errs := []error{tc.NewManager().Remove(ctx)}
+		if n.Caps.Has(probe.Flowtable) {
+			ft, err := flowtable.NewManager()
+			if err == nil {
+				err = ft.Remove(ctx)
+			}
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	})
+}

@@ -1,0 +1,162 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/hostaccel/hostaccel/internal/bench"
+)
+
+func init() { commands = append(commands, benchCmd) }
+
+func benchCmd(g *globals) *cobra.Command {
+	o := bench.Defaults()
+	var (
+		variants, tests, traffic []string
+		out, env, jsonOut        string
+	)
+	c := &cobra.Command{
+		Use:   "bench",
+		Short: "Reproduce the seed benchmark tables on this machine: default path, hostaccel, Antrea, Kindnet, direct link",
+		Long: `Builds a kind-like cluster of network namespaces and measures netperf TCP_STREAM, TCP_RR
+and TCP_CRR for Pod-to-Pod, Pod-to-Service and External-to-NodePort, plus the per-packet
+forwarding cost with pktgen, for every variant side by side: the default node path (conntrack,
+kube-proxy-like NAT, N forward rules), hostaccel's datapaths, the Antrea (seed 001) and Kindnet
+(seed 002) rulesets, and a direct link with no hop. Variants this kernel lacks run inside the
+project's VM (vmtest/run-in-vm.sh), compared there only with the VM's own default and direct
+link. Writes <date>-<commit>.md, .json (every sample) and .png (bars with spread) to --out.
+Needs root; touches nothing outside the namespaces it creates, and removes them on exit,
+failure or Ctrl-C.`,
+		Example: `  hostaccel bench                                  # everything, 5 repetitions
+  hostaccel bench --reps 1 --duration 2s --vm never  # a quick look at the host's variants
+  hostaccel bench --variants default,antrea,hostaccel-flowtable --tests TCP_RR --rules 1000`,
+		RunE: func(c *cobra.Command, _ []string) error {
+			o.Variants, o.Tests = variants, tests
+			o.Traffic = nil
+			for _, t := range traffic {
+				o.Traffic = append(o.Traffic, bench.Traffic(t))
+			}
+			if len(o.Tests) == 1 && o.Tests[0] == "" {
+				o.Tests = nil
+			}
+			o.Command = "hostaccel " + strings.Join(os.Args[1:], " ")
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			if os.Geteuid() != 0 {
+				return fmt.Errorf("bench needs root (network namespaces, nftables, pktgen)")
+			}
+			ctx, stop := signal.NotifyContext(c.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			go func() { <-ctx.Done(); stop() }() // a second Ctrl-C kills at once
+			// A --here run reports plain lines (in the VM they travel over the console).
+			prog := &bench.Progress{W: os.Stderr, TTY: !o.Here && isTTY(os.Stderr)}
+			defer prog.Finish()
+			if o.Here {
+				return benchHere(ctx, o, env, jsonOut, prog, c)
+			}
+			rep, err := bench.Measure(ctx, o, prog)
+			prog.Finish()
+			if rep == nil || len(rep.Runs) == 0 {
+				return err
+			}
+			if g.output == "json" {
+				js, jerr := rep.JSON()
+				if jerr != nil {
+					return jerr
+				}
+				fmt.Fprintln(c.OutOrStdout(), string(js))
+			} else {
+				md := rep.Markdown()
+				if i := strings.Index(md, "\n## Machine"); i > 0 {
+					md = md[:i]
+				}
+				fmt.Fprint(c.OutOrStdout(), md)
+			}
+			paths, werr := rep.Write(out)
+			for _, p := range paths {
+				fmt.Fprintln(os.Stderr, "wrote", p)
+			}
+			if err != nil {
+				return fmt.Errorf("%w (the report holds what was measured)", err)
+			}
+			return werr
+		},
+	}
+	f := c.Flags()
+	f.StringSliceVar(&variants, "variants", nil, "variants to measure (default: "+strings.Join(bench.DefaultNames(), ",")+"; all: "+strings.Join(bench.Names(), ",")+")")
+	f.StringSliceVar(&tests, "tests", bench.Tests, "netperf tests (empty: pktgen only)")
+	f.StringSliceVar(&traffic, "traffic", []string{string(bench.PodToPod), string(bench.PodToService), string(bench.ExternalToNodePort)}, "traffic types")
+	f.IntVar(&o.Reps, "reps", o.Reps, "repetitions of every cell (variants interleaved)")
+	f.IntVar(&o.VMReps, "vm-reps", 0, "repetitions inside the VM (default: --reps; its icount clock repeats to a fraction of a percent)")
+	f.DurationVar(&o.Duration, "duration", o.Duration, "netperf run length on the host (whole seconds)")
+	f.DurationVar(&o.VMDuration, "vm-duration", o.VMDuration, "netperf run length inside the VM, in the guest's clock")
+	f.IntVar(&o.Rules, "rules", o.Rules, "filter rules in the default path's forward chain (e.g. 0, 100, 1000)")
+	f.StringVar(&o.Pin, "pin", o.Pin, "CPU for netperf, netserver and pktgen: auto (the last CPU), none, or a number")
+	f.IntVar(&o.Nodes, "nodes", o.Nodes, "nodes in the cluster (2 or 3)")
+	f.IntVar(&o.Services, "services", o.Services, "idle Services in the kube-proxy-like ruleset besides netperf's")
+	f.BoolVar(&o.Pktgen, "pktgen", o.Pktgen, "measure the per-packet cost with pktgen (in the VM where this kernel has no pktgen)")
+	f.DurationVar(&o.PktgenDuration, "pktgen-duration", o.PktgenDuration, "length of a pktgen round, in the kernel's clock")
+	f.IntVar(&o.PktgenSize, "pktgen-size", o.PktgenSize, "pktgen packet size in bytes")
+	f.StringVar(&o.VM, "vm", o.VM, "auto (variants this kernel lacks, and pktgen if it lacks it, run in the VM), always or never")
+	f.BoolVar(&o.VMICount, "vm-icount", o.VMICount, "deterministic icount mode in the VM (one vCPU, guest clock = instruction count)")
+	f.StringVar(&o.VMTest, "vmtest", "", "directory of run-in-vm.sh (default: vmtest/ found from the working directory or the binary)")
+	f.DurationVar(&o.VMTimeout, "vm-timeout", 0, "give up on the VM after this long (default: estimated from the plan)")
+	f.StringVar(&out, "out", ".", "directory for the report (<date>-<commit>.md, .json, .png)")
+	addOutput(c, g)
+	f.BoolVar(&o.Here, "here", false, "measure in this kernel only and print the run as JSON (what the VM runs)")
+	f.StringVar(&env, "env", "host", "label of a --here run")
+	f.StringVar(&jsonOut, "json-out", "-", "where a --here run writes its JSON")
+	f.BoolVar(&o.RaiseConntrackMax, "raise-conntrack-max", false, "raise nf_conntrack_max to 262144 (only in a kernel the run owns)")
+	for _, h := range []string{"here", "env", "json-out", "raise-conntrack-max"} {
+		_ = f.MarkHidden(h)
+	}
+	return c
+}
+
+func benchHere(ctx context.Context, o bench.Options, env, jsonOut string, prog *bench.Progress, c *cobra.Command) error {
+	r, err := bench.RunHere(ctx, o, env, prog)
+	prog.Finish()
+	if r == nil {
+		return err
+	}
+	js, jerr := json.Marshal(r)
+	if jerr != nil {
+		return jerr
+	}
+	js = append(js, '\n')
+	if jsonOut == "-" {
+		_, werr := c.OutOrStdout().Write(js)
+		return joinErr(err, werr)
+	}
+	if dir := filepath.Dir(jsonOut); dir != "/dev" {
+		if werr := os.MkdirAll(dir, 0o755); werr != nil {
+			return joinErr(err, werr)
+		}
+	}
+	return joinErr(err, os.WriteFile(jsonOut, js, 0o644))
+}
+
+func joinErr(a, b error) error {
+	if a == nil {
+		return b
+	}
+	if b == nil {
+		return a
+	}
+	return fmt.Errorf("%w; %v", a, b)
+}
+
+func isTTY(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}

@@ -1,0 +1,287 @@
+package k8s
+
+import (
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/hostaccel/hostaccel/internal/config"
+	"github.com/hostaccel/hostaccel/internal/lb"
+)
+
+const baseYAML = `
+datapath: flowtable
+node:
+  gateways: [antrea-gw0]
+  transports: [eth0]
+  serviceCIDRs: [10.96.0.0/16]
+classes: {pod-to-pod: true, pod-to-service: true, external-to-loadbalancer: true}
+`
+
+func mustBase(t *testing.T, y string) *config.Config {
+	t.Helper()
+	c, err := ParseBase([]byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestDerivePeersFollowNodes(t *testing.T) {
+	snap := Snapshot{Nodes: []*corev1.Node{
+		node("n2", []string{"10.244.2.0/24", "fd00:10:244:2::/64"}, "172.18.0.4", "fc00::4"),
+		node("n0", []string{"10.244.0.0/24", "fd00:10:244::/64"}, "172.18.0.2"),
+		node("n1", []string{"10.244.1.0/24"}, "172.18.0.3"),
+		node("n3", nil, "172.18.0.5"), // no podCIDRs yet
+	}}
+	d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "n2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := d.Config.Node
+	want := func(field string, got, want []string) {
+		t.Helper()
+		if !slices.Equal(got, want) {
+			t.Errorf("%s = %v, want %v", field, got, want)
+		}
+	}
+	want("localPodCIDRs", n.LocalPodCIDRs, []string{"10.244.2.0/24", "fd00:10:244:2::/64"})
+	want("peerPodCIDRs", n.PeerPodCIDRs, []string{"10.244.0.0/24", "fd00:10:244::/64", "10.244.1.0/24"})
+	want("nodeIPs", n.NodeIPs, []string{"172.18.0.4", "fc00::4"})
+	want("peerNodeIPs", n.PeerNodeIPs, []string{"172.18.0.2", "172.18.0.3"})
+	want("serviceCIDRs (base)", n.ServiceCIDRs, []string{"10.96.0.0/16"})
+	if got := d.Summary.Peers[2]; got.Name != "n3" || got.Accelerated {
+		t.Errorf("peer n3 without podCIDRs: %+v", got)
+	}
+	// The YAML is a valid config file that parses to the same config.
+	c, err := config.Parse(d.YAML)
+	if err != nil {
+		t.Fatalf("derived YAML does not parse: %v\n%s", err, d.YAML)
+	}
+	if !reflect.DeepEqual(c, d.Config) {
+		t.Errorf("YAML round trip differs:\n%s", d.YAML)
+	}
+}
+
+func TestDeriveSameSubnet(t *testing.T) {
+	// Antrea hybrid: n1 shares 172.18.0.0/24 with this node and is routed; n2 is elsewhere and
+	// tunnelled, so its Pod CIDR is not accelerated. n3's IPv6 CIDR has no IPv6 node IP in the
+	// subnet, so only its IPv4 CIDR is accelerated.
+	snap := Snapshot{Nodes: []*corev1.Node{
+		node("self", []string{"10.244.0.0/24"}, "172.18.0.2"),
+		node("n1", []string{"10.244.1.0/24"}, "172.18.0.3"),
+		node("n2", []string{"10.244.2.0/24"}, "192.168.7.9"),
+		node("n3", []string{"10.244.3.0/24", "fd00:10:244:3::/64"}, "172.18.0.5", "fc00:99::5"),
+	}}
+	p := Params{NodeName: "self", Peers: PeersSameSubnet, PeerSubnets: []netip.Prefix{netip.MustParsePrefix("172.18.0.0/24"), netip.MustParsePrefix("fc00::/64")}}
+	d, err := Derive(mustBase(t, baseYAML), snap, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := d.Config.Node.PeerPodCIDRs, []string{"10.244.1.0/24", "10.244.3.0/24"}; !slices.Equal(got, want) {
+		t.Errorf("peerPodCIDRs = %v, want %v", got, want)
+	}
+	if got, want := d.Config.Node.PeerNodeIPs, []string{"172.18.0.3", "172.18.0.5", "fc00:99::5"}; !slices.Equal(got, want) {
+		t.Errorf("peerNodeIPs = %v, want %v", got, want)
+	}
+	n2 := d.Summary.Peers[1]
+	if n2.Name != "n2" || n2.Accelerated || !strings.Contains(n2.Reason, "encapsulated") {
+		t.Errorf("n2 = %+v", n2)
+	}
+	// Without known subnets, no peer is accelerated (and the reason says so).
+	p.PeerSubnets = nil
+	d, err = Derive(mustBase(t, baseYAML), snap, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Config.Node.PeerPodCIDRs) != 0 || !strings.Contains(d.Summary.Peers[0].Reason, "unknown") {
+		t.Errorf("peers without subnets: %v %+v", d.Config.Node.PeerPodCIDRs, d.Summary.Peers)
+	}
+}
+
+func TestDeriveMissingNodeAndInvalid(t *testing.T) {
+	snap := Snapshot{Nodes: []*corev1.Node{node("other", []string{"10.244.1.0/24"}, "172.18.0.3")}}
+	if _, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"}); err == nil || !strings.Contains(err.Error(), `node "self" not found`) {
+		t.Errorf("missing node: err = %v", err)
+	}
+	// This node has no Pod CIDR: the config needs one, and the error says which field.
+	snap.Nodes = append(snap.Nodes, node("self", nil, "172.18.0.2"))
+	_, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
+	if err == nil || !strings.Contains(err.Error(), "node.localPodCIDRs") {
+		t.Errorf("no local pod CIDR: err = %v", err)
+	}
+	if _, err := ParseBase([]byte("datapath: flowtable\nbogus: 1\n")); err == nil {
+		t.Error("unknown key in the base config accepted")
+	}
+}
+
+func TestDeriveLoadBalancerIPs(t *testing.T) {
+	proxy := corev1.LoadBalancerIPModeProxy
+	lbSvc := service("default", "web", corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
+	lbSvc.Labels = nil // not balanced by hostaccel; its IPs still feed the class
+	lbSvc.Spec.ExternalIPs = []string{"203.0.113.7"}
+	lbSvc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "172.18.0.151"}, {Hostname: "lb.example"}}
+	proxied := service("default", "proxied", corev1.ServiceTypeLoadBalancer, "10.96.0.11", port("http", 80, 8080, 30081))
+	proxied.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "172.18.0.152", IPMode: &proxy}}
+	snap := Snapshot{
+		Nodes:    []*corev1.Node{node("self", []string{"10.244.0.0/24"}, "172.18.0.2")},
+		Services: []*corev1.Service{lbSvc, proxied},
+	}
+	d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self", Services: ServicesNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := d.Config.Node.LoadBalancerIPs, []string{"172.18.0.151/32", "203.0.113.7/32"}; !slices.Equal(got, want) {
+		t.Errorf("loadBalancerIPs = %v, want %v", got, want)
+	}
+	if len(d.Summary.Balanced) != 0 {
+		t.Errorf("services: none balanced %v", d.Summary.Balanced)
+	}
+}
+
+func TestDeriveBalancedServices(t *testing.T) {
+	web := service("default", "web", corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
+	web.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "172.18.0.151"}}
+	web.Annotations = map[string]string{AnnotationScheduler: lb.Hash}
+	sticky := service("default", "sticky", corev1.ServiceTypeClusterIP, "10.96.0.20", port("", 443, 8443, 0))
+	sticky.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	timeout := int32(600)
+	sticky.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: &timeout}}
+	unlabeled := service("default", "kube-proxied", corev1.ServiceTypeClusterIP, "10.96.0.30", port("http", 80, 80, 0))
+	unlabeled.Labels = nil
+	snap := Snapshot{
+		Nodes:    []*corev1.Node{node("self", []string{"10.244.0.0/24"}, "172.18.0.2"), node("n1", []string{"10.244.1.0/24"}, "172.18.0.3")},
+		Services: []*corev1.Service{web, sticky, unlabeled},
+		EndpointSlices: append([]*discoveryv1.EndpointSlice{},
+			slice("default", "web", "web-a", "http", 8080, up("10.244.0.5", "self"), notReady("10.244.1.5", "n1")),
+			slice("default", "web", "web-b", "http", 8080, up("10.244.1.6", "n1"), up("10.244.0.5", "self")), // duplicate across slices
+			slice("default", "sticky", "sticky-a", "", 8443, up("10.244.1.7", "n1")),
+			slice("default", "kube-proxied", "kp-a", "http", 80, up("10.244.1.8", "n1")),
+		),
+	}
+	d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the load balancer gets: one service per front, readiness as the admin state.
+	webBackends := []lb.Backend{
+		{Address: "10.244.0.5", Port: 8080, State: lb.StateUp},
+		{Address: "10.244.1.5", Port: 8080, State: lb.StateDrain},
+		{Address: "10.244.1.6", Port: 8080, State: lb.StateUp},
+	}
+	want := []lb.Service{
+		{Name: lbName("default/sticky:443/cluster"), VIPs: []string{"10.96.0.20"}, Port: 443, Protocol: "tcp", Topology: lb.DNAT,
+			Persistence: lb.D(600 * time.Second), Backends: []lb.Backend{{Address: "10.244.1.7", Port: 8443, State: lb.StateUp}}},
+		{Name: lbName("default/web:http/cluster"), VIPs: []string{"10.96.0.10"}, Port: 80, Protocol: "tcp", Topology: lb.DNAT,
+			Scheduler: lb.Hash, Backends: webBackends},
+		{Name: lbName("default/web:http/nodeport"), VIPs: []string{"172.18.0.2"}, Port: 30080, Protocol: "tcp", Topology: lb.SNAT,
+			Scheduler: lb.Hash, Backends: webBackends},
+		{Name: lbName("default/web:http/external"), VIPs: []string{"172.18.0.151"}, Port: 80, Protocol: "tcp", Topology: lb.SNAT,
+			Scheduler: lb.Hash, Backends: webBackends},
+	}
+	if got := d.Config.LoadBalancer.Services; !reflect.DeepEqual(got, want) {
+		t.Errorf("loadBalancer.services:\n got %+v\nwant %+v", got, want)
+	}
+	for _, f := range d.Summary.Balanced {
+		if len(f.LBName) > 32 || !strings.HasPrefix(f.LBName, "default-") {
+			t.Errorf("lb name %q", f.LBName)
+		}
+	}
+
+	// externalTrafficPolicy Local: NodePort and external fronts use this node's endpoints only,
+	// without source NAT. An unknown scheduler is a warning, not a broken config.
+	web.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	web.Annotations[AnnotationScheduler] = "wrr"
+	d, err = Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range d.Summary.Balanced {
+		if f.Service == "web" && f.Front != FrontCluster && (len(f.Backends) != 1 || f.Backends[0].Address != "10.244.0.5" || f.Topology != lb.DNAT) {
+			t.Errorf("%s with externalTrafficPolicy Local: %s %+v", f.Name, f.Topology, f.Backends)
+		}
+		if f.Scheduler != "" {
+			t.Errorf("%s: unknown scheduler kept: %q", f.Name, f.Scheduler)
+		}
+	}
+	if len(d.Summary.Warnings) != 1 || !strings.Contains(d.Summary.Warnings[0], `"wrr"`) {
+		t.Errorf("warnings = %q", d.Summary.Warnings)
+	}
+
+	// services: all adds what kube-proxy would serve.
+	d, err = Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self", Services: ServicesAll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(d.Summary.Balanced, func(f LBFront) bool { return f.Service == "kube-proxied" }) {
+		t.Error("services: all left out an unlabeled Service")
+	}
+
+	// A Service without endpoints is not given to the load balancer (it needs a backend).
+	snap.EndpointSlices = snap.EndpointSlices[:2]
+	d, err = Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(d.Config.LoadBalancer.Services); n != 3 {
+		t.Errorf("%d load balancer services, want 3 (sticky has no endpoints)", n)
+	}
+	if f := d.Summary.Balanced[0]; f.Service != "sticky" || f.Skipped != "no endpoints" {
+		t.Errorf("sticky: %+v", f)
+	}
+}
+
+func TestBackendStates(t *testing.T) {
+	sp := port("http", 80, 8080, 0)
+	cases := []struct {
+		name string
+		eps  []ep
+		want map[string]string
+	}{
+		{"ready up, not ready drained", []ep{up("10.0.0.1", ""), notReady("10.0.0.2", "")},
+			map[string]string{"10.0.0.1": StateUp, "10.0.0.2": StateDrain}},
+		{"terminating drained while another is ready", []ep{up("10.0.0.1", ""), terminating("10.0.0.2", "")},
+			map[string]string{"10.0.0.1": StateUp, "10.0.0.2": StateDrain}},
+		{"only terminating: serving ones stay up (kube-proxy's fallback)", []ep{terminating("10.0.0.2", ""), notReady("10.0.0.3", "")},
+			map[string]string{"10.0.0.2": StateUp, "10.0.0.3": StateDrain}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := map[string]string{}
+			for _, b := range backends([]*discoveryv1.EndpointSlice{slice("ns", "s", "s-1", "http", 8080, c.eps...)}, sp) {
+				got[b.Address] = b.State
+			}
+			if !reflect.DeepEqual(got, c.want) {
+				t.Errorf("got %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+func TestNodePortFollowsServiceFamilies(t *testing.T) {
+	svc := service("default", "web", corev1.ServiceTypeNodePort, "10.96.0.10", port("http", 80, 8080, 30080))
+	snap := Snapshot{
+		Nodes:          []*corev1.Node{node("self", []string{"10.244.0.0/24", "fd00:10:244::/64"}, "172.18.0.2", "fc00::2")},
+		Services:       []*corev1.Service{svc},
+		EndpointSlices: []*discoveryv1.EndpointSlice{slice("default", "web", "web-a", "http", 8080, up("10.244.0.5", "self"))},
+	}
+	d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vips [][]string
+	for _, f := range d.Summary.Balanced {
+		if f.Front == FrontNodePort {
+			vips = append(vips, f.VIPs)
+		}
+	}
+	if !reflect.DeepEqual(vips, [][]string{{"172.18.0.2"}}) {
+		t.Errorf("an IPv4 Service's NodePort on %v, want the node's IPv4 address only", vips)
+	}
+}

@@ -1,0 +1,565 @@
+// Package k8s is hostaccel's Kubernetes source: client-go informers on Nodes, Services and
+// EndpointSlices turn what the API says into the same config (and so the same desired state)
+// that a YAML file gives, for the same reconciler to apply.
+//
+// One agent runs per node (a DaemonSet) and acts only on its own kernel; there is no leader.
+// The source only reads the API (get, list, watch). When it loses the API server it keeps the
+// last config it derived, so the node keeps its rules, and says so (Notes, Status, metrics);
+// the informers re-list when the server is back and the config follows again.
+package k8s
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/hostaccel/hostaccel/internal/config"
+)
+
+// Options configure a Source.
+type Options struct {
+	// NodeName is this node's Node object (see NodeName).
+	NodeName string
+	// BaseConfigPath is the agent config the API's facts are added to (the ConfigMap, mounted).
+	// It is watched; "" starts from an empty config.
+	BaseConfigPath string
+	Peers          PeerPolicy
+	// PeerSubnets for PeersSameSubnet; when empty they are found with LocalSubnets.
+	PeerSubnets []netip.Prefix
+	Services    ServicePolicy
+	ProxyName   string
+
+	// Debounce coalesces a burst of API events into one derivation (default 100ms).
+	Debounce time.Duration
+	// ProbeInterval is how often the API server is asked for this Node to tell whether it is
+	// reachable (default 5s).
+	ProbeInterval time.Duration
+	// FilePollInterval is how often BaseConfigPath is checked for changes (default 1s).
+	FilePollInterval time.Duration
+	Log              *slog.Logger
+	// LocalSubnets finds the local prefixes that hold the given node IPs (default: the
+	// addresses of this network namespace's interfaces). Replaceable in tests.
+	LocalSubnets func(nodeIPs []netip.Addr) ([]netip.Prefix, error)
+}
+
+// Source derives hostaccel's config from the Kubernetes API. Create it with New, run it with
+// Run, wait for WaitReady, then read Config whenever Changed fires.
+type Source struct {
+	client kubernetes.Interface
+	opts   Options
+	log    *slog.Logger
+
+	factory   informers.SharedInformerFactory
+	nodes     corelisters.NodeLister
+	services  corelisters.ServiceLister
+	endpoints discoverylisters.EndpointSliceLister // nil when no Service is balanced
+	synced    []cache.InformerSynced
+
+	dirty   chan struct{} // the inputs changed; derive again
+	probe   chan struct{} // ask the API server now
+	changed chan struct{} // Config or Notes changed
+	ready   chan struct{} // closed at the first good derivation
+
+	mu        sync.Mutex
+	st        Status
+	last      *Derived
+	baseHash  [32]byte
+	base      *config.Config
+	readyOnce sync.Once
+}
+
+// Status is the source's view of itself and of the API, for `hostaccel status` and metrics.
+type Status struct {
+	NodeName  string `json:"nodeName"`
+	APIServer string `json:"apiServer,omitempty"`
+	// Connected is true while the API server answers; the derived config is then current.
+	Connected bool `json:"connected"`
+	// LastContact is the last time the API server answered.
+	LastContact time.Time `json:"lastContact,omitzero"`
+	// DisconnectedSince is set while the API server does not answer.
+	DisconnectedSince time.Time `json:"disconnectedSince,omitzero"`
+	LastAPIError      string    `json:"lastAPIError,omitempty"`
+	WatchErrors       int       `json:"watchErrors"`
+	// LastWatchError is the informers' latest list or watch failure (a missing permission
+	// shows here while the informers cannot sync).
+	LastWatchError string `json:"lastWatchError,omitempty"`
+	// Synced is true once every informer has listed its objects.
+	Synced bool `json:"synced"`
+	// Derivations counts derivations; Changes those that changed the config.
+	Derivations int       `json:"derivations"`
+	Changes     int       `json:"changes"`
+	LastChange  time.Time `json:"lastChange,omitzero"`
+	// DeriveError is why the latest derivation was rejected (the last good config stays).
+	DeriveError string `json:"deriveError,omitempty"`
+	// Summary explains the config in use.
+	Summary *Summary `json:"summary,omitempty"`
+}
+
+// New builds a Source; nothing runs until Run.
+func New(client kubernetes.Interface, opts Options) (*Source, error) {
+	if opts.NodeName == "" {
+		return nil, errors.New("kubernetes: the node name is required (--node-name, or NODE_NAME from the downward API)")
+	}
+	if opts.Peers == "" {
+		opts.Peers = PeersAll
+	}
+	if opts.Peers != PeersAll && opts.Peers != PeersSameSubnet {
+		return nil, fmt.Errorf("kubernetes: peer policy %q is not one of all, same-subnet", opts.Peers)
+	}
+	if opts.Services == "" {
+		opts.Services = ServicesLabeled
+	}
+	switch opts.Services {
+	case ServicesNone, ServicesLabeled, ServicesAll:
+	default:
+		return nil, fmt.Errorf("kubernetes: service policy %q is not one of none, labeled, all", opts.Services)
+	}
+	if opts.ProxyName == "" {
+		opts.ProxyName = DefaultProxyName
+	}
+	if opts.Debounce <= 0 {
+		opts.Debounce = 100 * time.Millisecond
+	}
+	if opts.ProbeInterval <= 0 {
+		opts.ProbeInterval = 5 * time.Second
+	}
+	if opts.FilePollInterval <= 0 {
+		opts.FilePollInterval = time.Second
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.LocalSubnets == nil {
+		opts.LocalSubnets = LocalSubnets
+	}
+	s := &Source{
+		client:  client,
+		opts:    opts,
+		log:     opts.Log.With("source", "kubernetes"),
+		dirty:   make(chan struct{}, 1),
+		probe:   make(chan struct{}, 1),
+		changed: make(chan struct{}, 1),
+		ready:   make(chan struct{}),
+		st:      Status{NodeName: opts.NodeName},
+	}
+	s.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(stripManagedFields))
+	add := func(inf cache.SharedIndexInformer, h cache.ResourceEventHandler) {
+		_, _ = inf.AddEventHandler(h)
+		_ = inf.SetWatchErrorHandlerWithContext(s.watchError)
+		s.synced = append(s.synced, inf.HasSynced)
+	}
+	nodes := s.factory.Core().V1().Nodes()
+	add(nodes.Informer(), cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { s.markDirty() },
+		UpdateFunc: func(o, n any) { s.nodeUpdated(o, n) },
+		DeleteFunc: func(any) { s.markDirty() },
+	})
+	s.nodes = nodes.Lister()
+	services := s.factory.Core().V1().Services()
+	all := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { s.markDirty() },
+		UpdateFunc: func(any, any) { s.markDirty() },
+		DeleteFunc: func(any) { s.markDirty() },
+	}
+	add(services.Informer(), all)
+	s.services = services.Lister()
+	if opts.Services != ServicesNone {
+		es := s.factory.Discovery().V1().EndpointSlices()
+		add(es.Informer(), all)
+		s.endpoints = es.Lister()
+	}
+	return s, nil
+}
+
+// Host sets the API server's address shown in status (informational).
+func (s *Source) Host(h string) {
+	s.mu.Lock()
+	s.st.APIServer = h
+	s.mu.Unlock()
+}
+
+// Run runs the informers, the API probe and the derivations until ctx ends.
+func (s *Source) Run(ctx context.Context) {
+	s.factory.Start(ctx.Done())
+	defer s.factory.Shutdown()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { s.runProbe(ctx) })
+	if s.opts.BaseConfigPath != "" {
+		wg.Go(func() { s.watchBase(ctx) })
+	}
+	if cache.WaitForCacheSync(ctx.Done(), s.synced...) {
+		s.mu.Lock()
+		s.st.Synced = true
+		s.mu.Unlock()
+		s.log.Info("informers synced", "node", s.opts.NodeName)
+	}
+	s.markDirty()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.dirty:
+		}
+		// Coalesce: whatever else arrives within Debounce is served by this derivation.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(s.opts.Debounce):
+		}
+		select {
+		case <-s.dirty:
+		default:
+		}
+		s.derive(ctx)
+	}
+}
+
+// WaitReady blocks until the first config has been derived, logging why not every 10s.
+func (s *Source) WaitReady(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ready:
+			return nil
+		case <-ctx.Done():
+			st := s.Status()
+			return fmt.Errorf("kubernetes: no config derived yet (synced %v, connected %v): %w; %s", st.Synced, st.Connected, ctx.Err(), st.why())
+		case <-t.C:
+			st := s.Status()
+			s.log.Warn("waiting for a first config from the API", "synced", st.Synced, "connected", st.Connected, "why", st.why())
+		}
+	}
+}
+
+func (st Status) why() string {
+	switch {
+	case st.DeriveError != "":
+		return st.DeriveError
+	case st.LastAPIError != "":
+		return st.LastAPIError
+	case !st.Synced && st.LastWatchError != "":
+		return "informers not synced: " + st.LastWatchError
+	case !st.Synced:
+		return "informers not synced"
+	}
+	return ""
+}
+
+// Config returns the last good derived config. It stays in place while the API server is
+// unreachable or a derivation is rejected.
+func (s *Source) Config() (*config.Config, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.last == nil {
+		return nil, fmt.Errorf("kubernetes: no config derived yet: %s", s.st.why())
+	}
+	return s.last.Config, nil
+}
+
+// Derived returns the last good derivation (nil before the first).
+func (s *Source) Derived() *Derived {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last
+}
+
+// Changed receives a value whenever Config, Notes or Status changed in a way the agent acts on.
+// Values coalesce.
+func (s *Source) Changed() <-chan struct{} { return s.changed }
+
+// Notes say why the applied state may not be what the API says now; the agent reports them as
+// degraded. Empty when all is well.
+func (s *Source) Notes() []string {
+	st := s.Status()
+	var out []string
+	if !st.DisconnectedSince.IsZero() {
+		out = append(out, fmt.Sprintf("kubernetes: API server unreachable since %s (%s); keeping the last applied state",
+			st.DisconnectedSince.Format(time.RFC3339), st.LastAPIError))
+	}
+	if st.DeriveError != "" {
+		out = append(out, "kubernetes: keeping the last good config: "+st.DeriveError)
+	}
+	return out
+}
+
+// Report is Status for the agent's published state (agent.Source).
+func (s *Source) Report() any { return s.Status() }
+
+// Status returns a copy of the source's status.
+func (s *Source) Status() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.st
+	if s.last != nil {
+		sum := s.last.Summary
+		st.Summary = &sum
+	}
+	return st
+}
+
+func (s *Source) markDirty() {
+	select {
+	case s.dirty <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Source) signal() {
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
+// nodeUpdated ignores the Node updates that change nothing derived (heartbeats, conditions).
+func (s *Source) nodeUpdated(o, n any) {
+	a, ok1 := o.(*corev1.Node)
+	b, ok2 := n.(*corev1.Node)
+	if ok1 && ok2 && slices.Equal(a.Spec.PodCIDRs, b.Spec.PodCIDRs) && a.Spec.PodCIDR == b.Spec.PodCIDR &&
+		slices.Equal(a.Status.Addresses, b.Status.Addresses) {
+		return
+	}
+	s.markDirty()
+}
+
+// derive runs one derivation from the informers' caches and publishes it if it changed.
+func (s *Source) derive(ctx context.Context) {
+	snap, err := s.snapshot()
+	var d *Derived
+	if err == nil {
+		var base *config.Config
+		base, err = s.loadBase()
+		if err == nil {
+			p := Params{NodeName: s.opts.NodeName, Peers: s.opts.Peers, PeerSubnets: s.opts.PeerSubnets,
+				Services: s.opts.Services, ProxyName: s.opts.ProxyName}
+			if p.Peers == PeersSameSubnet && len(p.PeerSubnets) == 0 {
+				p.PeerSubnets = s.localSubnets(snap)
+			}
+			d, err = Derive(base, snap, p)
+		}
+	}
+	s.mu.Lock()
+	s.st.Derivations++
+	prevErr := s.st.DeriveError
+	if err != nil {
+		s.st.DeriveError = err.Error()
+		s.mu.Unlock()
+		if prevErr != err.Error() {
+			s.log.Error("derived config rejected; keeping the last good one", "err", err)
+			s.signal()
+		}
+		return
+	}
+	s.st.DeriveError = ""
+	changed := s.last == nil || !bytes.Equal(s.last.YAML, d.YAML)
+	summaryChanged := s.last == nil || !summaryEqual(s.last.Summary, d.Summary)
+	if changed {
+		s.st.Changes++
+		s.st.LastChange = time.Now()
+	}
+	if changed || summaryChanged {
+		s.last = d
+	}
+	s.mu.Unlock()
+	if changed {
+		s.log.Info("config derived from the API", "localPodCIDRs", d.Config.Node.LocalPodCIDRs,
+			"peerPodCIDRs", d.Config.Node.PeerPodCIDRs, "loadBalancerIPs", d.Config.Node.LoadBalancerIPs,
+			"balanced", len(d.Summary.Balanced))
+	}
+	s.readyOnce.Do(func() { close(s.ready) })
+	if changed || summaryChanged || prevErr != "" {
+		s.signal()
+	}
+}
+
+func summaryEqual(a, b Summary) bool {
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	return bytes.Equal(x, y)
+}
+
+func (s *Source) snapshot() (Snapshot, error) {
+	var snap Snapshot
+	var err error
+	if snap.Nodes, err = s.nodes.List(labels.Everything()); err != nil {
+		return snap, err
+	}
+	if snap.Services, err = s.services.List(labels.Everything()); err != nil {
+		return snap, err
+	}
+	if s.endpoints != nil {
+		if snap.EndpointSlices, err = s.endpoints.List(labels.Everything()); err != nil {
+			return snap, err
+		}
+	}
+	return snap, nil
+}
+
+// loadBase reads the base config when it changed; a bad file keeps the last good one out of
+// use (the derivation is rejected, so the agent keeps the last good derived config).
+func (s *Source) loadBase() (*config.Config, error) {
+	if s.opts.BaseConfigPath == "" {
+		return &config.Config{}, nil
+	}
+	b, err := os.ReadFile(s.opts.BaseConfigPath)
+	if err != nil {
+		return nil, err
+	}
+	h := sha256.Sum256(b)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.base != nil && h == s.baseHash {
+		return s.base, nil
+	}
+	c, err := ParseBase(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", s.opts.BaseConfigPath, err)
+	}
+	s.base, s.baseHash = c, h
+	return c, nil
+}
+
+func (s *Source) localSubnets(snap Snapshot) []netip.Prefix {
+	var ips []netip.Addr
+	for _, n := range snap.Nodes {
+		if n.Name != s.opts.NodeName {
+			continue
+		}
+		for _, a := range addressesOf(n, corev1.NodeInternalIP) {
+			ips = append(ips, netip.MustParseAddr(a))
+		}
+	}
+	ps, err := s.opts.LocalSubnets(ips)
+	if err != nil {
+		s.log.Warn("cannot find this node's transport subnets; no peer is accelerated under same-subnet", "err", err)
+	}
+	return ps
+}
+
+// watchBase polls the base config file (a ConfigMap volume is updated by swapping a symlink,
+// which polling sees and inotify on the file does not).
+func (s *Source) watchBase(ctx context.Context) {
+	var lastMod time.Time
+	var lastSize int64 = -1
+	t := time.NewTicker(s.opts.FilePollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		fi, err := os.Stat(s.opts.BaseConfigPath)
+		if err != nil {
+			continue
+		}
+		if lastSize >= 0 && (fi.ModTime() != lastMod || fi.Size() != lastSize) {
+			s.log.Info("base config changed", "path", s.opts.BaseConfigPath)
+			s.markDirty()
+		}
+		lastMod, lastSize = fi.ModTime(), fi.Size()
+	}
+}
+
+// runProbe asks the API server for this Node every ProbeInterval, and at once after a watch
+// error, to tell connected from disconnected.
+func (s *Source) runProbe(ctx context.Context) {
+	t := time.NewTicker(s.opts.ProbeInterval)
+	defer t.Stop()
+	for {
+		s.probeOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.probe:
+		}
+	}
+}
+
+func (s *Source) probeOnce(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, min(s.opts.ProbeInterval, 5*time.Second))
+	_, err := s.client.CoreV1().Nodes().Get(pctx, s.opts.NodeName, metav1.GetOptions{})
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	reachable := err == nil || apiAnswered(err)
+	now := time.Now()
+	s.mu.Lock()
+	was := s.st.Connected
+	wasDown := !s.st.DisconnectedSince.IsZero()
+	if reachable {
+		s.st.Connected, s.st.LastContact, s.st.DisconnectedSince, s.st.LastAPIError = true, now, time.Time{}, ""
+		if err != nil {
+			s.st.LastAPIError = err.Error()
+		}
+	} else {
+		s.st.Connected = false
+		s.st.LastAPIError = err.Error()
+		if s.st.DisconnectedSince.IsZero() {
+			s.st.DisconnectedSince = now
+		}
+	}
+	s.mu.Unlock()
+	switch {
+	case reachable && wasDown:
+		s.log.Info("API server reachable again; resyncing")
+		s.markDirty()
+		s.signal()
+	case !reachable && (was || !wasDown):
+		s.log.Warn("API server unreachable; keeping the last applied state", "err", err)
+		s.signal()
+	}
+}
+
+// apiAnswered tells an answer from the API server (an error status such as NotFound or
+// Forbidden) from no answer at all.
+func apiAnswered(err error) bool {
+	var st interface{ Status() metav1.Status }
+	return errors.As(err, &st) && st.Status().Code != 0 && st.Status().Code < 500
+}
+
+func (s *Source) watchError(_ context.Context, r *cache.Reflector, err error) {
+	s.mu.Lock()
+	s.st.WatchErrors++
+	s.st.LastWatchError = err.Error()
+	s.mu.Unlock()
+	s.log.Debug("watch failed", "reflector", r.Name(), "err", err)
+	select {
+	case s.probe <- struct{}{}:
+	default:
+	}
+}
+
+// stripManagedFields drops what hostaccel never reads before objects enter the caches.
+func stripManagedFields(obj any) (any, error) {
+	if a, err := meta.Accessor(obj); err == nil {
+		a.SetManagedFields(nil)
+		if ann := a.GetAnnotations(); ann != nil {
+			delete(ann, corev1.LastAppliedConfigAnnotation)
+		}
+	}
+	return obj, nil
+}

@@ -1,0 +1,208 @@
+package k8s
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// Unit tests of the Source against client-go's fake clientset; test/k8s runs the same against
+// a real API server.
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func startSource(t *testing.T, c *fake.Clientset, opts Options) *Source {
+	t.Helper()
+	opts.NodeName = "self"
+	opts.Log = quietLog()
+	opts.ProbeInterval = 50 * time.Millisecond
+	opts.Debounce = 10 * time.Millisecond
+	opts.FilePollInterval = 50 * time.Millisecond
+	if opts.BaseConfigPath == "" {
+		opts.BaseConfigPath = filepath.Join(t.TempDir(), "base.yaml")
+		if err := os.WriteFile(opts.BaseConfigPath, []byte(baseYAML), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := New(c, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	if err := s.WaitReady(wctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// eventually polls cond until it holds or 5s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestSourceFollowsNodes(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(node("self", []string{"10.244.0.0/24"}, "172.18.0.2"), node("n1", []string{"10.244.1.0/24"}, "172.18.0.3"))
+	s := startSource(t, c, Options{})
+	peers := func() []string {
+		cfg, err := s.Config()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg.Node.PeerPodCIDRs
+	}
+	if got := peers(); !slices.Equal(got, []string{"10.244.1.0/24"}) {
+		t.Fatalf("peers = %v", got)
+	}
+	if _, err := c.CoreV1().Nodes().Create(ctx, node("n2", []string{"10.244.2.0/24"}, "172.18.0.4"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "n2 to join the peers", func() bool { return slices.Equal(peers(), []string{"10.244.1.0/24", "10.244.2.0/24"}) })
+	select {
+	case <-s.Changed():
+	default:
+		t.Error("Changed did not fire")
+	}
+	if err := c.CoreV1().Nodes().Delete(ctx, "n1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "n1 to leave the peers", func() bool { return slices.Equal(peers(), []string{"10.244.2.0/24"}) })
+
+	// A heartbeat-like update changes nothing derived and does not count as a change.
+	before := s.Status().Changes
+	n2, _ := c.CoreV1().Nodes().Get(ctx, "n2", metav1.GetOptions{})
+	n2.Status.Conditions = append(n2.Status.Conditions, corev1NodeReady())
+	if _, err := c.CoreV1().Nodes().UpdateStatus(ctx, n2, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if after := s.Status().Changes; after != before {
+		t.Errorf("a condition update changed the config (%d -> %d changes)", before, after)
+	}
+}
+
+func TestSourceKeepsLastGoodConfig(t *testing.T) {
+	c := fake.NewClientset(node("self", []string{"10.244.0.0/24"}, "172.18.0.2"))
+	base := filepath.Join(t.TempDir(), "base.yaml")
+	if err := os.WriteFile(base, []byte(baseYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := startSource(t, c, Options{BaseConfigPath: base})
+	good, _ := s.Config()
+	// A broken base config (a ConfigMap edit gone wrong) is rejected; the last good one stays
+	// and the notes say so.
+	if err := os.WriteFile(base, []byte(baseYAML+"bogus: true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the bad base config to be noticed", func() bool { return len(s.Notes()) > 0 })
+	if n := s.Notes(); !strings.Contains(n[0], "keeping the last good config") || !strings.Contains(n[0], "bogus") {
+		t.Errorf("notes = %q", n)
+	}
+	if cfg, _ := s.Config(); cfg != good {
+		t.Error("the config changed after a bad base config")
+	}
+	if err := os.WriteFile(base, []byte(strings.Replace(baseYAML, "pod-to-service: true", "pod-to-service: false", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the fixed base config to apply", func() bool {
+		cfg, _ := s.Config()
+		return len(s.Notes()) == 0 && !cfg.Classes["pod-to-service"]
+	})
+}
+
+func TestSourceConnectivity(t *testing.T) {
+	c := fake.NewClientset(node("self", []string{"10.244.0.0/24"}, "172.18.0.2"))
+	var down atomic.Bool
+	c.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if down.Load() {
+			return true, nil, errors.New("dial tcp 127.0.0.1:6443: connect: connection refused")
+		}
+		return false, nil, nil
+	})
+	s := startSource(t, c, Options{})
+	eventually(t, "connected", func() bool { return s.Status().Connected })
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(s)
+	if v := metricValue(t, reg, "hostaccel_kubernetes_connected"); v != 1 {
+		t.Errorf("hostaccel_kubernetes_connected = %v", v)
+	}
+	cfg, _ := s.Config()
+
+	down.Store(true)
+	eventually(t, "disconnected", func() bool { return !s.Status().Connected })
+	st := s.Status()
+	if st.DisconnectedSince.IsZero() || !strings.Contains(st.LastAPIError, "connection refused") {
+		t.Errorf("status while down: %+v", st)
+	}
+	if n := s.Notes(); len(n) != 1 || !strings.Contains(n[0], "unreachable since") || !strings.Contains(n[0], "keeping the last applied state") {
+		t.Errorf("notes while down = %q", n)
+	}
+	if got, err := s.Config(); err != nil || got != cfg {
+		t.Errorf("config while down: %v, %v", got, err)
+	}
+	if v := metricValue(t, reg, "hostaccel_kubernetes_connected"); v != 0 {
+		t.Errorf("hostaccel_kubernetes_connected while down = %v", v)
+	}
+
+	down.Store(false)
+	eventually(t, "reconnected", func() bool { return s.Status().Connected && len(s.Notes()) == 0 })
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	c := fake.NewClientset()
+	for _, o := range []Options{{}, {NodeName: "n", Peers: "some"}, {NodeName: "n", Services: "most"}} {
+		if _, err := New(c, o); err == nil {
+			t.Errorf("New(%+v) accepted", o)
+		}
+	}
+}
+
+func corev1NodeReady() corev1.NodeCondition {
+	return corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now()}
+}
+
+func metricValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("metric %s not found", name)
+	return 0
+}

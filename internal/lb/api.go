@@ -1,0 +1,482 @@
+package lb
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// The local API (docs/lb.md): JSON over HTTP on a unix socket (mode 0600), and optionally on
+// TCP where every request must carry "Authorization: Bearer <key>".
+//
+//	GET    /v1/status                                  Status (with counters)
+//	GET    /v1/services                                []ServiceStatus
+//	POST   /v1/services                                create (body: Service)
+//	GET    /v1/services/{name}                         ServiceStatus
+//	PUT    /v1/services/{name}                         create or replace
+//	PATCH  /v1/services/{name}                         JSON merge patch (RFC 7386)
+//	DELETE /v1/services/{name}
+//	POST   /v1/services/{name}/reset                   drop the API's changes to a config service
+//	POST   /v1/services/{name}/backends                add (body: Backend)
+//	PATCH  /v1/services/{name}/backends/{backend}      merge patch ({"state": "drain"})
+//	DELETE /v1/services/{name}/backends/{backend}
+//	GET    /metrics                                    the load balancer's Prometheus metrics
+//
+// A change is validated with every other service, written to the state file and applied
+// before the call returns; an invalid change is rejected (400, every error naming its
+// field) and changes nothing.
+
+// applyTimeout bounds how long a change waits for the agent to apply it.
+var applyTimeout = 15 * time.Second
+
+type apiServer struct {
+	servers []*http.Server
+	socket  string
+}
+
+// serveAPI starts, restarts or stops the API to match a (nil: off).
+func (r *Runtime) serveAPI(a *API) error {
+	r.mu.Lock()
+	cur, running := r.apiCfg, r.api
+	r.mu.Unlock()
+	if a != nil && running != nil && *a == cur {
+		return nil
+	}
+	if running != nil {
+		running.close()
+	}
+	r.mu.Lock()
+	r.api, r.apiCfg = nil, API{}
+	r.mu.Unlock()
+	if a == nil {
+		return nil
+	}
+	srv, err := r.startAPI(*a)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.api, r.apiCfg = srv, *a
+	r.mu.Unlock()
+	r.Log.Info("load balancer API serving", "socket", a.Socket, "listen", a.Listen)
+	return nil
+}
+
+func (r *Runtime) startAPI(a API) (*apiServer, error) {
+	s := &apiServer{socket: a.Socket}
+	mux := r.Handler()
+	if err := os.MkdirAll(filepath.Dir(a.Socket), 0o755); err != nil {
+		return nil, err
+	}
+	os.Remove(a.Socket) // a stale socket from a previous run
+	ln, err := net.Listen("unix", a.Socket)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(a.Socket, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	s.serve(ln, mux)
+	if a.Listen != "" {
+		key, err := os.ReadFile(a.KeyFile)
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("loadBalancer.api.keyFile: %w", err)
+		}
+		k := bytes.TrimSpace(key)
+		if len(k) < 16 {
+			s.close()
+			return nil, fmt.Errorf("loadBalancer.api.keyFile: %s: the key is shorter than 16 bytes", a.KeyFile)
+		}
+		tln, err := net.Listen("tcp", a.Listen)
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+		s.serve(tln, requireKey(k, mux))
+	}
+	return s, nil
+}
+
+func (s *apiServer) serve(ln net.Listener, h http.Handler) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	s.servers = append(s.servers, srv)
+	go srv.Serve(ln)
+}
+
+func (s *apiServer) close() {
+	for _, srv := range s.servers {
+		srv.Close()
+	}
+	os.Remove(s.socket)
+}
+
+func requireKey(key []byte, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		got, ok := strings.CutPrefix(req.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), key) != 1 {
+			writeErr(w, &apiError{http.StatusUnauthorized, []string{"missing or wrong key (Authorization: Bearer <key>)"}})
+			return
+		}
+		h.ServeHTTP(w, req)
+	})
+}
+
+// apiError is an error the API returns with its status.
+type apiError struct {
+	Status int      `json:"-"`
+	Errors []string `json:"errors"`
+}
+
+func (e *apiError) Error() string { return strings.Join(e.Errors, "\n") }
+
+func badRequest(errs ...error) *apiError {
+	e := &apiError{Status: http.StatusBadRequest}
+	for _, err := range errs {
+		e.Errors = append(e.Errors, err.Error())
+	}
+	return e
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	var ae *apiError
+	if !errors.As(err, &ae) {
+		ae = &apiError{http.StatusInternalServerError, []string{err.Error()}}
+	}
+	writeJSON(w, ae.Status, ae)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	e := json.NewEncoder(w)
+	e.SetIndent("", "  ")
+	e.Encode(v)
+}
+
+// Handler is the API's HTTP handler.
+func (r *Runtime) Handler() http.Handler {
+	mux := http.NewServeMux()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewCollector(func(ctx context.Context) Status { return r.Status(ctx, true) }))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, req *http.Request) {
+		writeJSON(w, http.StatusOK, r.Status(req.Context(), true))
+	})
+	mux.HandleFunc("GET /v1/services", func(w http.ResponseWriter, req *http.Request) {
+		writeJSON(w, http.StatusOK, r.Status(req.Context(), true).Services)
+	})
+	mux.HandleFunc("GET /v1/services/{name}", func(w http.ResponseWriter, req *http.Request) {
+		s, ok := r.Status(req.Context(), true).Service(req.PathValue("name"))
+		if !ok {
+			writeErr(w, notFound(req.PathValue("name")))
+			return
+		}
+		writeJSON(w, http.StatusOK, s)
+	})
+	change := func(fn func(req *http.Request, body []byte, svcs []Service, o *Overlay) (int, error)) http.HandlerFunc {
+		return func(w http.ResponseWriter, req *http.Request) {
+			body, err := io.ReadAll(io.LimitReader(req.Body, 1<<20))
+			if err != nil {
+				writeErr(w, badRequest(err))
+				return
+			}
+			var status int
+			err = r.change(req.Context(), func(svcs []Service, o *Overlay) error {
+				status, err = fn(req, body, svcs, o)
+				return err
+			})
+			if err != nil {
+				writeErr(w, err)
+				return
+			}
+			name := req.PathValue("name")
+			if name == "" {
+				name = gjsonName(body)
+			}
+			s, _ := r.Status(req.Context(), false).Service(name)
+			writeJSON(w, status, s)
+		}
+	}
+	mux.HandleFunc("POST /v1/services", change(func(_ *http.Request, body []byte, svcs []Service, o *Overlay) (int, error) {
+		s, err := DecodeService(body)
+		if err != nil {
+			return 0, badRequest(err)
+		}
+		if find(svcs, s.Name) >= 0 {
+			return 0, &apiError{http.StatusConflict, []string{fmt.Sprintf("service %q exists (use set to change it)", s.Name)}}
+		}
+		o.put(s)
+		return http.StatusCreated, nil
+	}))
+	mux.HandleFunc("PUT /v1/services/{name}", change(func(req *http.Request, body []byte, svcs []Service, o *Overlay) (int, error) {
+		s, err := DecodeService(body)
+		if err != nil {
+			return 0, badRequest(err)
+		}
+		if s.Name != req.PathValue("name") {
+			return 0, badRequest(fmt.Errorf("name: %q differs from the path's %q", s.Name, req.PathValue("name")))
+		}
+		o.put(s)
+		return http.StatusOK, nil
+	}))
+	mux.HandleFunc("PATCH /v1/services/{name}", change(func(req *http.Request, body []byte, svcs []Service, o *Overlay) (int, error) {
+		i := find(svcs, req.PathValue("name"))
+		if i < 0 {
+			return 0, notFound(req.PathValue("name"))
+		}
+		var s Service
+		if err := mergePatch(svcs[i], body, &s, DecodeService); err != nil {
+			return 0, err
+		}
+		if s.Name != svcs[i].Name {
+			return 0, badRequest(errors.New("name: a service cannot be renamed (add a new one and delete this one)"))
+		}
+		o.put(s)
+		return http.StatusOK, nil
+	}))
+	mux.HandleFunc("DELETE /v1/services/{name}", change(func(req *http.Request, _ []byte, svcs []Service, o *Overlay) (int, error) {
+		name := req.PathValue("name")
+		if find(svcs, name) < 0 {
+			return 0, notFound(name)
+		}
+		o.remove(name, find(r.cfg.Services, name) >= 0) // change holds r.mu
+		return http.StatusOK, nil
+	}))
+	mux.HandleFunc("POST /v1/services/{name}/reset", change(func(req *http.Request, _ []byte, svcs []Service, o *Overlay) (int, error) {
+		o.reset(req.PathValue("name"))
+		return http.StatusOK, nil
+	}))
+	mux.HandleFunc("POST /v1/services/{name}/backends", change(func(req *http.Request, body []byte, svcs []Service, o *Overlay) (int, error) {
+		i := find(svcs, req.PathValue("name"))
+		if i < 0 {
+			return 0, notFound(req.PathValue("name"))
+		}
+		b, err := DecodeBackend(body)
+		if err != nil {
+			return 0, badRequest(err)
+		}
+		s := svcs[i]
+		if findBackend(s, BackendKey(b.Address, b.Port)) >= 0 {
+			return 0, &apiError{http.StatusConflict, []string{fmt.Sprintf("service %q already has backend %s", s.Name, BackendKey(b.Address, b.Port))}}
+		}
+		s.Backends = append(slices.Clone(s.Backends), b)
+		o.put(s)
+		return http.StatusCreated, nil
+	}))
+	backend := func(req *http.Request, svcs []Service) (Service, int, error) {
+		i := find(svcs, req.PathValue("name"))
+		if i < 0 {
+			return Service{}, 0, notFound(req.PathValue("name"))
+		}
+		s := svcs[i]
+		s.Backends = slices.Clone(s.Backends)
+		j := findBackend(s, req.PathValue("backend"))
+		if j < 0 {
+			return s, 0, &apiError{http.StatusNotFound, []string{fmt.Sprintf("service %q has no backend %s", s.Name, req.PathValue("backend"))}}
+		}
+		return s, j, nil
+	}
+	mux.HandleFunc("PATCH /v1/services/{name}/backends/{backend}", change(func(req *http.Request, body []byte, svcs []Service, o *Overlay) (int, error) {
+		s, j, err := backend(req, svcs)
+		if err != nil {
+			return 0, err
+		}
+		if err := mergePatch(s.Backends[j], body, &s.Backends[j], DecodeBackend); err != nil {
+			return 0, err
+		}
+		o.put(s)
+		return http.StatusOK, nil
+	}))
+	mux.HandleFunc("DELETE /v1/services/{name}/backends/{backend}", change(func(req *http.Request, _ []byte, svcs []Service, o *Overlay) (int, error) {
+		s, j, err := backend(req, svcs)
+		if err != nil {
+			return 0, err
+		}
+		s.Backends = slices.Delete(s.Backends, j, j+1)
+		o.put(s)
+		return http.StatusOK, nil
+	}))
+	return mux
+}
+
+func gjsonName(body []byte) string {
+	s, _ := DecodeService(body)
+	return s.Name
+}
+
+func notFound(name string) *apiError {
+	return &apiError{http.StatusNotFound, []string{fmt.Sprintf("no service %q", name)}}
+}
+
+func find(svcs []Service, name string) int {
+	return slices.IndexFunc(svcs, func(s Service) bool { return s.Name == name })
+}
+
+// findBackend finds a backend by its key ("10.0.0.1", "10.0.0.1:8080", "[fd00::1]:80").
+func findBackend(s Service, key string) int {
+	return slices.IndexFunc(s.Backends, func(b Backend) bool { return BackendKey(b.Address, b.Port) == key })
+}
+
+// mergePatch applies an RFC 7386 merge patch to cur and decodes the result strictly.
+func mergePatch[T any](cur T, patch []byte, out *T, decode func([]byte) (T, error)) error {
+	var p any
+	if err := json.Unmarshal(patch, &p); err != nil {
+		return badRequest(fmt.Errorf("patch: %v", err))
+	}
+	b, _ := json.Marshal(cur)
+	var doc any
+	json.Unmarshal(b, &doc)
+	merged, _ := json.Marshal(merge(doc, p))
+	v, err := decode(merged)
+	if err != nil {
+		return badRequest(err)
+	}
+	*out = v
+	return nil
+}
+
+func merge(doc, patch any) any {
+	p, ok := patch.(map[string]any)
+	if !ok {
+		return patch
+	}
+	d, ok := doc.(map[string]any)
+	if !ok {
+		d = map[string]any{}
+	}
+	for k, v := range p {
+		if v == nil {
+			delete(d, k)
+		} else {
+			d[k] = merge(d[k], v)
+		}
+	}
+	return d
+}
+
+// change applies fn (called with r.mu held) to a copy of the overlay, validates the result with every service,
+// saves it, and waits for the agent to apply it. A failed apply restores the previous state.
+func (r *Runtime) change(ctx context.Context, fn func(svcs []Service, o *Overlay) error) error {
+	r.mu.Lock()
+	prev := r.overlay.clone()
+	o := r.overlay.clone()
+	if err := fn(Merge(r.cfg.Services, o), &o); err != nil {
+		r.mu.Unlock()
+		return err
+	}
+	svcs := Merge(r.cfg.Services, o)
+	if errs := ValidateServices(svcs, fieldByName(svcs)); len(errs) > 0 {
+		r.mu.Unlock()
+		return badRequest(errs...)
+	}
+	if err := o.Save(r.overlayPath); err != nil {
+		r.mu.Unlock()
+		return fmt.Errorf("save %s: %w", r.overlayPath, err)
+	}
+	r.overlay = o
+	r.gen++
+	gen := r.gen
+	r.mu.Unlock()
+	r.urgent.Store(true)
+	r.Trigger()
+	ctx, cancel := context.WithTimeout(ctx, applyTimeout)
+	defer cancel()
+	err := r.waitApplied(ctx, gen)
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		r.mu.Lock()
+		if r.gen == gen { // nothing changed since: roll back
+			r.overlay = prev
+			prev.Save(r.overlayPath)
+			r.gen++
+		}
+		r.mu.Unlock()
+		r.Trigger()
+		return fmt.Errorf("%w (the change was rolled back)", err)
+	}
+	return err
+}
+
+// Client talks to a running agent's API.
+type Client struct {
+	HTTP *http.Client
+	Base string // http://lb (unix socket) or http://host:port
+	Key  string
+}
+
+// NewClient returns a client for a unix socket, or for a TCP address with a key.
+func NewClient(socket, address, key string) *Client {
+	if address != "" {
+		return &Client{HTTP: &http.Client{Timeout: 30 * time.Second}, Base: "http://" + address, Key: key}
+	}
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}}
+	return &Client{HTTP: &http.Client{Transport: tr, Timeout: 30 * time.Second}, Base: "http://lb"}
+}
+
+// Do sends a request with an optional body (a value sent as JSON, or []byte sent as is:
+// YAML or JSON) and decodes the answer into out.
+func (c *Client) Do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if raw, ok := body.([]byte); ok {
+		rd = bytes.NewReader(raw)
+	} else if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if c.Key != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Key)
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return fmt.Errorf("load balancer API (is the agent running with a loadBalancer section?): %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode >= 300 {
+		var ae apiError
+		if json.Unmarshal(b, &ae) == nil && len(ae.Errors) > 0 {
+			return errors.New(strings.Join(ae.Errors, "\n"))
+		}
+		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(b)))
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+// ServicePath and BackendPath build API paths.
+func ServicePath(name string) string { return "/v1/services/" + url.PathEscape(name) }
+func BackendPath(name, key string) string {
+	return ServicePath(name) + "/backends/" + url.PathEscape(key)
+}

@@ -1,0 +1,191 @@
+package lb
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// testRuntime is a Runtime on a fake kernel whose syncs run on their own goroutine, as the
+// agent's loop would run them.
+func testRuntime(t *testing.T, cfg Config) (*Runtime, *Client, func() string) {
+	t.Helper()
+	m, f := NewFakeManager()
+	wake := make(chan struct{}, 1)
+	trigger := func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+	r := NewRuntime(slog.New(slog.NewTextHandler(io.Discard, nil)), trigger)
+	r.NewManager = func() (*Manager, error) { return m, nil }
+	r.Env = func([]string) (Env, error) { return testEnv, nil }
+	r.FlushConntrack = func([]netip.Addr, string, netip.Addr) error { return nil }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-wake:
+				r.Sync(ctx, cfg)
+			}
+		}
+	}()
+	if err := r.Sync(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(r.Handler())
+	t.Cleanup(func() { srv.Close(); cancel(); <-done; r.stop() })
+	return r, &Client{HTTP: srv.Client(), Base: srv.URL}, func() string { return f.Dump() }
+}
+
+func TestAPI(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "lb-services.yaml")
+	cfg := Config{API: &API{Disabled: true}, StateFile: state, Services: []Service{fixture(DNAT, RoundRobin)}}
+	_, c, kernel := testRuntime(t, cfg)
+	ctx := context.Background()
+
+	api := fixture(SNAT, Weighted)
+	api.Name, api.VIPs = "api", []string{"192.0.2.20"}
+	api.Backends = api.Backends[:3]
+	var out ServiceStatus
+	if err := c.Do(ctx, http.MethodPost, "/v1/services", api, &out); err != nil || out.Name != "api" || out.Origin != "api" || len(out.Backends) != 3 {
+		t.Fatalf("add: %v %+v", err, out)
+	}
+	if !strings.Contains(kernel(), "192.0.2.20 . tcp . 80 : goto svc-api-v4") {
+		t.Error("the new service is not in the kernel")
+	}
+	saved, _ := os.ReadFile(state)
+	for _, bad := range []struct {
+		method, path string
+		body         any
+		want         string
+	}{
+		{http.MethodPost, "/v1/services", []byte("name: bad\nvips: [192.0.2.30]\nport: 0\nbackends: [{address: 10.1.0.11}]\n"), "services[bad].port: 0 is not a valid port"},
+		{http.MethodPost, "/v1/services", []byte("name: bad\nbogus: 1\n"), `service: unknown field "bogus"`},
+		{http.MethodPost, "/v1/services", []byte("name: nob\nvips: [192.0.2.31]\nport: 80\n"), "services[nob].backends: a dnat service needs at least one backend"},
+		{http.MethodPost, "/v1/services", api, `service "api" exists`},
+		{http.MethodPatch, ServicePath("api"), map[string]any{"vips": []string{"192.0.2.10"}}, `services[api].vips[0]: 192.0.2.10 tcp/80 is already used by service "web"`},
+		{http.MethodPatch, ServicePath("api"), map[string]any{"name": "other"}, "cannot be renamed"},
+		{http.MethodPatch, BackendPath("api", "10.1.0.99:8080"), map[string]any{"state": "drain"}, "has no backend 10.1.0.99:8080"},
+		{http.MethodPatch, BackendPath("api", "10.1.0.11:8080"), map[string]any{"state": "sleeping"}, `services[api].backends[0].state: "sleeping" is not one of up, drain, down`},
+		{http.MethodDelete, ServicePath("nope"), nil, `no service "nope"`},
+	} {
+		before := kernel()
+		err := c.Do(ctx, bad.method, bad.path, bad.body, nil)
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s %s: %v, want %q", bad.method, bad.path, err, bad.want)
+		}
+		if kernel() != before {
+			t.Errorf("%s %s: a rejected change changed the kernel", bad.method, bad.path)
+		}
+		if now, _ := os.ReadFile(state); string(now) != string(saved) {
+			t.Errorf("%s %s: a rejected change changed the state file", bad.method, bad.path)
+		}
+	}
+
+	if err := c.Do(ctx, http.MethodPatch, BackendPath("api", "10.1.0.11:8080"), map[string]any{"state": "drain"}, &out); err != nil || out.Backends[0].State != StateDrain || out.Backends[0].Active {
+		t.Errorf("drain: %v %+v", err, out.Backends[0])
+	}
+	if err := c.Do(ctx, http.MethodPost, ServicePath("api")+"/backends", Backend{Address: "10.1.0.14", Port: 8080}, &out); err != nil || len(out.Backends) != 4 {
+		t.Errorf("backend add: %v %+v", err, out)
+	}
+	if err := c.Do(ctx, http.MethodDelete, BackendPath("api", "10.1.0.12:8080"), nil, nil); err != nil {
+		t.Error(err)
+	}
+	if err := c.Do(ctx, http.MethodPatch, ServicePath("web"), map[string]any{"scheduler": "hash", "hashFields": []string{"src-ip"}}, &out); err != nil || out.Scheduler != Hash || out.Origin != "api" {
+		t.Errorf("patch a config service: %v %+v", err, out)
+	}
+	if err := c.Do(ctx, http.MethodDelete, ServicePath("web"), nil, nil); err != nil {
+		t.Error(err)
+	}
+	var st Status
+	c.Do(ctx, http.MethodGet, "/v1/status", nil, &st)
+	if len(st.Services) != 1 || st.Services[0].Name != "api" || st.Services[0].Packets == 0 {
+		t.Errorf("status after deleting web: %+v", st.Services)
+	}
+
+	// A restart (a new runtime on the same state file) keeps the changes.
+	_, c2, kernel2 := testRuntime(t, cfg)
+	c2.Do(ctx, http.MethodGet, "/v1/status", nil, &st)
+	if len(st.Services) != 1 || len(st.Services[0].Backends) != 3 || st.Services[0].Backends[0].State != StateDrain ||
+		!strings.Contains(kernel2(), "goto svc-api-v4") || strings.Contains(kernel2(), "svc-web-v4") {
+		t.Errorf("after restart: %+v", st.Services)
+	}
+	// reset brings the config's web back.
+	if err := c2.Do(ctx, http.MethodPost, ServicePath("web")+"/reset", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	c2.Do(ctx, http.MethodGet, ServicePath("web"), nil, &out)
+	if out.Origin != "config" || out.Scheduler != RoundRobin {
+		t.Errorf("after reset: %+v", out)
+	}
+	// Metrics.
+	resp, err := c2.HTTP.Get(c2.Base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`hostaccel_lb_backend_active{backend="10.1.0.11:8080",service="api"} 0`, `hostaccel_lb_service_packets_total{service="api"} 7`,
+		`hostaccel_lb_backend_health{backend="10.1.0.13:8080",service="api",state="unknown"} 1`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q:\n%s", want, body)
+		}
+	}
+}
+
+func TestAPIKey(t *testing.T) {
+	h := requireKey([]byte("0123456789abcdef"), http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	for key, want := range map[string]int{"": 401, "wrong": 401, "0123456789abcdef": 200} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/v1/status", nil)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		h.ServeHTTP(rec, req)
+		if rec.Code != want {
+			t.Errorf("key %q: %d, want %d", key, rec.Code, want)
+		}
+	}
+}
+
+func TestMerge(t *testing.T) {
+	a, b, c := Service{Name: "a"}, Service{Name: "b"}, Service{Name: "c", Port: 1}
+	b2 := Service{Name: "b", Port: 2}
+	var o Overlay
+	o.put(b2)
+	o.put(c)
+	o.remove("a", true)
+	got := Merge([]Service{a, b}, o)
+	if len(got) != 2 || got[0].Port != 2 || got[1].Name != "c" {
+		t.Errorf("merge: %+v", got)
+	}
+	o.reset("a")
+	if got := Merge([]Service{a, b}, o); len(got) != 3 || got[0].Name != "a" {
+		t.Errorf("after reset: %+v", got)
+	}
+	path := filepath.Join(t.TempDir(), "x", "state.yaml")
+	if err := o.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	back, err := LoadOverlay(path)
+	if err != nil || len(back.Services) != 2 {
+		t.Errorf("load: %v %+v", err, back)
+	}
+	if _, err := LoadOverlay(filepath.Join(t.TempDir(), "missing")); err != nil {
+		t.Error(err)
+	}
+}

@@ -1,0 +1,155 @@
+package lb
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+func valid() Service {
+	return Service{Name: "web", VIPs: []string{"192.0.2.10", "2001:db8::10"}, Port: 80,
+		Backends: []Backend{{Address: "10.0.1.11", Port: 8080}, {Address: "fd00:1::11", Port: 8080}}}
+}
+
+func byIndex(i int) string { return fmt.Sprintf("loadBalancer.services[%d]", i) }
+
+func TestValidServices(t *testing.T) {
+	dsr := valid()
+	dsr.Name, dsr.Topology, dsr.Interface, dsr.Scheduler, dsr.Backends = "dsr", DSR, "eth0", Hash, []Backend{{Address: "10.0.1.12", MAC: "02:00:00:00:00:01"}}
+	dsr.VIPs, dsr.HashFields = []string{"192.0.2.11"}, []string{"src-ip", "src-port"}
+	multi := valid()
+	multi.Name, multi.Port, multi.Ports, multi.Protocol = "multi", 0, []int{80, 443}, "udp"
+	multi.Backends = []Backend{{Address: "10.0.1.11"}, {Address: "fd00:1::11", Priority: 1, State: StateDrain}}
+	multi.HealthCheck = &HealthCheck{Type: "dns", Query: "example.org", Interval: Duration{time.Second}}
+	sl := valid()
+	sl.Name, sl.Topology, sl.Interface, sl.BackendInterface, sl.VIPs = "sl", StatelessDNAT, "eth0", "eth1", []string{"192.0.2.12"}
+	sl.Backends, sl.Persistence = []Backend{{Address: "10.0.1.13", Port: 8080}}, D(time.Minute)
+	if errs := ValidateServices([]Service{valid(), dsr, multi, sl}, byIndex); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+}
+
+func TestValidationErrors(t *testing.T) {
+	for _, c := range []struct {
+		want   string
+		mutate func(s *Service)
+	}{
+		{`services[0].name: "Web_1" is not a valid name`, func(s *Service) { s.Name = "Web_1" }},
+		{`services[0].port: 0 is not a valid port`, func(s *Service) { s.Port = 0 }},
+		{`services[0].port: 70000 is not a valid port`, func(s *Service) { s.Port = 70000 }},
+		{`services[0].ports: give either port or ports, not both`, func(s *Service) { s.Ports = []int{80} }},
+		{`services[0].ports[1]: 80 is listed twice`, func(s *Service) { s.Port, s.Ports = 0, []int{80, 80} }},
+		{`services[0].vips: at least one virtual IP is required`, func(s *Service) { s.VIPs = nil }},
+		{`services[0].vips[0]: "192.0.2.300" is not a valid IP address`, func(s *Service) { s.VIPs[0] = "192.0.2.300" }},
+		{`services[0].vips[0]: 0.0.0.0 cannot be a virtual IP`, func(s *Service) { s.VIPs[0] = "0.0.0.0" }},
+		{`services[0].vips[1]: 192.0.2.10 is listed twice`, func(s *Service) { s.VIPs[1] = "192.0.2.10" }},
+		{`services[0].topology: "nat" is not one of snat, dnat, dsr, stateless-dnat`, func(s *Service) { s.Topology = "nat" }},
+		{`services[0].protocol: "icmp" is not one of tcp, udp, sctp`, func(s *Service) { s.Protocol = "icmp" }},
+		{`services[0].scheduler: "lc" is not one of rr, weight, hash, symhash`, func(s *Service) { s.Scheduler = "lc" }},
+		{`services[0].hashFields: only the hash scheduler hashes fields`, func(s *Service) { s.HashFields = []string{"src-ip"} }},
+		{`services[0].hashFields[0]: "mac" is not one of src-ip, src-port, dst-ip, dst-port`, func(s *Service) { s.Scheduler, s.HashFields = Hash, []string{"mac"} }},
+		{`services[0].backends: a dnat service needs at least one backend`, func(s *Service) { s.Backends = nil }},
+		{`services[0].backends[0].address: "backend1" is not a valid backend address`, func(s *Service) { s.Backends[0].Address = "backend1" }},
+		{`services[0].backends[1]: 10.0.1.11 port 8080 is listed twice`, func(s *Service) { s.Backends[1].Address = "10.0.1.11" }},
+		{`services[0].backends[0].weight: 1001 is not between 1 and 1000`, func(s *Service) { s.Backends[0].Weight = 1001 }},
+		{`services[0].backends[0].priority: -1 is negative`, func(s *Service) { s.Backends[0].Priority = -1 }},
+		{`services[0].backends[0].state: "paused" is not one of up, drain, down`, func(s *Service) { s.Backends[0].State = "paused" }},
+		{`services[0].backends[0].mac: only dsr backends are reached by their MAC address`, func(s *Service) { s.Backends[0].MAC = "02:00:00:00:00:01" }},
+		{`services[0].vips[1]: 2001:db8::10 is IPv6 but no backend is (dnat cannot translate between families)`, func(s *Service) { s.Backends = s.Backends[:1] }},
+		{`services[0].backends[0].port: a service with several ports keeps the client's port`, func(s *Service) { s.Port, s.Ports = 0, []int{80, 443} }},
+		{`services[0].interface: a dsr service needs the interface its clients' packets arrive on`, func(s *Service) { s.Topology = DSR }},
+		{`services[0].backends[0].port: dsr cannot translate ports (8080 != 80)`, func(s *Service) { s.Topology, s.Interface = DSR, "eth0" }},
+		{`services[0].interface: only dsr and stateless-dnat services attach to an interface`, func(s *Service) { s.Interface = "eth0" }},
+		{`services[0].flowTimeout: only dsr and stateless-dnat services keep their own flow table`, func(s *Service) { s.FlowTimeout = D(time.Minute) }},
+		{`services[0].interface: "eth0/1" is not a valid interface name`, func(s *Service) { s.Topology, s.Interface = StatelessDNAT, "eth0/1" }},
+		{`services[0].vips: a stateless-dnat service has at most one VIP per family`, func(s *Service) {
+			s.Topology, s.Interface, s.VIPs = StatelessDNAT, "eth0", []string{"192.0.2.10", "192.0.2.11", "2001:db8::10"}
+		}},
+		{`services[0].snatAddresses: only a snat service translates source addresses`, func(s *Service) { s.SNATAddresses = []string{"192.0.2.1"} }},
+		{`services[0].snatAddresses[1]: 192.0.2.2: one source address per family`, func(s *Service) { s.Topology, s.SNATAddresses = SNAT, []string{"192.0.2.1", "192.0.2.2"} }},
+		{`services[0].persistence: 500ms is not between 1s and 24h`, func(s *Service) { s.Persistence = D(500 * time.Millisecond) }},
+		{`services[0].backends: the IPv4 weights add up to 4101 map entries (at most 4096)`, func(s *Service) {
+			for i := range 5 {
+				s.Backends = append(s.Backends, Backend{Address: fmt.Sprintf("10.0.2.%d", i), Weight: 820})
+			}
+		}},
+		{`services[0].healthCheck.type: "icmp" is not one of tcp, http, https, udp, dns, command, none`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "icmp"} }},
+		{`services[0].healthCheck.timeout: 6s is not between 0 and the interval (5s)`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "tcp", Timeout: Duration{6 * time.Second}} }},
+		{`services[0].healthCheck.send: a udp check needs a request payload`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "udp"} }},
+		{`services[0].healthCheck.command: a command check needs a command`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "command"} }},
+		{`services[0].healthCheck.path, host, expectStatus: only for http and https checks`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "tcp", Path: "/"} }},
+		{`services[0].healthCheck.interval: 10ms is not between 50ms and 1h`, func(s *Service) {
+			s.HealthCheck = &HealthCheck{Type: "tcp", Interval: Duration{10 * time.Millisecond}, Timeout: Duration{5 * time.Millisecond}}
+		}},
+	} {
+		s := valid()
+		s.VIPs = append([]string(nil), s.VIPs...)
+		s.Backends = append([]Backend(nil), s.Backends...)
+		c.mutate(&s)
+		errs := ValidateServices([]Service{s}, func(int) string { return "services[0]" })
+		if !strings.Contains(fmt.Sprint(errs), c.want) {
+			t.Errorf("want %q, got %v", c.want, errs)
+		}
+	}
+}
+
+func TestValidationAcrossServices(t *testing.T) {
+	a, b := valid(), valid()
+	b.Name = "api"
+	errs := fmt.Sprint(ValidateServices([]Service{a, b}, byIndex))
+	for _, want := range []string{
+		`loadBalancer.services[1].vips[0]: 192.0.2.10 tcp/80 is already used by service "web" (loadBalancer.services[0])`,
+		`loadBalancer.services[1].vips[1]: 2001:db8::10 tcp/80 is already used by service "web"`,
+	} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("want %q in %s", want, errs)
+		}
+	}
+	b.Name = "web"
+	b.VIPs = []string{"192.0.2.20"}
+	b.Backends = b.Backends[:1]
+	if errs := fmt.Sprint(ValidateServices([]Service{a, b}, byIndex)); !strings.Contains(errs, `loadBalancer.services[1].name: "web" is already used by loadBalancer.services[0]`) {
+		t.Error(errs)
+	}
+	// The same VIP on another port or protocol is fine; a stateless-dnat backend is not shared.
+	b.Name, b.VIPs, b.Protocol = "api", []string{"192.0.2.10"}, "udp"
+	if errs := ValidateServices([]Service{a, b}, byIndex); len(errs) > 0 {
+		t.Error(errs)
+	}
+	b.Protocol, b.Port, b.Topology, b.Interface = "tcp", 81, StatelessDNAT, "eth0"
+	if errs := fmt.Sprint(ValidateServices([]Service{a, b}, byIndex)); !strings.Contains(errs,
+		`loadBalancer.services[1].backends[0]: 10.0.1.11 tcp/8080 is also a backend of service "web" (loadBalancer.services[0]), and one of them is stateless-dnat`) {
+		t.Error(errs)
+	}
+}
+
+func TestConfigSection(t *testing.T) {
+	var c Config
+	if c.InUse() || c.APIConfig() != nil || c.StatePath() != DefaultStateFile {
+		t.Errorf("empty section: %+v", c)
+	}
+	c.Services = []Service{valid()}
+	if a := c.APIConfig(); a == nil || a.Socket != DefaultSocket {
+		t.Errorf("default API: %+v", a)
+	}
+	c.API = &API{Disabled: true}
+	if c.APIConfig() != nil {
+		t.Error("disabled API served")
+	}
+	c.API = &API{Listen: "0.0.0.0:9466"}
+	if errs := fmt.Sprint(c.Validate()); !strings.Contains(errs, `loadBalancer.api.listen: "0.0.0.0:9466" needs loadBalancer.api.keyFile`) {
+		t.Error(errs)
+	}
+	// Strict decoding: unknown fields are errors.
+	if _, err := DecodeService([]byte("name: x\nbogus: 1\n")); err == nil || err.Error() != `service: unknown field "bogus"` {
+		t.Errorf("unknown field: %v", err)
+	}
+	var round Config
+	b, _ := yaml.Marshal(Config{Services: []Service{{Name: "x", Persistence: D(time.Minute), HealthCheck: &HealthCheck{Type: "tcp", Interval: Duration{time.Second}}}}})
+	if err := yaml.UnmarshalStrict(b, &round); err != nil || round.Services[0].Persistence.Duration != time.Minute {
+		t.Errorf("round trip: %v %s", err, b)
+	}
+}

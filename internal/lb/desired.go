@@ -1,0 +1,268 @@
+package lb
+
+import (
+	"fmt"
+	"hash/fnv"
+	"net"
+	"net/netip"
+	"slices"
+	"time"
+)
+
+// HealthState is what the checker knows about a backend.
+type HealthState string
+
+const (
+	HealthUnknown HealthState = "unknown" // not checked yet, or no check: counts as up
+	HealthUp      HealthState = "up"
+	HealthDown    HealthState = "down"
+)
+
+// Health is the checker's view of one backend.
+type Health struct {
+	State       HealthState `json:"state"`
+	LastCheck   time.Time   `json:"lastCheck,omitzero"`
+	LastChange  time.Time   `json:"lastChange,omitzero"`
+	LastError   string      `json:"lastError,omitempty"`
+	Transitions int         `json:"transitions"`
+	Checks      int         `json:"checks"`
+	Failures    int         `json:"failures"`
+
+	streak int // consecutive successes (> 0) or failures (< 0)
+}
+
+// Env is what rendering needs to know about this host: the interfaces present with their
+// MAC addresses, and (dsr) the neighbours on them.
+type Env struct {
+	Links     map[string]net.HardwareAddr
+	Neighbors map[string]map[netip.Addr]net.HardwareAddr // interface -> IP -> MAC
+	// Local lists this host's addresses: stateless-dnat does not rewrite packets to them
+	// (health checks' replies).
+	Local []netip.Addr
+}
+
+// Desired is the load balancer as it should be now: the services with every backend's
+// effective state. It is what Render consumes and what status reports.
+type Desired struct {
+	Services []*ServiceState
+	Local    []netip.Addr
+}
+
+// ServiceState is one service resolved against health and the host.
+type ServiceState struct {
+	Service  Service // as configured (defaults not filled in)
+	Topology string
+	Protocol string
+	Sched    string
+	VIPs     []netip.Addr
+	Ports    []int
+	Backends []*BackendState
+	// Skipped says why the service is not installed at all (a missing interface).
+	Skipped string
+	// OutMAC (dsr): the MAC of the backend interface, the source of forwarded frames.
+	OutMAC net.HardwareAddr
+}
+
+// BackendState is one backend with what the load balancer does with it.
+type BackendState struct {
+	Backend
+	Key  string // "10.0.0.1" or "10.0.0.1:8080": unique within its service
+	Addr netip.Addr
+	// ID identifies the backend in dsr and stateless-dnat flow tables (a packet mark value);
+	// derived from the service and the backend, so that it survives restarts and reordering.
+	ID     uint32
+	MAC    net.HardwareAddr // dsr
+	Health Health
+	// Active: in the maps that pick backends for new connections.
+	Active bool
+	// Known: established connections (and persistent clients) keep it: active, draining, or a
+	// healthy backup that was active before.
+	Known bool
+	// Reason says why a backend is not active.
+	Reason string
+}
+
+// BackendKey identifies a backend within its service.
+func BackendKey(addr string, port int) string {
+	if port == 0 {
+		return addr
+	}
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		return fmt.Sprintf("%s:%d", addr, port)
+	}
+	return netip.AddrPortFrom(a, uint16(port)).String()
+}
+
+// HealthKey identifies a backend across services.
+func HealthKey(service, backend string) string { return service + "/" + backend }
+
+// Resolve computes the desired state of validated services. health is keyed by HealthKey.
+func Resolve(svcs []Service, health map[string]Health, env Env) *Desired {
+	d := &Desired{Local: slices.Clone(env.Local)}
+	slices.SortFunc(d.Local, netip.Addr.Compare)
+	for _, s := range svcs {
+		d.Services = append(d.Services, resolveService(s, health, env))
+	}
+	return d
+}
+
+func resolveService(s Service, health map[string]Health, env Env) *ServiceState {
+	ss := &ServiceState{Service: s, Topology: s.topology(), Protocol: s.proto(), Sched: s.scheduler(), Ports: s.ports()}
+	for _, v := range s.VIPs {
+		ss.VIPs = append(ss.VIPs, netip.MustParseAddr(v))
+	}
+	if ss.Topology == DSR || ss.Topology == StatelessDNAT {
+		for _, dev := range []string{s.Interface, s.backendInterface()} {
+			mac, ok := env.Links[dev]
+			if !ok {
+				ss.Skipped = fmt.Sprintf("interface %q does not exist", dev)
+			}
+			ss.OutMAC = mac // the backend interface is last
+		}
+		if ss.Skipped == "" && ss.Topology == DSR && len(ss.OutMAC) != 6 {
+			ss.Skipped = fmt.Sprintf("interface %q has no Ethernet address", s.backendInterface())
+		}
+	}
+	ids := map[uint32]bool{}
+	for _, b := range s.Backends {
+		bs := &BackendState{Backend: b, Key: BackendKey(b.Address, b.Port), Addr: netip.MustParseAddr(b.Address)}
+		if bs.Port == 0 && len(ss.Ports) == 1 && ss.Topology != DSR {
+			bs.Port = ss.Ports[0]
+		}
+		bs.Weight = max(bs.Weight, 1)
+		if bs.State == "" {
+			bs.State = StateUp
+		}
+		bs.ID = backendID(s.Name, bs.Key, ids)
+		bs.Health = health[HealthKey(s.Name, bs.Key)]
+		if bs.Health.State == "" {
+			bs.Health.State = HealthUnknown
+		}
+		if ss.Topology == DSR {
+			if b.MAC != "" {
+				bs.MAC, _ = net.ParseMAC(b.MAC)
+			} else {
+				bs.MAC = env.Neighbors[s.backendInterface()][bs.Addr]
+			}
+		}
+		ss.Backends = append(ss.Backends, bs)
+	}
+	ss.pick()
+	return ss
+}
+
+// pick decides which backends are active: per family (dsr: all together), the eligible
+// backends (admin up, not failed, reachable) with the lowest priority number.
+func (ss *ServiceState) pick() {
+	const draining = "draining: no new connections"
+	eligible := func(b *BackendState) string {
+		switch {
+		case ss.Skipped != "":
+			return ss.Skipped
+		case b.State == StateDown:
+			return "admin state down"
+		case b.Health.State == HealthDown:
+			return "health check failing: " + b.Health.LastError
+		case ss.Topology == DSR && b.MAC == nil:
+			return fmt.Sprintf("MAC address unknown (no neighbour entry on %s yet)", ss.Service.backendInterface())
+		case b.State == StateDrain:
+			return draining
+		}
+		return ""
+	}
+	best := map[bool]int{} // family -> lowest priority among eligible
+	for _, b := range ss.Backends {
+		b.Reason = eligible(b)
+		b.Known = b.Reason == "" || b.Reason == draining
+		if b.Reason == "" {
+			f := ss.Topology != DSR && b.Addr.Is6()
+			if p, ok := best[f]; !ok || b.Priority < p {
+				best[f] = b.Priority
+			}
+		}
+	}
+	for _, b := range ss.Backends {
+		if b.Reason != "" {
+			continue
+		}
+		f := ss.Topology != DSR && b.Addr.Is6()
+		if b.Priority == best[f] {
+			b.Active = true
+		} else {
+			b.Reason = fmt.Sprintf("backup: backends with priority %d are up", best[f])
+		}
+	}
+}
+
+func (s *Service) backendInterface() string {
+	if s.BackendInterface != "" {
+		return s.BackendInterface
+	}
+	return s.Interface
+}
+
+// backendID derives a non-zero 31-bit id from the service and the backend; collisions
+// within the service (rare) take the next free number.
+func backendID(svc, key string, used map[uint32]bool) uint32 {
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%s/%s", svc, key)
+	id := h.Sum32()&0x7fffffff | 1<<20 // never small, never zero
+	for used[id] {
+		id = (id+1)&0x7fffffff | 1<<20
+	}
+	used[id] = true
+	return id
+}
+
+// slots returns the backends for numgen/hash slots 0..n-1: each active backend of the family
+// appears weight/gcd times, interleaved (smooth weighted round robin), so that rr rotates
+// evenly and every scheduler's share is proportional to the weights.
+func (ss *ServiceState) slots(is6 bool) []*BackendState {
+	var act []*BackendState
+	g := 0
+	for _, b := range ss.Backends {
+		if b.Active && (ss.Topology == DSR || b.Addr.Is6() == is6) {
+			act = append(act, b)
+			g = gcd(g, b.Weight)
+		}
+	}
+	total := 0
+	w := make([]int, len(act))
+	for i, b := range act {
+		w[i] = b.Weight / g
+		total += w[i]
+	}
+	cur := make([]int, len(act))
+	out := make([]*BackendState, 0, total)
+	for range total {
+		best := -1
+		for i := range act {
+			cur[i] += w[i]
+			if best < 0 || cur[i] > cur[best] {
+				best = i
+			}
+		}
+		cur[best] -= total
+		out = append(out, act[best])
+	}
+	return out
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// families returns the VIP families of the service (false: IPv4, true: IPv6), IPv4 first.
+func (ss *ServiceState) families() []bool {
+	var out []bool
+	for _, f := range []bool{false, true} {
+		if slices.ContainsFunc(ss.VIPs, func(a netip.Addr) bool { return a.Is6() == f }) {
+			out = append(out, f)
+		}
+	}
+	return out
+}

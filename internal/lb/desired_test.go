@@ -1,0 +1,81 @@
+package lb
+
+import (
+	"strings"
+	"testing"
+)
+
+func names(bs []*BackendState) string {
+	var s []string
+	for _, b := range bs {
+		s = append(s, b.Address)
+	}
+	return strings.Join(s, " ")
+}
+
+// Weights become proportional slot entries, interleaved (smooth weighted round robin), and
+// are divided by their greatest common divisor.
+func TestSlots(t *testing.T) {
+	s := fixture(DNAT, RoundRobin)
+	d := Resolve([]Service{s}, nil, testEnv)
+	got := names(d.Services[0].slots(false))
+	if want := "10.1.0.13 10.1.0.12 10.1.0.11 10.1.0.13 10.1.0.12 10.1.0.13"; got != want {
+		t.Errorf("1:2:3 slots: %s, want %s", got, want)
+	}
+	for i := range s.Backends {
+		s.Backends[i].Weight = 10
+	}
+	if got := names(Resolve([]Service{s}, nil, testEnv).Services[0].slots(true)); got != "fd00:b::11 fd00:b::12 fd00:b::13" {
+		t.Errorf("equal weights: %s", got)
+	}
+}
+
+// Backups are used only when no backend with a lower priority number is eligible; drained
+// backends keep established flows; down or failed ones keep nothing.
+func TestPick(t *testing.T) {
+	s := fixture(DNAT, RoundRobin)
+	s.Backends = s.Backends[:3]
+	s.VIPs = s.VIPs[:1]
+	s.Backends[2].Priority = 1
+	check := func(what string, health map[string]Health, want map[string][2]bool) {
+		t.Helper()
+		for _, b := range Resolve([]Service{s}, health, testEnv).Services[0].Backends {
+			if w := want[b.Address]; b.Active != w[0] || b.Known != w[1] {
+				t.Errorf("%s: %s active=%v known=%v (%s), want %v", what, b.Address, b.Active, b.Known, b.Reason, w)
+			}
+		}
+	}
+	check("primaries up", nil, map[string][2]bool{"10.1.0.11": {true, true}, "10.1.0.12": {true, true}, "10.1.0.13": {false, true}})
+	down := map[string]Health{HealthKey("web", "10.1.0.11:8080"): {State: HealthDown}, HealthKey("web", "10.1.0.12:8080"): {State: HealthDown}}
+	check("primaries failed", down, map[string][2]bool{"10.1.0.11": {false, false}, "10.1.0.12": {false, false}, "10.1.0.13": {true, true}})
+	s.Backends[0].State, s.Backends[1].State = StateDrain, StateDown
+	check("drain and down", nil, map[string][2]bool{"10.1.0.11": {false, true}, "10.1.0.12": {false, false}, "10.1.0.13": {true, true}})
+	// dsr: a backend whose MAC is unknown cannot be used.
+	dsr := fixture(DSR, RoundRobin)
+	dsr.Backends = append(dsr.Backends, Backend{Address: "10.1.0.99"})
+	for _, b := range Resolve([]Service{dsr}, nil, testEnv).Services[0].Backends {
+		if b.Active != (b.Address != "10.1.0.99") || (!b.Active && !strings.Contains(b.Reason, "MAC address unknown")) {
+			t.Errorf("dsr %s: active=%v %s", b.Address, b.Active, b.Reason)
+		}
+	}
+	// A missing interface keeps the whole service out.
+	dsr.Interface = "eth9"
+	if ss := Resolve([]Service{dsr}, nil, testEnv).Services[0]; ss.Skipped != `interface "eth9" does not exist` {
+		t.Errorf("missing interface: %q", ss.Skipped)
+	}
+}
+
+// Backend ids are stable: they do not depend on the order or on other backends.
+func TestBackendIDs(t *testing.T) {
+	s := fixture(DSR, RoundRobin)
+	ids := map[string]uint32{}
+	for _, b := range Resolve([]Service{s}, nil, testEnv).Services[0].Backends {
+		ids[b.Address] = b.ID
+	}
+	s.Backends = []Backend{s.Backends[2], s.Backends[0]}
+	for _, b := range Resolve([]Service{s}, nil, testEnv).Services[0].Backends {
+		if ids[b.Address] != b.ID || b.ID == 0 {
+			t.Errorf("%s: id %d, was %d", b.Address, b.ID, ids[b.Address])
+		}
+	}
+}

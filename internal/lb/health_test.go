@@ -1,0 +1,130 @@
+package lb
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func addrPort(t *testing.T, a net.Addr) (netip.Addr, int) {
+	t.Helper()
+	ap := netip.MustParseAddrPort(a.String())
+	return ap.Addr(), int(ap.Port())
+}
+
+func TestCheckTypes(t *testing.T) {
+	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/bad" {
+			w.WriteHeader(503)
+		}
+		w.Write([]byte("healthy " + r.Host))
+	}))
+	defer web.Close()
+	webTLS := httptest.NewTLSServer(web.Config.Handler)
+	defer webTLS.Close()
+	udp, _ := net.ListenPacket("udp", "127.0.0.1:0")
+	defer udp.Close()
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, from, err := udp.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			if strings.HasPrefix(string(buf[:n]), "ping") {
+				udp.WriteTo([]byte("pong"), from)
+			} else if n >= 12 { // a DNS query: answer NXDOMAIN with its id
+				r := append([]byte{}, buf[:n]...)
+				r[2], r[3] = 0x81, 0x83
+				udp.WriteTo(r, from)
+			}
+		}
+	}()
+	a, webPort := addrPort(t, web.Listener.Addr())
+	_, tlsPort := addrPort(t, webTLS.Listener.Addr())
+	_, udpPort := addrPort(t, udp.LocalAddr())
+	closed, _ := net.Listen("tcp", "127.0.0.1:0")
+	_, closedPort := addrPort(t, closed.Addr())
+	closed.Close()
+	for _, c := range []struct {
+		hc   HealthCheck
+		port int
+		want string // "" healthy, else part of the error
+	}{
+		{HealthCheck{Type: "tcp"}, webPort, ""},
+		{HealthCheck{Type: "tcp"}, closedPort, "connection refused"},
+		{HealthCheck{Type: "http", Path: "/", Host: "svc.example", Expect: "healthy svc.example"}, webPort, ""},
+		{HealthCheck{Type: "http", Path: "/bad"}, webPort, "HTTP status 503, want 200"},
+		{HealthCheck{Type: "http", Path: "/bad", ExpectStatus: 503}, webPort, ""},
+		{HealthCheck{Type: "http", Expect: "sick"}, webPort, `body does not contain "sick"`},
+		{HealthCheck{Type: "https"}, tlsPort, ""},
+		{HealthCheck{Type: "udp", Send: "ping", Expect: "pong"}, udpPort, ""},
+		{HealthCheck{Type: "udp", Send: "ping", Expect: "pang"}, udpPort, `reply does not contain "pang"`},
+		{HealthCheck{Type: "dns", Query: "example.org"}, udpPort, ""},
+		{HealthCheck{Type: "udp", Send: "ping"}, closedPort, "refused"},
+		{HealthCheck{Type: "command", Command: []string{"/bin/sh", "-c", `test "$HOSTACCEL_BACKEND_PORT" = ` + strconv.Itoa(webPort)}}, webPort, ""},
+		{HealthCheck{Type: "command", Command: []string{"/bin/sh", "-c", "echo nope; exit 3"}}, webPort, "exit status 3: nope"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := check(ctx, target{Check: c.hc, Addr: a, Port: c.port})
+		cancel()
+		if (err == nil) != (c.want == "") || err != nil && !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s check %+v: %v, want %q", c.hc.Type, c.hc, err, c.want)
+		}
+	}
+}
+
+// A backend goes down after fall failures in a row and up after rise successes; from
+// unknown the first result decides. Transitions and the last check are recorded.
+func TestCheckerRiseFall(t *testing.T) {
+	var healthy atomic.Bool
+	healthy.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if !healthy.Load() {
+			w.WriteHeader(500)
+		}
+	}))
+	defer srv.Close()
+	a, port := addrPort(t, srv.Listener.Addr())
+	changes := make(chan struct{}, 10)
+	c := NewChecker(func() { changes <- struct{}{} }, nil)
+	defer c.Stop()
+	svc := Service{Name: "web", VIPs: []string{"192.0.2.1"}, Port: port, Backends: []Backend{{Address: a.String()}},
+		HealthCheck: &HealthCheck{Type: "http", Interval: Duration{50 * time.Millisecond}, Rise: 3, Fall: 2}}
+	c.Update([]Service{svc})
+	key := HealthKey("web", a.String())
+	wait := func(want HealthState, atLeast, within time.Duration) Health {
+		t.Helper()
+		start := time.Now()
+		select {
+		case <-changes:
+		case <-time.After(within):
+			t.Fatalf("no change to %s within %s: %+v", want, within, c.Health()[key])
+		}
+		h := c.Health()[key]
+		if h.State != want || time.Since(start) < atLeast {
+			t.Fatalf("state %s after %s, want %s after at least %s", h.State, time.Since(start), want, atLeast)
+		}
+		return h
+	}
+	wait(HealthUp, 0, time.Second) // unknown -> up at the first success
+	healthy.Store(false)
+	wait(HealthDown, 50*time.Millisecond, time.Second) // two failures: at least one interval
+	healthy.Store(true)
+	h := wait(HealthUp, 100*time.Millisecond, time.Second) // three successes: at least two intervals
+	if h.Transitions != 2 || h.LastCheck.IsZero() || h.Failures < 2 {
+		t.Errorf("health: %+v", h)
+	}
+	// Removing the backend stops its probe and forgets its health.
+	c.Update(nil)
+	if _, ok := c.Health()[key]; ok {
+		t.Error("health kept for a removed backend")
+	}
+}

@@ -1,0 +1,225 @@
+package lb
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/knftables"
+)
+
+func apply(t *testing.T, m *Manager, svcs []Service, health map[string]Health) (Result, *Desired) {
+	t.Helper()
+	if errs := ValidateServices(svcs, fieldByName(svcs)); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	d := Resolve(svcs, health, testEnv)
+	res, err := m.Apply(context.Background(), Render(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, d
+}
+
+// dumpOf is the fake kernel's content (lines sorted: element order is insertion order),
+// which must equal a fresh render's.
+func dumpOf(f *knftables.Fake) string { return sortLines(f.Dump()) }
+
+func freshDump(t *testing.T, d *Desired) string {
+	s, err := Render(d).Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sortLines(s)
+}
+
+func sortLines(s string) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	slices.Sort(l)
+	return strings.Join(l, "\n")
+}
+
+func addElem(t *testing.T, f *knftables.Fake, fam knftables.Family, table, m string, key, value []string) {
+	t.Helper()
+	tx := f.NewTransaction()
+	tx.Add(&knftables.Element{Family: fam, Table: table, Map: m, Key: key, Value: value})
+	if err := f.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func hasElem(f *knftables.Fake, fam knftables.Family, table, m, key string) bool {
+	f.RLock()
+	defer f.RUnlock()
+	for _, e := range f.Tables[fam][table].Maps[m].Elements {
+		if strings.Join(e.Key, " . ") == key {
+			return true
+		}
+	}
+	return false
+}
+
+func svcSet() []Service {
+	return []Service{fixture(SNAT, RoundRobin), rename(fixture(DSR, RoundRobin), "dsr", "192.0.2.11", "2001:db8::11"),
+		rename(fixture(StatelessDNAT, Hash), "sl", "192.0.2.12")}
+}
+
+func TestManagerFirstApplyAndNoop(t *testing.T) {
+	for _, full := range []bool{true, false} {
+		m, f := NewFakeManager()
+		if !full {
+			m.FullEvery = time.Hour
+		}
+		res, d := apply(t, m, svcSet(), nil)
+		if len(res.Rebuilt) != 3 || !res.Changed() {
+			t.Errorf("first apply: %+v", res)
+		}
+		if dumpOf(f) != freshDump(t, d) {
+			t.Errorf("the kernel differs from the render")
+		}
+		res, _ = apply(t, m, svcSet(), nil)
+		if res.Changed() || res.FullRead != full {
+			t.Errorf("second apply (full read %v) changed something: %+v", full, res)
+		}
+	}
+}
+
+// Backend changes are element updates: a swap (same number of slots) touches only
+// elements; a backend leaving rewrites its service's chain (numgen mod N) in the same
+// transaction, never a table.
+func TestManagerBackendChangesAreElementUpdates(t *testing.T) {
+	for _, full := range []bool{true, false} {
+		m, f := NewFakeManager()
+		if !full {
+			m.FullEvery = time.Hour
+		}
+		svcs := svcSet()
+		apply(t, m, svcs, nil)
+		svcs[0].Backends[0].Address = "10.1.0.21"
+		res, d := apply(t, m, svcs, nil)
+		if len(res.Rebuilt)+len(res.ChainsRewritten)+len(res.MapsReplaced) > 0 || res.ElementsAdded == 0 || res.ElementsRemoved == 0 {
+			t.Errorf("swap (full %v): %+v", full, res)
+		}
+		if dumpOf(f) != freshDump(t, d) {
+			t.Errorf("swap (full %v): the kernel differs from the render", full)
+		}
+		svcs[0].Backends[1].State = StateDown
+		res, d = apply(t, m, svcs, nil)
+		if len(res.Rebuilt) > 0 || !slices.Equal(res.ChainsRewritten, []string{"hostaccel-lb svc-web-v4"}) {
+			t.Errorf("a backend down (full %v): %+v", full, res)
+		}
+		if dumpOf(f) != freshDump(t, d) {
+			t.Errorf("backend down (full %v): the kernel differs from the render", full)
+		}
+	}
+}
+
+// Persistent clients keep their entries, except those of backends that are down or gone;
+// drained backends keep theirs. The dsr and stateless-dnat flow tables are the datapath's:
+// the manager leaves them alone (their chains forget flows whose backend is gone).
+func TestManagerForgetsFlowsOfDownBackends(t *testing.T) {
+	for _, full := range []bool{true, false} {
+		m, f := NewFakeManager()
+		if !full {
+			m.FullEvery = time.Hour
+		}
+		svcs := svcSet()
+		svcs[0].Persistence = D(time.Minute)
+		_, d := apply(t, m, svcs, nil)
+		id := func(svc, addr string) string {
+			for _, ss := range d.Services {
+				for _, b := range ss.Backends {
+					if ss.Service.Name == svc && b.Address == addr {
+						return strconv.FormatUint(uint64(b.ID), 10)
+					}
+				}
+			}
+			t.Fatalf("no backend %s %s", svc, addr)
+			return ""
+		}
+		nd, inet := knftables.NetDevFamily, knftables.InetFamily
+		dsrTab := IngressTablePrefix + "eth1"
+		addElem(t, f, nd, dsrTab, "dsr-flows-v4", []string{"198.51.100.1", "40000"}, []string{id("dsr", "10.1.0.11")})
+		addElem(t, f, nd, dsrTab, "dsr-flows-v4", []string{"198.51.100.2", "40000"}, []string{id("dsr", "10.1.0.12")})
+		addElem(t, f, nd, dsrTab, "dsr-flows-v4", []string{"198.51.100.3", "40000"}, []string{id("dsr", "10.1.0.13")})
+		addElem(t, f, inet, NATTable, "web-persist-v4", []string{"198.51.100.1"}, []string{"10.1.0.11"})
+		addElem(t, f, inet, NATTable, "web-persist-port-v4", []string{"198.51.100.1"}, []string{"8080"})
+		addElem(t, f, inet, NATTable, "web-persist-v4", []string{"198.51.100.2"}, []string{"10.1.0.12"})
+		addElem(t, f, inet, NATTable, "web-persist-port-v4", []string{"198.51.100.2"}, []string{"8080"})
+
+		svcs[1].Backends[0].State = StateDown  // dsr 10.1.0.11: its flow goes
+		svcs[1].Backends[1].State = StateDrain // dsr 10.1.0.12: its flow stays
+		svcs[0].Backends[0].State = StateDown  // web 10.1.0.11: its persistent client goes, both halves
+		res, _ := apply(t, m, svcs, nil)
+		if res.FlowsForgotten != 2 {
+			t.Errorf("full %v: forgot %d entries, want 2: %+v", full, res.FlowsForgotten, res)
+		}
+		for _, c := range []struct {
+			fam           knftables.Family
+			table, m, key string
+			want          bool
+		}{
+			{nd, dsrTab, "dsr-flows-v4", "198.51.100.1 . 40000", true},
+			{nd, dsrTab, "dsr-flows-v4", "198.51.100.2 . 40000", true},
+			{nd, dsrTab, "dsr-flows-v4", "198.51.100.3 . 40000", true},
+			{inet, NATTable, "web-persist-v4", "198.51.100.1", false},
+			{inet, NATTable, "web-persist-port-v4", "198.51.100.1", false},
+			{inet, NATTable, "web-persist-v4", "198.51.100.2", true},
+			{inet, NATTable, "web-persist-port-v4", "198.51.100.2", true},
+		} {
+			if hasElem(f, c.fam, c.table, c.m, c.key) != c.want {
+				t.Errorf("full %v: %s %s present=%v", full, c.m, c.key, !c.want)
+			}
+		}
+	}
+}
+
+// Services and tables come and go; a table layout that differs is rebuilt; drift (an element
+// deleted, a foreign rule) is repaired on a full read; Remove leaves foreign tables alone.
+func TestManagerServicesDriftAndRemove(t *testing.T) {
+	m, f := NewFakeManager() // FullEvery 0: every apply reads the kernel
+	svcs := svcSet()
+	apply(t, m, svcs, nil)
+	res, d := apply(t, m, svcs[:1], nil)
+	if !slices.Equal(res.Removed, []string{"netdev hostaccel-lb-eth0", "netdev hostaccel-lb-eth1"}) || dumpOf(f) != freshDump(t, d) {
+		t.Errorf("services removed: %+v", res)
+	}
+	res, d = apply(t, m, svcs, nil)
+	if dumpOf(f) != freshDump(t, d) || len(res.Rebuilt) != 2 {
+		t.Errorf("services back: %+v", res)
+	}
+
+	tx := f.NewTransaction()
+	tx.Delete(&knftables.Element{Family: knftables.InetFamily, Table: NATTable, Map: "web-backends-v4", Key: []string{"1"}})
+	tx.Add(&knftables.Rule{Family: knftables.InetFamily, Table: NATTable, Chain: "svc-web-v4", Rule: "drop"})
+	tx.Add(&knftables.Chain{Family: knftables.InetFamily, Table: NATTable, Name: "foreign"})
+	if err := f.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+	res, _ = apply(t, m, svcs, nil)
+	if dumpOf(f) != freshDump(t, d) || res.ElementsAdded != 1 || !slices.Equal(res.ChainsRewritten, []string{"hostaccel-lb svc-web-v4"}) {
+		t.Errorf("drift not repaired: %+v", res)
+	}
+
+	tx = f.NewTransaction()
+	tx.Delete(&knftables.Set{Family: knftables.InetFamily, Table: NATTable, Name: layoutSet})
+	tx.Add(&knftables.Set{Family: knftables.InetFamily, Table: NATTable, Name: layoutSet, Type: "mark", Comment: knftables.PtrTo("an older layout")})
+	tx.Add(&knftables.Table{Family: knftables.IPv4Family, Name: "foreign"})
+	if err := f.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+	res, _ = apply(t, m, svcs, nil)
+	if !slices.Equal(res.Rebuilt, []string{"inet hostaccel-lb: layout changed"}) || dumpOf(f) != sortLines(freshDump(t, d)+"\nadd table ip foreign") {
+		t.Errorf("layout change: %+v", res)
+	}
+	refs, err := m.Remove(context.Background())
+	if err != nil || len(refs) != 3 {
+		t.Fatal(refs, err)
+	}
+	if got := strings.TrimSpace(dumpOf(f)); got != "add table ip foreign" {
+		t.Errorf("Remove left:\n%s", got)
+	}
+}

@@ -1,0 +1,86 @@
+package lb
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var (
+	descHealth = prometheus.NewDesc("hostaccel_lb_backend_health",
+		"1 for the backend's current health state (up, down, unknown: not checked yet or no check).", []string{"service", "backend", "state"}, nil)
+	descActive = prometheus.NewDesc("hostaccel_lb_backend_active",
+		"1 when the backend is in the maps that pick backends for new connections.", []string{"service", "backend"}, nil)
+	descTransitions = prometheus.NewDesc("hostaccel_lb_backend_transitions_total",
+		"Health transitions (up <-> down) of the backend.", []string{"service", "backend"}, nil)
+	descChecks = prometheus.NewDesc("hostaccel_lb_backend_checks_total",
+		"Health checks run against the backend.", []string{"service", "backend"}, nil)
+	descFailures = prometheus.NewDesc("hostaccel_lb_backend_check_failures_total",
+		"Health checks of the backend that failed.", []string{"service", "backend"}, nil)
+	descLastCheck = prometheus.NewDesc("hostaccel_lb_backend_last_check_timestamp_seconds",
+		"When the backend was last checked (Unix time).", []string{"service", "backend"}, nil)
+	descPackets = prometheus.NewDesc("hostaccel_lb_service_packets_total",
+		"Packets the service's chains counted: new connections (snat, dnat) or every packet (dsr, stateless-dnat).", []string{"service"}, nil)
+)
+
+// NewCollector exports the load balancer's state at scrape time; status is usually
+// Runtime.Status with counters. Rule counters restart at zero when a chain is rewritten, so
+// the exported counters carry the value from before over.
+func NewCollector(status func(context.Context) Status) prometheus.Collector {
+	return &collector{status: status, base: map[string]float64{}, last: map[string]float64{}}
+}
+
+type collector struct {
+	status     func(context.Context) Status
+	mu         sync.Mutex
+	base, last map[string]float64
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descHealth, descActive, descTransitions, descChecks, descFailures, descLastCheck, descPackets} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st := c.status(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	gauge := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+	}
+	counter := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, l...)
+	}
+	for _, s := range st.Services {
+		for _, b := range s.Backends {
+			for _, state := range []HealthState{HealthUp, HealthDown, HealthUnknown} {
+				gauge(descHealth, b2f(b.Health.State == state), s.Name, b.Key, string(state))
+			}
+			gauge(descActive, b2f(b.Active), s.Name, b.Key)
+			counter(descTransitions, float64(b.Health.Transitions), s.Name, b.Key)
+			counter(descChecks, float64(b.Health.Checks), s.Name, b.Key)
+			counter(descFailures, float64(b.Health.Failures), s.Name, b.Key)
+			if !b.Health.LastCheck.IsZero() {
+				gauge(descLastCheck, float64(b.Health.LastCheck.UnixNano())/1e9, s.Name, b.Key)
+			}
+		}
+		v := float64(s.Packets)
+		if v < c.last[s.Name] {
+			c.base[s.Name] += c.last[s.Name]
+		}
+		c.last[s.Name] = v
+		counter(descPackets, c.base[s.Name]+v, s.Name)
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

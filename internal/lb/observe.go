@@ -1,0 +1,262 @@
+package lb
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/hostaccel/hostaccel/internal/nftjson"
+)
+
+// TableRef names one table.
+type TableRef struct {
+	Family knftables.Family
+	Name   string
+}
+
+func (t TableRef) String() string { return string(t.Family) + " " + t.Name }
+
+// ours reports whether a table belongs to the load balancer.
+func (t TableRef) ours() bool {
+	return t.Family == knftables.InetFamily && t.Name == NATTable ||
+		t.Family == knftables.NetDevFamily && strings.HasPrefix(t.Name, IngressTablePrefix)
+}
+
+// ListTables runs `nft --json list tables`.
+func ListTables(ctx context.Context) ([]TableRef, error) {
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, "nft", "--json", "list", "tables")
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("nft list tables: %v: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return parseTables(out)
+}
+
+func parseTables(out []byte) ([]TableRef, error) {
+	var doc struct {
+		Nftables []map[string]json.RawMessage `json:"nftables"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		return nil, fmt.Errorf("parse nft json: %w", err)
+	}
+	var refs []TableRef
+	for _, o := range doc.Nftables {
+		if raw, ok := o["table"]; ok {
+			var t struct{ Family, Name string }
+			if err := json.Unmarshal(raw, &t); err != nil {
+				return nil, err
+			}
+			refs = append(refs, TableRef{knftables.Family(t.Family), t.Name})
+		}
+	}
+	return refs, nil
+}
+
+// Lister runs `nft --json ARGS...` and returns its output (injectable for tests).
+type Lister func(ctx context.Context, args ...string) ([]byte, error)
+
+// NFTList is the real Lister.
+func NFTList(ctx context.Context, args ...string) ([]byte, error) {
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, "nft", append([]string{"--json"}, args...)...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("nft %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+// kernelTable is one of our tables as the kernel has it (or as our last apply left it).
+type kernelTable struct {
+	*nftjson.Table                       // comment (from the layout set), chains with rules
+	Maps           map[string]*kernelMap // sets and maps
+	Counters       map[string]Counter    // named counters
+}
+
+// Counter is a named counter's value.
+type Counter struct {
+	Comment string `json:"comment"`
+	Packets uint64 `json:"packets"`
+	Bytes   uint64 `json:"bytes"`
+}
+
+type kernelMap struct {
+	IsSet   bool
+	Dynamic bool
+	Comment string
+	Elems   map[string]string // canonical key -> canonical data ("" in sets)
+}
+
+// layoutSet is an empty set in each table whose comment is the table's comment: nft 1.0.6
+// leaves table comments out of its JSON.
+const layoutSet = "layout"
+
+// observe reads one of our tables whole (terse: without elements).
+func (m *Manager) observe(ctx context.Context, ref TableRef, terse bool) (*kernelTable, error) {
+	args := []string{"list", "table", string(ref.Family), ref.Name}
+	if terse {
+		args = append([]string{"--terse"}, args...)
+	}
+	out, err := m.List(ctx, args...)
+	if err != nil {
+		return nil, err
+	}
+	return parseTable(ref, out)
+}
+
+// parseTable reads `nft --json list ...` output (one or more documents) about one table.
+func parseTable(ref TableRef, out []byte) (*kernelTable, error) {
+	objs, err := decodeDocs(out)
+	if err != nil {
+		return nil, err
+	}
+	doc, _ := json.Marshal(map[string]any{"nftables": objs})
+	tab, err := nftjson.Parse(doc)
+	if err != nil {
+		return nil, err
+	}
+	kt := &kernelTable{Table: tab, Maps: map[string]*kernelMap{}, Counters: map[string]Counter{}}
+	for _, o := range objs {
+		for kind, raw := range o {
+			if kind == "counter" {
+				var c struct {
+					Name string `json:"name"`
+					Counter
+				}
+				if err := json.Unmarshal(raw, &c); err != nil {
+					return nil, fmt.Errorf("parse nft json counter: %w", err)
+				}
+				kt.Counters[c.Name] = c.Counter
+				continue
+			}
+			if kind != "set" && kind != "map" {
+				continue
+			}
+			var mp struct {
+				Name    string            `json:"name"`
+				Comment string            `json:"comment"`
+				Flags   json.RawMessage   `json:"flags"`
+				Elem    []json.RawMessage `json:"elem"`
+			}
+			if err := json.Unmarshal(raw, &mp); err != nil {
+				return nil, fmt.Errorf("parse nft json %s: %w", kind, err)
+			}
+			km := &kernelMap{IsSet: kind == "set", Comment: mp.Comment, Elems: map[string]string{},
+				Dynamic: bytes.Contains(mp.Flags, []byte(`"timeout"`)) || bytes.Contains(mp.Flags, []byte(`"dynamic"`))}
+			for _, e := range mp.Elem {
+				if kind == "set" {
+					km.Elems[canonical(e)] = ""
+					continue
+				}
+				var pair []json.RawMessage
+				if err := json.Unmarshal(e, &pair); err != nil || len(pair) != 2 {
+					return nil, fmt.Errorf("parse nft json: map %s element %s", mp.Name, e)
+				}
+				km.Elems[canonical(pair[0])] = canonical(pair[1])
+			}
+			kt.Maps[mp.Name] = km
+		}
+	}
+	kt.Table.Family, kt.Table.Name = string(ref.Family), ref.Name
+	if l := kt.Maps[layoutSet]; l != nil {
+		kt.Table.Comment = l.Comment
+	}
+	return kt, nil
+}
+
+// decodeDocs reads the objects of one or more concatenated `nft --json` documents.
+func decodeDocs(out []byte) ([]map[string]json.RawMessage, error) {
+	var objs []map[string]json.RawMessage
+	d := json.NewDecoder(bytes.NewReader(out))
+	for d.More() {
+		var doc struct {
+			Nftables []map[string]json.RawMessage `json:"nftables"`
+		}
+		if err := d.Decode(&doc); err != nil {
+			return nil, fmt.Errorf("parse nft json: %w", err)
+		}
+		objs = append(objs, doc.Nftables...)
+	}
+	return objs, nil
+}
+
+// known is the table as an apply of t leaves it: what the next apply diffs against when it
+// does not read the kernel. Dynamic maps are empty: their entries are the datapath's.
+func known(t *Table) *kernelTable {
+	kt := &kernelTable{Table: &nftjson.Table{Family: string(t.Family), Name: t.Name, Comment: t.Comment, Chains: map[string]*nftjson.Chain{}},
+		Maps: map[string]*kernelMap{}, Counters: map[string]Counter{}}
+	for _, c := range t.Counters {
+		kt.Counters[c.Name] = Counter{Comment: *c.Comment}
+	}
+	for _, c := range t.Chains {
+		kt.Chains[c.Name] = &nftjson.Chain{Rules: []*nftjson.Rule{}}
+	}
+	for _, r := range t.Rules {
+		kt.Chains[r.Chain].Rules = append(kt.Chains[r.Chain].Rules, &nftjson.Rule{Comment: *r.Comment})
+	}
+	for _, s := range t.Sets {
+		kt.Maps[s.Name] = &kernelMap{IsSet: true, Comment: *s.Comment, Elems: map[string]string{}}
+	}
+	for _, mp := range t.Maps {
+		_, dyn := t.Dynamic[mp.Name]
+		kt.Maps[mp.Name] = &kernelMap{Dynamic: dyn, Comment: *mp.Comment, Elems: map[string]string{}}
+	}
+	for _, e := range t.Elements {
+		kt.Maps[e.Set+e.Map].Elems[elemKey(e)] = elemValue(e)
+	}
+	return kt
+}
+
+// canonical writes a JSON element or value as nft's text syntax does, the way Render writes
+// them: "10.0.0.1 . tcp . 80", "goto svc-web-v4", "17829743", "02:00:00:00:00:01".
+func canonical(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var n json.Number
+	if json.Unmarshal(raw, &n) == nil {
+		if i, err := strconv.ParseInt(string(n), 10, 64); err == nil {
+			return strconv.FormatInt(i, 10)
+		}
+		return string(n)
+	}
+	var obj struct {
+		Concat []json.RawMessage `json:"concat"`
+		Elem   *struct {
+			Val json.RawMessage `json:"val"`
+		} `json:"elem"`
+		Goto *struct{ Target string } `json:"goto"`
+		Jump *struct{ Target string } `json:"jump"`
+	}
+	if json.Unmarshal(raw, &obj) != nil {
+		return string(raw)
+	}
+	switch {
+	case obj.Concat != nil:
+		parts := make([]string, len(obj.Concat))
+		for i, c := range obj.Concat {
+			parts[i] = canonical(c)
+		}
+		return strings.Join(parts, " . ")
+	case obj.Elem != nil:
+		return canonical(obj.Elem.Val)
+	case obj.Goto != nil:
+		return "goto " + obj.Goto.Target
+	case obj.Jump != nil:
+		return "jump " + obj.Jump.Target
+	}
+	return string(raw)
+}
+
+func elemKey(e *knftables.Element) string   { return strings.Join(e.Key, " . ") }
+func elemValue(e *knftables.Element) string { return strings.Join(e.Value, " . ") }

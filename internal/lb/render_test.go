@@ -1,0 +1,175 @@
+package lb
+
+import (
+	"flag"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func mac(s string) net.HardwareAddr {
+	m, err := net.ParseMAC(s)
+	if err != nil {
+		panic(err)
+	}
+	return m
+}
+
+// testEnv: eth0 faces the clients, eth1 the backends; the backends' MACs are known.
+var testEnv = Env{
+	Links: map[string]net.HardwareAddr{"eth0": mac("02:00:00:00:00:e0"), "eth1": mac("02:00:00:00:00:e1")},
+	Neighbors: map[string]map[netip.Addr]net.HardwareAddr{"eth1": {
+		netip.MustParseAddr("10.1.0.11"): mac("02:00:00:00:01:11"),
+		netip.MustParseAddr("10.1.0.12"): mac("02:00:00:00:01:12"),
+		netip.MustParseAddr("10.1.0.13"): mac("02:00:00:00:01:13"),
+	}},
+	Local: []netip.Addr{netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("fd00:b::1")},
+}
+
+// fixture is one service of a topology and scheduler: two VIPs (IPv4, IPv6), port 80, three
+// backends per family weighted 1:2:3 (dsr: three, reached by MAC).
+func fixture(topo, sched string) Service {
+	s := Service{Name: "web", VIPs: []string{"192.0.2.10", "2001:db8::10"}, Port: 80, Topology: topo, Scheduler: sched}
+	if sched == Hash {
+		s.HashFields = []string{"src-ip", "src-port"}
+	}
+	for fam, addrs := range [][]string{{"10.1.0.11", "10.1.0.12", "10.1.0.13"}, {"fd00:b::11", "fd00:b::12", "fd00:b::13"}} {
+		for i, a := range addrs {
+			if topo == DSR && fam == 1 {
+				continue
+			}
+			b := Backend{Address: a, Weight: i + 1}
+			if topo != DSR {
+				b.Port = 8080
+			}
+			s.Backends = append(s.Backends, b)
+		}
+	}
+	switch topo {
+	case DSR:
+		s.Interface = "eth1"
+	case StatelessDNAT:
+		s.Interface, s.BackendInterface = "eth0", "eth1"
+	}
+	return s
+}
+
+func golden(t *testing.T, name string, svcs []Service, health map[string]Health) {
+	t.Helper()
+	if errs := ValidateServices(svcs, fieldByName(svcs)); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	got, err := Render(Resolve(svcs, health, testEnv)).Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join("testdata", name+".nft")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs from the golden file (go test -update rewrites it):\n%s", path, got)
+	}
+}
+
+// Every scheduler with every topology.
+func TestRenderGolden(t *testing.T) {
+	for _, topo := range topologies {
+		for _, sched := range schedulers {
+			t.Run(topo+"-"+sched, func(t *testing.T) {
+				golden(t, topo+"-"+sched, []Service{fixture(topo, sched)}, nil)
+			})
+		}
+	}
+}
+
+func TestRenderVariants(t *testing.T) {
+	persist := func(topo string) Service {
+		s := fixture(topo, RoundRobin)
+		s.Persistence = D(10 * time.Minute)
+		return s
+	}
+	multi := fixture(DNAT, Weighted)
+	multi.Protocol, multi.Port, multi.Ports = "udp", 0, []int{53, 5353}
+	for i := range multi.Backends {
+		multi.Backends[i].Port = 0
+	}
+	snat := fixture(SNAT, RoundRobin)
+	snat.SNATAddresses = []string{"203.0.113.1"} // IPv6 stays masqueraded
+	states := fixture(DNAT, RoundRobin)
+	states.Backends[0].State = StateDrain
+	states.Backends[1].State = StateDown
+	states.Backends[3].Priority = 1 // a backup: unused while fd00:b::12 or ::13 is up
+	failed := map[string]Health{HealthKey("web", "[fd00:b::12]:8080"): {State: HealthDown, LastError: "connection refused"}}
+	allDown := fixture(StatelessDNAT, Hash)
+	dsrDown := rename(fixture(DSR, Weighted), "dsr", "192.0.2.11")
+	for i := range allDown.Backends {
+		allDown.Backends[i].State = StateDown
+	}
+	for i := range dsrDown.Backends {
+		dsrDown.Backends[i].State = StateDrain
+	}
+	for name, svcs := range map[string][]Service{
+		"persistence-snat":        {persist(SNAT)},
+		"persistence-dsr":         {persist(DSR)},
+		"persistence-stateless":   {persist(StatelessDNAT)},
+		"multiport-udp":           {multi},
+		"snat-address":            {snat},
+		"states-backup":           {states},
+		"no-backend-up":           {allDown, dsrDown},
+		"all-topologies-together": {fixture(SNAT, RoundRobin), rename(fixture(DSR, Hash), "dsr", "192.0.2.11", "2001:db8::11"), rename(fixture(StatelessDNAT, SymHash), "sl", "192.0.2.12", "2001:db8::12")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := map[string]Health(nil)
+			if name == "states-backup" {
+				h = failed
+			}
+			golden(t, name, svcs, h)
+		})
+	}
+}
+
+func rename(s Service, name string, vips ...string) Service {
+	s.Name, s.VIPs = name, vips
+	for i := range s.Backends {
+		if s.Topology == StatelessDNAT {
+			s.Backends[i].Port = 9090
+		}
+	}
+	return s
+}
+
+// Render is deterministic and every rule, map and set carries a comment.
+func TestRenderComments(t *testing.T) {
+	r := Render(Resolve([]Service{fixture(SNAT, Hash), rename(fixture(DSR, RoundRobin), "dsr", "192.0.2.11")}, nil, testEnv))
+	for _, tab := range r.Tables {
+		for _, rl := range tab.Rules {
+			if rl.Comment == nil || !strings.HasSuffix(*rl.Comment, "]") {
+				t.Errorf("rule without a hashed comment: %s", rl.Rule)
+			}
+		}
+		for _, m := range tab.Maps {
+			if m.Comment == nil || len(*m.Comment) > 128 {
+				t.Errorf("map %s comment: %v", m.Name, m.Comment)
+			}
+		}
+	}
+	a, _ := r.Dump()
+	b, _ := Render(Resolve([]Service{fixture(SNAT, Hash), rename(fixture(DSR, RoundRobin), "dsr", "192.0.2.11")}, nil, testEnv)).Dump()
+	if a != b {
+		t.Error("render is not deterministic")
+	}
+}

@@ -1,0 +1,483 @@
+package lb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Runtime is the load balancer inside the agent: it merges the config's services with the
+// API's, runs the health checks and the API, and applies the result on every Sync. The agent
+// calls Sync from its reconcile loop; everything else calls Trigger to ask for one.
+type Runtime struct {
+	Log     *slog.Logger
+	Trigger func()
+	// Hooks, replaceable in tests.
+	NewManager     func() (*Manager, error)
+	Env            func(devs []string) (Env, error)
+	FlushConntrack func(vips []netip.Addr, proto string, backend netip.Addr) error
+	// FullEvery: how often the tables are read back whole to repair drift (the agent sets
+	// it just under its resync period); 0: DefaultFullEvery.
+	FullEvery time.Duration
+
+	mu          sync.Mutex
+	cfg         Config
+	overlay     Overlay
+	overlayPath string
+	gen         uint64 // bumped by every API change
+	applied     uint64 // gen of the last successful sync
+	lastErr     error
+	lastSync    time.Time
+	synced      chan struct{} // closed and replaced after every sync
+	desired     *Desired
+	result      Result
+	mgr         *Manager
+	checker     *Checker
+	api         *apiServer
+	apiCfg      API
+	installed   bool
+	solicited   time.Time
+	urgent      atomic.Bool // a health transition or an API change is waiting: skip the full read
+}
+
+// NewRuntime returns a Runtime that asks for syncs through trigger.
+func NewRuntime(log *slog.Logger, trigger func()) *Runtime {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Runtime{Log: log, Trigger: trigger, NewManager: NewManager, Env: HostEnv, FlushConntrack: flushConntrack,
+		synced: make(chan struct{})}
+}
+
+// Sync applies cfg (with the API's changes and current health) to the kernel.
+func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
+	r.mu.Lock()
+	r.cfg = cfg
+	gen := r.gen
+	r.mu.Unlock()
+	defer func() { r.done(gen, err) }()
+
+	if !cfg.InUse() {
+		r.stop()
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.desired = nil
+		if !r.installed || r.mgr == nil {
+			return nil
+		}
+		refs, err := r.mgr.Remove(ctx)
+		if err == nil {
+			r.installed = false
+			r.Log.Info("load balancer removed", "tables", refs)
+		}
+		return err
+	}
+	svcs, err := r.services(cfg)
+	if err != nil {
+		return err
+	}
+	if err := r.serveAPI(cfg.APIConfig()); err != nil {
+		r.Log.Error("load balancer API", "err", err)
+	}
+	r.mu.Lock()
+	if r.checker == nil {
+		r.checker = NewChecker(r.debouncedTrigger(), r.Log)
+	}
+	checker := r.checker
+	if r.mgr == nil {
+		if r.mgr, err = r.NewManager(); err != nil {
+			r.mu.Unlock()
+			return err
+		}
+	}
+	mgr, prev := r.mgr, r.desired
+	if r.FullEvery > 0 {
+		mgr.FullEvery = r.FullEvery
+	}
+	r.mu.Unlock()
+
+	checker.Update(svcs)
+	env, err := r.Env(interfaces(svcs))
+	if err != nil {
+		return err
+	}
+	d := Resolve(svcs, checker.Health(), env)
+	start := time.Now()
+	apply := mgr.Apply
+	if r.urgent.Swap(false) {
+		apply = mgr.ApplyChanges
+	}
+	res, err := apply(ctx, Render(d))
+	r.mu.Lock()
+	r.installed = r.installed || err == nil
+	if err == nil {
+		r.desired, r.result = d, res
+	}
+	r.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if res.Changed() {
+		r.Log.Info("load balancer applied", "rebuilt", res.Rebuilt, "removed", res.Removed, "chainsRewritten", res.ChainsRewritten,
+			"elementsAdded", res.ElementsAdded, "elementsRemoved", res.ElementsRemoved, "flowsForgotten", res.FlowsForgotten, "ops", res.Operations, "took", time.Since(start).Round(time.Millisecond))
+	}
+	r.flush(prev, d)
+	r.solicit(d)
+	return nil
+}
+
+// debouncedTrigger coalesces the health changes of one check round (probes of one
+// interval flip within milliseconds of each other) into one sync.
+func (r *Runtime) debouncedTrigger() func() {
+	var mu sync.Mutex
+	var pending bool
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if pending {
+			return
+		}
+		pending = true
+		time.AfterFunc(healthDebounce, func() {
+			mu.Lock()
+			pending = false
+			mu.Unlock()
+			r.urgent.Store(true)
+			r.Trigger()
+		})
+	}
+}
+
+const healthDebounce = 20 * time.Millisecond
+
+// services merges the config's services with the state file's.
+func (r *Runtime) services(cfg Config) ([]Service, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if path := cfg.StatePath(); path != r.overlayPath {
+		o, err := LoadOverlay(path)
+		if err != nil {
+			return nil, err
+		}
+		r.overlay, r.overlayPath = o, path
+	}
+	svcs := Merge(cfg.Services, r.overlay)
+	if errs := ValidateServices(svcs, fieldByName(svcs)); len(errs) > 0 {
+		return nil, fmt.Errorf("the services changed through the API (%s) conflict with the config; keeping the last good state: %w",
+			r.overlayPath, errors.Join(errs...))
+	}
+	return svcs, nil
+}
+
+// Effective returns the services in effect for cfg: the config's merged with the state
+// file's, validated together.
+func Effective(cfg Config) ([]Service, error) {
+	return (&Runtime{}).services(cfg)
+}
+
+// OfflineEnv completes env for rendering without the real host (`lb render`): interfaces and
+// dsr backends' MACs that are unknown here become 00:00:00:00:00:00.
+func OfflineEnv(svcs []Service, env Env) Env {
+	zero := net.HardwareAddr{0, 0, 0, 0, 0, 0}
+	out := Env{Links: map[string]net.HardwareAddr{}, Neighbors: map[string]map[netip.Addr]net.HardwareAddr{}}
+	for k, v := range env.Links {
+		out.Links[k] = v
+	}
+	for _, s := range svcs {
+		for _, dev := range []string{s.Interface, s.backendInterface()} {
+			if dev != "" && len(out.Links[dev]) != 6 {
+				out.Links[dev] = zero
+			}
+		}
+		if s.Topology == DSR {
+			dev := s.backendInterface()
+			if out.Neighbors[dev] == nil {
+				out.Neighbors[dev] = map[netip.Addr]net.HardwareAddr{}
+			}
+			for _, b := range s.Backends {
+				if a, err := netip.ParseAddr(b.Address); err == nil {
+					mac := env.Neighbors[dev][a]
+					if len(mac) != 6 {
+						mac = zero
+					}
+					out.Neighbors[dev][a] = mac
+				}
+			}
+		}
+	}
+	return out
+}
+
+func fieldByName(svcs []Service) func(int) string {
+	return func(i int) string {
+		if svcs[i].Name != "" {
+			return fmt.Sprintf("services[%s]", svcs[i].Name)
+		}
+		return fmt.Sprintf("services[%d]", i)
+	}
+}
+
+func (r *Runtime) done(gen uint64, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lastErr, r.lastSync = err, time.Now()
+	if err == nil {
+		r.applied = max(r.applied, gen)
+	}
+	close(r.synced)
+	r.synced = make(chan struct{})
+}
+
+// waitApplied waits until a sync has applied generation gen (or failed after it).
+func (r *Runtime) waitApplied(ctx context.Context, gen uint64) error {
+	for {
+		r.mu.Lock()
+		applied, err, ch := r.applied, r.lastErr, r.synced
+		r.mu.Unlock()
+		if applied >= gen {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("saved, but not applied yet: %w (last sync: %v)", ctx.Err(), err)
+		case <-ch:
+		}
+		r.mu.Lock()
+		applied, err = r.applied, r.lastErr
+		r.mu.Unlock()
+		if applied < gen && err != nil {
+			return fmt.Errorf("saved, but the apply failed: %w", err)
+		}
+	}
+}
+
+// Run waits until ctx ends, then stops the health checks and the API.
+func (r *Runtime) Run(ctx context.Context) {
+	<-ctx.Done()
+	r.stop()
+}
+
+func (r *Runtime) stop() {
+	r.mu.Lock()
+	c, a := r.checker, r.api
+	r.checker, r.api, r.apiCfg = nil, nil, API{}
+	r.mu.Unlock()
+	if c != nil {
+		c.Stop()
+	}
+	if a != nil {
+		a.close()
+	}
+}
+
+// Remove deletes the load balancer's tables (agent exit with --cleanup-on-exit).
+func (r *Runtime) Remove(ctx context.Context) error {
+	r.stop()
+	m, err := r.NewManager()
+	if err != nil {
+		return err
+	}
+	_, err = m.Remove(ctx)
+	return err
+}
+
+// flush deletes the conntrack entries of NAT backends that just left (down or failed), where
+// the service asks for it.
+func (r *Runtime) flush(prev, cur *Desired) {
+	if prev == nil {
+		return
+	}
+	was := map[string]bool{}
+	for _, ss := range prev.Services {
+		for _, b := range ss.Backends {
+			was[HealthKey(ss.Service.Name, b.Key)] = b.Known
+		}
+	}
+	for _, ss := range cur.Services {
+		if !ss.Service.FlushConntrack || (ss.Topology != SNAT && ss.Topology != DNAT) {
+			continue
+		}
+		for _, b := range ss.Backends {
+			if was[HealthKey(ss.Service.Name, b.Key)] && !b.Known {
+				err := r.FlushConntrack(ss.VIPs, ss.Protocol, b.Addr)
+				r.Log.Info("flushed the conntrack entries of a backend that left", "service", ss.Service.Name, "backend", b.Key, "err", err)
+			}
+		}
+	}
+}
+
+func flushConntrack(vips []netip.Addr, proto string, backend netip.Addr) error {
+	p := map[string]uint8{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}[proto]
+	var filters []netlink.CustomConntrackFilter
+	for _, v := range vips {
+		if v.Is6() != backend.Is6() {
+			continue
+		}
+		f := &netlink.ConntrackFilter{}
+		if err := errors.Join(f.AddIP(netlink.ConntrackOrigDstIP, v.AsSlice()), f.AddIP(netlink.ConntrackReplySrcIP, backend.AsSlice()), f.AddProtocol(p)); err != nil {
+			return err
+		}
+		filters = append(filters, f)
+	}
+	fam := netlink.InetFamily(unix.AF_INET)
+	if backend.Is6() {
+		fam = unix.AF_INET6
+	}
+	_, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, fam, filters...)
+	return err
+}
+
+// solicit makes the kernel resolve dsr backends' MAC addresses that the neighbour table
+// lacks (one empty datagram each), and asks for a sync a second later.
+func (r *Runtime) solicit(d *Desired) {
+	var missing []netip.Addr
+	for _, ss := range d.Services {
+		for _, b := range ss.Backends {
+			if ss.Topology == DSR && ss.Skipped == "" && b.MAC == nil && b.State != StateDown {
+				missing = append(missing, b.Addr)
+			}
+		}
+	}
+	if len(missing) == 0 || time.Since(r.solicited) < time.Second {
+		return
+	}
+	r.solicited = time.Now()
+	for _, a := range missing {
+		if c, err := net.Dial("udp", netip.AddrPortFrom(a, 9).String()); err == nil { // discard
+			c.Write(nil)
+			c.Close()
+		}
+	}
+	time.AfterFunc(time.Second, r.Trigger)
+}
+
+// NATVIPs returns the VIPs of the snat and dnat services: connections to them are
+// conntrack'd and DNAT-ed, so the fastpath can offload them (node.loadBalancerIPs, for the
+// external-to-loadbalancer class).
+func NATVIPs(svcs []Service) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range svcs {
+		if t := s.topology(); t == SNAT || t == DNAT {
+			for _, v := range s.VIPs {
+				if a, err := netip.ParseAddr(v); err == nil && !slices.Contains(out, a) {
+					out = append(out, a)
+				}
+			}
+		}
+	}
+	return out
+}
+
+func interfaces(svcs []Service) []string {
+	var devs []string
+	for _, s := range svcs {
+		if s.Interface != "" {
+			devs = append(devs, s.Interface, s.backendInterface())
+		}
+	}
+	slices.Sort(devs)
+	return slices.Compact(devs)
+}
+
+// HostEnv reads this network namespace's interfaces and, on devs, the neighbour tables.
+func HostEnv(devs []string) (Env, error) {
+	env := Env{Links: map[string]net.HardwareAddr{}, Neighbors: map[string]map[netip.Addr]net.HardwareAddr{}}
+	if len(devs) == 0 {
+		return env, nil
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return env, fmt.Errorf("list links: %w", err)
+	}
+	for _, l := range links {
+		a := l.Attrs()
+		env.Links[a.Name] = a.HardwareAddr
+		if !slices.Contains(devs, a.Name) {
+			continue
+		}
+		neigh, err := netlink.NeighList(a.Index, netlink.FAMILY_ALL)
+		if err != nil {
+			return env, fmt.Errorf("list neighbours on %s: %w", a.Name, err)
+		}
+		m := map[netip.Addr]net.HardwareAddr{}
+		for _, n := range neigh {
+			ip, ok := netip.AddrFromSlice(n.IP)
+			if !ok || len(n.HardwareAddr) != 6 || n.State&(netlink.NUD_FAILED|netlink.NUD_INCOMPLETE) != 0 || n.State == netlink.NUD_NONE {
+				continue
+			}
+			m[ip.Unmap()] = n.HardwareAddr
+		}
+		env.Neighbors[a.Name] = m
+	}
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return env, fmt.Errorf("list addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.IsLinkLocalUnicast() {
+			env.Local = append(env.Local, ip.Unmap())
+		}
+	}
+	return env, nil
+}
+
+// Apply installs cfg's load balancer once (`hostaccel apply`): the config's services with
+// the state file's changes, every backend taken as healthy, in one transaction; an empty
+// section removes the load balancer's tables. It returns a line for the user.
+func Apply(ctx context.Context, cfg Config) (string, error) {
+	m, err := NewManager()
+	if err != nil {
+		return "", err
+	}
+	if !cfg.InUse() {
+		refs, err := m.Remove(ctx)
+		if err != nil || len(refs) == 0 {
+			return "", err
+		}
+		return fmt.Sprintf("removed the load balancer's tables: %v", refs), nil
+	}
+	svcs, err := Effective(cfg)
+	if err != nil {
+		return "", err
+	}
+	env, err := HostEnv(interfaces(svcs))
+	if err != nil {
+		return "", err
+	}
+	d := Resolve(svcs, nil, env)
+	var notes []string
+	for _, ss := range d.Services {
+		if ss.Skipped != "" {
+			return "", fmt.Errorf("services[%s]: %s", ss.Service.Name, ss.Skipped)
+		}
+		for _, b := range ss.Backends {
+			if !b.Known && b.State != StateDown {
+				notes = append(notes, fmt.Sprintf("services[%s] backend %s: %s", ss.Service.Name, b.Key, b.Reason))
+			}
+		}
+	}
+	res, err := m.Apply(ctx, Render(d))
+	if err != nil {
+		return "", err
+	}
+	what := "no change"
+	if res.Changed() {
+		what = fmt.Sprintf("%d operations", res.Operations)
+	}
+	msg := fmt.Sprintf("applied the load balancer (%s): %d services", what, len(svcs))
+	for _, n := range notes {
+		msg += "\n  note: " + n
+	}
+	return strings.TrimSpace(msg), nil
+}

@@ -1,0 +1,194 @@
+package lb
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Status is the load balancer as the agent sees it: every service with its backends'
+// effective and health states, and the last sync.
+type Status struct {
+	Services   []ServiceStatus `json:"services"`
+	LastSync   time.Time       `json:"lastSync,omitzero"`
+	LastError  string          `json:"lastError,omitempty"`
+	LastResult Result          `json:"lastResult"`
+	StateFile  string          `json:"stateFile,omitempty"`
+	Errors     []string        `json:"errors,omitempty"` // reading the kernel's counters
+}
+
+// ServiceStatus is one service.
+type ServiceStatus struct {
+	Name      string   `json:"name"`
+	Origin    string   `json:"origin"` // config, api
+	Topology  string   `json:"topology"`
+	Protocol  string   `json:"protocol"`
+	Scheduler string   `json:"scheduler"`
+	VIPs      []string `json:"vips"`
+	Ports     []int    `json:"ports"`
+	Skipped   string   `json:"skipped,omitempty"`
+	// Packets counted by the service's chains: new connections (snat, dnat; later packets
+	// follow conntrack) or every packet (dsr, stateless-dnat).
+	Packets  uint64          `json:"packets"`
+	Backends []BackendStatus `json:"backends"`
+	Service  Service         `json:"definition"`
+}
+
+// BackendStatus is one backend.
+type BackendStatus struct {
+	Key      string `json:"key"`
+	Address  string `json:"address"`
+	Port     int    `json:"port,omitempty"`
+	Weight   int    `json:"weight"`
+	Priority int    `json:"priority"`
+	State    string `json:"state"` // admin state
+	Active   bool   `json:"active"`
+	Known    bool   `json:"known"`
+	Reason   string `json:"reason,omitempty"`
+	ID       uint32 `json:"id,omitempty"`
+	MAC      string `json:"mac,omitempty"`
+	Health   Health `json:"health"`
+}
+
+// Comment endings of the rules whose counters measure a service.
+const (
+	whatNewConnections = "new connections"
+	whatPackets        = "packets"
+)
+
+// Status reports the current state; with counters it reads the kernel's rule counters.
+func (r *Runtime) Status(ctx context.Context, counters bool) Status {
+	r.mu.Lock()
+	st := Status{LastSync: r.lastSync, LastResult: r.result, StateFile: r.overlayPath}
+	if r.lastErr != nil {
+		st.LastError = r.lastErr.Error()
+	}
+	d, mgr, ov := r.desired, r.mgr, r.overlay
+	r.mu.Unlock()
+	if d == nil {
+		return st
+	}
+	packets := map[string]uint64{}
+	if counters && mgr != nil {
+		tables, err := mgr.Observe(ctx)
+		if err != nil {
+			st.Errors = append(st.Errors, err.Error())
+		}
+		for _, t := range tables {
+			for _, c := range t.Counters {
+				if svc, what, ok := parseComment(c.Comment); ok && (what == whatNewConnections || what == whatPackets) {
+					packets[svc] += c.Packets
+				}
+			}
+		}
+	}
+	for _, ss := range d.Services {
+		s := ServiceStatus{Name: ss.Service.Name, Origin: "config", Topology: ss.Topology, Protocol: ss.Protocol,
+			Scheduler: ss.Sched, VIPs: ss.Service.VIPs, Ports: ss.Ports, Skipped: ss.Skipped, Packets: packets[ss.Service.Name],
+			Service: ss.Service}
+		if ov.index(ss.Service.Name) >= 0 {
+			s.Origin = "api"
+		}
+		for _, b := range ss.Backends {
+			bs := BackendStatus{Key: b.Key, Address: b.Address, Port: b.Port, Weight: b.Weight, Priority: b.Priority,
+				State: b.State, Active: b.Active, Known: b.Known, Reason: b.Reason, Health: b.Health}
+			if ss.Topology == DSR || ss.Topology == StatelessDNAT {
+				bs.ID = b.ID
+			}
+			if b.MAC != nil {
+				bs.MAC = b.MAC.String()
+			}
+			s.Backends = append(s.Backends, bs)
+		}
+		st.Services = append(st.Services, s)
+	}
+	return st
+}
+
+// parseComment splits "web v4: new connections [1a2b3c4d]" into "web", "new connections".
+func parseComment(c string) (svc, what string, ok bool) {
+	head, rest, ok := strings.Cut(c, ": ")
+	if !ok {
+		return "", "", false
+	}
+	svc, fam, ok := strings.Cut(head, " ")
+	if !ok || (fam != "v4" && fam != "v6") {
+		return "", "", false
+	}
+	what, _, _ = strings.Cut(rest, " [")
+	return svc, what, true
+}
+
+// WriteStatus prints st for people.
+func WriteStatus(w io.Writer, st Status) {
+	fmt.Fprintf(w, "load balancer: %d services", len(st.Services))
+	if !st.LastSync.IsZero() {
+		fmt.Fprintf(w, ", last sync %s", st.LastSync.Format("15:04:05"))
+	}
+	fmt.Fprintln(w)
+	if st.LastError != "" {
+		fmt.Fprintf(w, "  last error: %s\n", st.LastError)
+	}
+	for _, e := range st.Errors {
+		fmt.Fprintf(w, "  error: %s\n", e)
+	}
+	for _, s := range st.Services {
+		fmt.Fprintln(w)
+		WriteService(w, s)
+	}
+}
+
+// WriteService prints one service and its backends for people.
+func WriteService(w io.Writer, s ServiceStatus) {
+	{
+		fmt.Fprintf(w, "service %s (%s): %s %s %s, %s, %d packets", s.Name, s.Origin, strings.Join(s.VIPs, ","),
+			s.Protocol, joinInts(s.Ports), s.Topology+"/"+s.Scheduler, s.Packets)
+		if s.Skipped != "" {
+			fmt.Fprintf(w, " NOT INSTALLED: %s", s.Skipped)
+		}
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "  BACKEND\tWEIGHT\tPRIO\tADMIN\tHEALTH\tIN MAPS\tCHECKED\tTRANSITIONS\tWHY")
+		for _, b := range s.Backends {
+			in := "no"
+			switch {
+			case b.Active:
+				in = "yes"
+			case b.Known:
+				in = "established only"
+			}
+			checked := "-"
+			if !b.Health.LastCheck.IsZero() {
+				checked = b.Health.LastCheck.Format("15:04:05.000")
+			}
+			why := b.Reason
+			if b.Health.LastError != "" && !strings.Contains(why, b.Health.LastError) {
+				why = strings.TrimSpace(why + " (last check: " + b.Health.LastError + ")")
+			}
+			fmt.Fprintf(tw, "  %s\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%s\n", b.Key, b.Weight, b.Priority, b.State, b.Health.State,
+				in, checked, b.Health.Transitions, why)
+		}
+		tw.Flush()
+	}
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = fmt.Sprint(n)
+	}
+	return strings.Join(s, ",")
+}
+
+// Service returns one service's status.
+func (st Status) Service(name string) (ServiceStatus, bool) {
+	i := slices.IndexFunc(st.Services, func(s ServiceStatus) bool { return s.Name == name })
+	if i < 0 {
+		return ServiceStatus{}, false
+	}
+	return st.Services[i], true
+}

@@ -1,0 +1,145 @@
+package lb
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Overlay is what the API changed, kept in the agent's state file: services added or
+// replaced through the API (a service changed through the API is kept whole, and shadows the
+// config file's service of the same name), and the names of config services deleted through
+// the API. `hostaccel lb reset NAME` drops a service's override.
+type Overlay struct {
+	Services []Service `json:"services,omitempty"`
+	Deleted  []string  `json:"deleted,omitempty"`
+}
+
+// Merge returns the services in effect: the config's, replaced or deleted by the overlay,
+// then the overlay's own.
+func Merge(base []Service, o Overlay) []Service {
+	var out []Service
+	for _, s := range base {
+		if slices.Contains(o.Deleted, s.Name) {
+			continue
+		}
+		if i := o.index(s.Name); i >= 0 {
+			s = o.Services[i]
+		}
+		out = append(out, s)
+	}
+	for _, s := range o.Services {
+		if !slices.ContainsFunc(base, func(b Service) bool { return b.Name == s.Name }) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (o *Overlay) index(name string) int {
+	return slices.IndexFunc(o.Services, func(s Service) bool { return s.Name == name })
+}
+
+// put adds or replaces a service.
+func (o *Overlay) put(s Service) {
+	o.Deleted = slices.DeleteFunc(o.Deleted, func(n string) bool { return n == s.Name })
+	if i := o.index(s.Name); i >= 0 {
+		o.Services[i] = s
+	} else {
+		o.Services = append(o.Services, s)
+	}
+}
+
+// remove deletes a service; inConfig: the config file has it, so the deletion is recorded.
+func (o *Overlay) remove(name string, inConfig bool) {
+	o.reset(name)
+	if inConfig {
+		o.Deleted = append(o.Deleted, name)
+	}
+}
+
+// reset forgets whatever the API did to a service.
+func (o *Overlay) reset(name string) {
+	o.Services = slices.DeleteFunc(o.Services, func(s Service) bool { return s.Name == name })
+	o.Deleted = slices.DeleteFunc(o.Deleted, func(n string) bool { return n == name })
+}
+
+func (o Overlay) clone() Overlay {
+	return Overlay{Services: slices.Clone(o.Services), Deleted: slices.Clone(o.Deleted)}
+}
+
+// LoadOverlay reads the state file; a missing file is an empty overlay.
+func LoadOverlay(path string) (Overlay, error) {
+	var o Overlay
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return o, nil
+	}
+	if err != nil {
+		return o, err
+	}
+	if err := yaml.UnmarshalStrict(b, &o); err != nil {
+		return o, fmt.Errorf("%s: %s", path, decodeError(err))
+	}
+	return o, nil
+}
+
+const stateHeader = "# hostaccel load balancer: services changed through the API (hostaccel lb ...).\n" +
+	"# Written by the agent; they override the config file's services of the same name.\n"
+
+// Save writes the state file atomically.
+func (o Overlay) Save(path string) error {
+	b, err := yaml.Marshal(o)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append([]byte(stateHeader), b...), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+var unknownField = regexp.MustCompile(`unknown field "([^"]+)"`)
+
+// decodeError turns a strict YAML/JSON decoding error into a short message.
+func decodeError(err error) string {
+	if m := unknownField.FindStringSubmatch(err.Error()); m != nil {
+		return fmt.Sprintf("unknown field %q", m[1])
+	}
+	msg := err.Error()
+	if i := strings.LastIndex(msg, "json: "); i >= 0 {
+		msg = msg[i+len("json: "):]
+	} else if i := strings.LastIndex(msg, "JSON: "); i >= 0 {
+		msg = msg[i+len("JSON: "):]
+	}
+	return msg
+}
+
+// DecodeService decodes one service (YAML or JSON) strictly.
+func DecodeService(b []byte) (Service, error) {
+	var s Service
+	if err := yaml.UnmarshalStrict(b, &s); err != nil {
+		return s, fmt.Errorf("service: %s", decodeError(err))
+	}
+	return s, nil
+}
+
+// DecodeBackend decodes one backend (YAML or JSON) strictly.
+func DecodeBackend(b []byte) (Backend, error) {
+	var be Backend
+	if err := yaml.UnmarshalStrict(b, &be); err != nil {
+		return be, fmt.Errorf("backend: %s", decodeError(err))
+	}
+	return be, nil
+}

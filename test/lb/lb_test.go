@@ -1,0 +1,342 @@
+package lbtest
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hostaccel/hostaccel/internal/lb"
+	"github.com/hostaccel/hostaccel/internal/nftjson"
+)
+
+// rr: an exact rotation over the three backends, for every topology and family.
+func TestRoundRobin(t *testing.T) {
+	for _, topoName := range topologies {
+		for fam := range 2 {
+			t.Run(shortTopo[topoName]+"-"+famName(fam), func(t *testing.T) {
+				got, err := requests(source(topoName, fam), target(topoName, sc("rr"), fam), 30)
+				if err != nil {
+					t.Fatal(err)
+				}
+				distinct := count(got)
+				ok := len(distinct) == 3
+				for i := range got {
+					ok = ok && got[i] == got[i%3]
+				}
+				if !ok {
+					t.Errorf("not an exact rotation over 3 backends: %v", got)
+				}
+			})
+		}
+	}
+}
+
+// weight: 3000 new connections land on backends weighted 1:2:3 within 3 percentage points of
+// 1/6, 2/6, 3/6 (numgen random: about 6 standard deviations).
+func TestWeights(t *testing.T) {
+	for _, topoName := range topologies {
+		t.Run(shortTopo[topoName], func(t *testing.T) {
+			t.Parallel()
+			for fam := range 2 {
+				const n = 3000
+				got, err := requests(source(topoName, fam), target(topoName, sc("weight"), fam), n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c := count(got)
+				for i, w := range weights {
+					share := float64(c[fmt.Sprintf("b%d", i+1)]) / n
+					if want := float64(w) / 6; math.Abs(share-want) > 0.03 {
+						t.Errorf("%s: b%d got %.3f of the connections, want %.3f +- 0.03 (%v)", famName(fam), i+1, share, want, c)
+					}
+				}
+				t.Logf("%s: %v", famName(fam), c)
+			}
+		})
+	}
+}
+
+// hash (source address) and persistence (rr + a dynamic map with a timeout): every client
+// address keeps its backend over many connections, and the clients spread over backends.
+func TestHashAndPersistence(t *testing.T) {
+	for _, name := range []string{"hash", "persist"} {
+		for _, topoName := range topologies {
+			for fam := range 2 {
+				t.Run(name+"-"+shortTopo[topoName]+"-"+famName(fam), func(t *testing.T) {
+					used := map[string]bool{}
+					for k := range nClients {
+						src := clientAddr(k, fam, topoName == lb.DSR)
+						got, err := requests(src, target(topoName, sc(name), fam), 6)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if len(count(got)) != 1 {
+							t.Errorf("client %s moved between backends: %v", src, got)
+						}
+						used[got[0]] = true
+					}
+					if len(used) < 2 {
+						t.Errorf("%d clients all on one backend: %v", nClients, used)
+					}
+				})
+			}
+		}
+	}
+}
+
+// A killed backend stops getting new connections within fall x interval (plus one sync), in
+// every topology and family, and gets them back within rise x interval after it returns.
+func TestHealthChecks(t *testing.T) {
+	s := sc("health")
+	type combo struct {
+		topo string
+		fam  int
+	}
+	var combos []combo
+	for _, topoName := range topologies {
+		for fam := range 2 {
+			combos = append(combos, combo{topoName, fam})
+		}
+	}
+	const slack = 600 * time.Millisecond // the failing check's own duration, one sync, the probes' round
+	// clean: a round of 6 new connections that all succeed, and (back) that reach b2.
+	probe := func(c combo, wantB2 bool) bool {
+		got, err := requests(source(c.topo, c.fam), target(c.topo, s, c.fam), 6)
+		if err != nil {
+			return false
+		}
+		return count(got)["b2"] > 0 == wantB2
+	}
+	measure := func(what string, wantB2 bool, budget time.Duration) {
+		start := time.Now()
+		done := map[combo]time.Duration{}
+		for len(done) < len(combos) && time.Since(start) < 10*time.Second {
+			for _, c := range combos {
+				if _, ok := done[c]; !ok && probe(c, wantB2) {
+					done[c] = time.Since(start)
+				}
+			}
+		}
+		for _, c := range combos {
+			d, ok := done[c]
+			switch {
+			case !ok:
+				t.Errorf("%s %s: b2 %s not within 10s", shortTopo[c.topo], famName(c.fam), what)
+			case d > budget:
+				t.Errorf("%s %s: b2 %s after %s, budget %s", shortTopo[c.topo], famName(c.fam), what, d.Round(time.Millisecond), budget)
+			default:
+				t.Logf("%s %s: b2 %s after %s (budget %s)", shortTopo[c.topo], famName(c.fam), what, d.Round(time.Millisecond), budget)
+			}
+		}
+	}
+	for _, c := range combos {
+		if !probe(c, true) {
+			t.Fatalf("%s %s: b2 not serving before the test", shortTopo[c.topo], famName(c.fam))
+		}
+	}
+	topo.stopBackend(1, bport(lb.SNAT, s))
+	topo.stopBackend(1, bport(lb.StatelessDNAT, s))
+	measure("left the maps", false, fall*checkInterval+slack)
+	// The API's status follows (it is recorded once the agent has read the kernel back).
+	time.Sleep(time.Second)
+	st, err := topo.status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, topoName := range topologies {
+		svc, _ := st.Service(svcName(topoName, s))
+		for _, b := range svc.Backends {
+			if b.Address == backendAddr(1, 0).String() && (b.Health.State != lb.HealthDown || b.Active || b.Health.Transitions < 1 || b.Health.LastError == "") {
+				t.Errorf("%s: b2 status while down: %+v", svc.Name, b)
+			}
+		}
+	}
+	if err := topo.startBackend(1, bport(lb.SNAT, s)); err != nil {
+		t.Fatal(err)
+	}
+	if err := topo.startBackend(1, bport(lb.StatelessDNAT, s)); err != nil {
+		t.Fatal(err)
+	}
+	measure("is back", true, rise*checkInterval+slack)
+	if t.Failed() || os.Getenv("LBDEBUG") != "" {
+		t.Logf("agent log:\n%s", topo.agentLog)
+	}
+}
+
+// A drained backend gets no new connections, and its established connections keep working.
+func TestDrain(t *testing.T) {
+	s := sc("drain")
+	for _, topoName := range topologies {
+		for fam := range 2 {
+			t.Run(shortTopo[topoName]+"-"+famName(fam), func(t *testing.T) {
+				src, dst := source(topoName, fam), target(topoName, s, fam)
+				ka, err := dialKeepAlive(topo.client, src, dst)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ka.c.Close()
+				x, err := ka.get()
+				if err != nil {
+					t.Fatal(err)
+				}
+				i := int(x[1] - '1')
+				key := backendKey(topoName, s, i, fam)
+				if out, err := topo.ha("lb", "backend", "drain", svcName(topoName, s), key); err != nil || !strings.Contains(out, "draining") {
+					t.Fatalf("drain: %v\n%s", err, out)
+				}
+				defer topo.ha("lb", "backend", "set", svcName(topoName, s), key, "--state", "up")
+				got, err := requests(src, dst, 12)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if c := count(got); c[x] > 0 || len(c) != 2 {
+					t.Errorf("new connections while %s drains: %v", x, c)
+				}
+				for range 3 {
+					if again, err := ka.get(); err != nil || again != x {
+						t.Fatalf("the established connection to drained %s: %q, %v", x, again, err)
+					}
+				}
+				if os.Getenv("LBDEBUG") != "" {
+					t.Log(topo.agentLog.String()[max(0, len(topo.agentLog.String())-3000):])
+				}
+			})
+		}
+	}
+}
+
+// DSR: the load balancer sees the requests (MAC rewrite, forward) but never the replies,
+// which go from the backends straight to the client.
+func TestDSRRepliesBypassTheLoadBalancer(t *testing.T) {
+	s := sc("rr")
+	rules := fmt.Sprintf(`table netdev lbtest {
+	chain in {
+		type filter hook ingress device "eth1" priority -500; policy accept;
+		ip daddr %[1]s tcp dport %[3]d counter comment "requests v4"
+		ip6 daddr %[2]s tcp dport %[3]d counter comment "requests v6"
+		ip saddr %[1]s tcp sport %[3]d counter comment "replies v4"
+		ip6 saddr %[2]s tcp sport %[3]d counter comment "replies v6"
+	}
+	chain out {
+		type filter hook egress device "eth1" priority -500; policy accept;
+		ip daddr %[1]s tcp dport %[3]d counter comment "forwarded v4"
+		ip6 daddr %[2]s tcp dport %[3]d counter comment "forwarded v6"
+	}
+}
+`, dsrVIP(0), dsrVIP(1), s.port)
+	f := filepath.Join(t.TempDir(), "count.nft")
+	os.WriteFile(f, []byte(rules), 0o644)
+	if out, err := topo.lb.Exec("nft", "-f", f); err != nil {
+		t.Fatal(err, out)
+	}
+	defer topo.lb.Exec("nft", "delete", "table", "netdev", "lbtest")
+	const n = 50
+	for fam := range 2 {
+		got, err := requests(source(lb.DSR, fam), target(lb.DSR, s, fam), n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(count(got)) != 3 {
+			t.Errorf("%s: %v", famName(fam), count(got))
+		}
+	}
+	out, err := topo.lb.Exec("nft", "--json", "list", "table", "netdev", "lbtest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab, err := nftjson.Parse([]byte(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := map[string]uint64{}
+	for _, ch := range tab.Chains {
+		for _, r := range ch.Rules {
+			c[r.Comment] = r.Packets
+		}
+	}
+	t.Logf("load balancer eth1 packet counters: %v", c)
+	for _, fam := range []string{"v4", "v6"} {
+		// each request: SYN, ACK, request, ACK(s), FIN, ACK: at least 4 packets
+		if c["requests "+fam] < 4*n || c["forwarded "+fam] < c["requests "+fam] {
+			t.Errorf("%s: the load balancer did not see and forward the requests: %v", fam, c)
+		}
+		if c["replies "+fam] != 0 {
+			t.Errorf("%s: %d replies passed the load balancer", fam, c["replies "+fam])
+		}
+	}
+}
+
+// stateless-dnat keeps its traffic out of the load balancer's conntrack, and the backends see
+// the client's address.
+func TestStatelessIsUntracked(t *testing.T) {
+	s := sc("rr")
+	if _, err := requests(source(lb.StatelessDNAT, 0), target(lb.StatelessDNAT, s, 0), 9); err != nil {
+		t.Fatal(err)
+	}
+	out, err := topo.lb.Exec("conntrack", "-L", "-p", "tcp")
+	if err != nil {
+		t.Fatal(err, out)
+	}
+	for _, p := range []string{fmt.Sprintf("dport=%d ", bport(lb.StatelessDNAT, s)), fmt.Sprintf("dport=%d ", vipPort(lb.StatelessDNAT, s))} {
+		if strings.Contains(out, p) {
+			t.Errorf("conntrack has stateless-dnat connections (%s):\n%s", p, out)
+		}
+	}
+}
+
+// UDP: dnat and dsr balance datagrams by flow (client address and port) with an exact
+// rotation over new flows, and a flow keeps its backend.
+func TestUDP(t *testing.T) {
+	for _, svc := range udpServices() {
+		for fam := range 2 {
+			t.Run(shortTopo[svc.Topology]+"-"+famName(fam), func(t *testing.T) {
+				dst := netip.AddrPortFrom(vip(svc.Topology, fam), uint16(svc.Port))
+				var got []string
+				err := topo.client.Do(func() error {
+					for i := range 12 {
+						c, err := net.DialUDP("udp", &net.UDPAddr{IP: source(svc.Topology, fam).AsSlice(), Port: 30000 + i}, net.UDPAddrFromAddrPort(dst))
+						if err != nil {
+							return err
+						}
+						var first string
+						for j := range 3 { // three datagrams of one flow: one backend
+							c.SetDeadline(time.Now().Add(2 * time.Second))
+							c.Write([]byte("hello"))
+							buf := make([]byte, 64)
+							n, err := c.Read(buf)
+							if err != nil {
+								c.Close()
+								return fmt.Errorf("flow %d datagram %d: %w", i, j, err)
+							}
+							if j == 0 {
+								first = string(buf[:n])
+							} else if string(buf[:n]) != first {
+								c.Close()
+								return fmt.Errorf("flow %d moved from %s to %s", i, first, buf[:n])
+							}
+						}
+						c.Close()
+						got = append(got, first)
+					}
+					return nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ok := len(count(got)) == 3
+				for i := range got {
+					ok = ok && got[i] == got[i%3]
+				}
+				if !ok {
+					t.Errorf("not an exact rotation over new flows: %v", got)
+				}
+			})
+		}
+	}
+}
