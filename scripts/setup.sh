@@ -20,7 +20,7 @@ SRC
 fi
 
 PKGS="nftables conntrack iproute2 iperf3 netperf ethtool kmod cpio busybox-static
-      qemu-system-x86 clang llvm libbpf-dev tcpdump procps"
+      qemu-system-x86 clang llvm libbpf-dev tcpdump procps wrk curl"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

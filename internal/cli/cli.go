@@ -24,6 +24,7 @@ import (
 	"github.com/hostaccel/hostaccel/internal/config"
 	"github.com/hostaccel/hostaccel/internal/datapath"
 	"github.com/hostaccel/hostaccel/internal/flowtable"
+	"github.com/hostaccel/hostaccel/internal/lb"
 	"github.com/hostaccel/hostaccel/internal/metrics"
 	"github.com/hostaccel/hostaccel/internal/probe"
 	"github.com/hostaccel/hostaccel/internal/tc"
@@ -271,6 +272,7 @@ func agentCmd(g *globals) *cobra.Command {
 			}
 			if met != nil {
 				kube.registerMetrics(met.Registry)
+				registerLBMetrics(met.Registry, a)
 				mux := http.NewServeMux()
 				mux.Handle("/metrics", met.Handler())
 				mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -314,10 +316,15 @@ func statusCmd(g *globals) *cobra.Command {
 				return err
 			}
 			st := agent.Gather(c.Context(), m, statePath)
+			lbStatus := fetchLBStatus(c.Context()) // from the running agent's local API, if any
 			if g.output == "json" {
-				return writeJSON(c.OutOrStdout(), st)
+				return writeJSON(c.OutOrStdout(), struct {
+					agent.Status
+					LB *lb.Status `json:"lb,omitempty"`
+				}{st, lbStatus})
 			}
 			writeStatus(c.OutOrStdout(), st)
+			writeLBStatus(c.Context(), c.OutOrStdout())
 			return nil
 		},
 	}

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -99,5 +100,23 @@ func TestExamplesValid(t *testing.T) {
 	}
 	if _, err := os.Stat("../../examples/antrea-node.yaml"); err != nil {
 		t.Error(err)
+	}
+}
+
+// The load balancer's NAT VIPs join the external-to-loadbalancer set, once.
+func TestLoadBalancerVIPsAccelerated(t *testing.T) {
+	c, err := Parse([]byte(strings.Replace(good, "  gateways:", "  loadBalancerIPs: [192.0.2.0/28]\n  gateways:", 1) + `loadBalancer:
+  services:
+  - {name: web, vips: [192.0.2.5, 198.51.100.7], port: 80, topology: dnat, backends: [{address: 10.244.2.10}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _, err := c.State([]Link{{"gw", true, false}, {"eth0", true, false}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(s.LoadBalancerIPs) != "[192.0.2.0/28 198.51.100.7/32]" {
+		t.Errorf("loadBalancerIPs: %v", s.LoadBalancerIPs)
 	}
 }

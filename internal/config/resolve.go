@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/hostaccel/hostaccel/internal/lb"
 	"github.com/hostaccel/hostaccel/internal/model"
 )
 
@@ -62,6 +63,13 @@ func (c *Config) State(links []Link, strict bool) (model.State, []string, error)
 		}
 	} else {
 		s.Transports = keep("node.transports", c.Node.Transports.Names)
+	}
+	// Connections to the load balancer's NAT VIPs are conntrack'd and DNAT-ed: the
+	// external-to-loadbalancer class offloads them after the balancing decision.
+	for _, v := range lb.NATVIPs(c.LoadBalancer.Services) {
+		if !slices.ContainsFunc(s.LoadBalancerIPs, func(p netip.Prefix) bool { return p.Contains(v) }) {
+			s.LoadBalancerIPs = append(s.LoadBalancerIPs, netip.PrefixFrom(v, v.BitLen()))
+		}
 	}
 	for name, on := range c.Classes {
 		if on {

@@ -16,7 +16,7 @@ get() { ns cl curl -s --max-time 2 "http://$1/" || echo "(failed)"; }
 cleanup() {
 	[ -n "${AGENT:-}" ] && kill "$AGENT" 2>/dev/null && wait "$AGENT" 2>/dev/null
 	for n in cl lb b1 b2 b3; do ip netns pids "$P-$n" 2>/dev/null | xargs -r kill 2>/dev/null || true; ip netns del "$P-$n" 2>/dev/null || true; done
-	rm -rf /tmp/halb-www /run/hostaccel/lb-demo-services.yaml
+	rm -rf /tmp/halb-www /tmp/halb-agent.log /run/hostaccel/lb-demo-services.yaml /run/hostaccel/lb-demo-agent.json
 }
 trap cleanup EXIT
 cleanup
