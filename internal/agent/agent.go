@@ -366,27 +366,9 @@ func (a *Agent) watchSignals(ctx context.Context) {
 	}
 }
 
-// watchFile polls the config file: simple, and it survives editors that replace the file.
+// watchFile polls the config file (config.Watch).
 func (a *Agent) watchFile(ctx context.Context) {
-	var lastMod time.Time
-	var lastSize int64
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		fi, err := os.Stat(a.opts.ConfigPath)
-		if err != nil {
-			continue
-		}
-		if !lastMod.IsZero() && (fi.ModTime() != lastMod || fi.Size() != lastSize) {
-			a.Trigger()
-		}
-		lastMod, lastSize = fi.ModTime(), fi.Size()
-	}
+	config.Watch(ctx, a.opts.ConfigPath, time.Second, a.Trigger)
 }
 
 // watchSource triggers a sync whenever the config source says something changed.

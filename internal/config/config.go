@@ -92,23 +92,8 @@ type Agent struct {
 	MinSyncInterval Duration `json:"minSyncInterval"`
 }
 
-// Duration is a time.Duration written as "30s".
-type Duration struct{ time.Duration }
-
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("want a duration such as \"30s\"")
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return err
-	}
-	d.Duration = v
-	return nil
-}
-
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+// Duration is a time.Duration written as "30s" (one type for the whole file).
+type Duration = lb.Duration
 
 // Load reads and validates a config file.
 func Load(path string) (*Config, error) {

@@ -460,26 +460,10 @@ func (s *Source) localSubnets(snap Snapshot) []netip.Prefix {
 // watchBase polls the base config file (a ConfigMap volume is updated by swapping a symlink,
 // which polling sees and inotify on the file does not).
 func (s *Source) watchBase(ctx context.Context) {
-	var lastMod time.Time
-	var lastSize int64 = -1
-	t := time.NewTicker(s.opts.FilePollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		fi, err := os.Stat(s.opts.BaseConfigPath)
-		if err != nil {
-			continue
-		}
-		if lastSize >= 0 && (fi.ModTime() != lastMod || fi.Size() != lastSize) {
-			s.log.Info("base config changed", "path", s.opts.BaseConfigPath)
-			s.markDirty()
-		}
-		lastMod, lastSize = fi.ModTime(), fi.Size()
-	}
+	config.Watch(ctx, s.opts.BaseConfigPath, s.opts.FilePollInterval, func() {
+		s.log.Info("base config changed", "path", s.opts.BaseConfigPath)
+		s.markDirty()
+	})
 }
 
 // runProbe asks the API server for this Node every ProbeInterval, and at once after a watch
