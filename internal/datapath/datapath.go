@@ -76,10 +76,14 @@ func Choose(s model.State, caps probe.Result) (Plan, error) {
 		return Plan{TC: &s}, nil
 	case model.DatapathAuto:
 		// tc wins for the classes it serves (stateless: best for short connections, seed
-		// 000's TCP_CRR); the flowtable takes the rest, which need the host's NAT.
+		// 000's TCP_CRR); the flowtable takes the rest, which need the host's NAT. But when
+		// this node DNATs Pod traffic itself (pod-to-service), a backend Pod's reply looks
+		// like pod-to-pod to the stateless program and would skip the un-DNAT: then
+		// pod-to-pod stays on the (stateful) flowtable too.
+		useTC := tcAvailable(caps) && !s.Enabled(model.PodToService)
 		var viaTC, rest []model.Class
 		for _, c := range s.Classes {
-			if tcAvailable(caps) && slices.Contains(tc.Supported, c) {
+			if useTC && slices.Contains(tc.Supported, c) {
 				viaTC = append(viaTC, c)
 			} else {
 				rest = append(rest, c)

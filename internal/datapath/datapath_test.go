@@ -24,23 +24,32 @@ var (
 	full     = kernel(probe.All...)
 	noFT     = kernel(probe.NFTables, probe.TCX, probe.ClsBPF, probe.RedirectNeigh) // this host
 	noEBPF   = kernel(probe.NFTables, probe.Flowtable, probe.FlowtableCounter)
-	allClass = []model.Class{model.PodToService, model.PodToPod, model.NodeToRemotePod, model.ExternalToNodePort}
+	allClass = []model.Class{model.PodToPod, model.NodeToRemotePod, model.ExternalToNodePort}
 )
 
 func TestChooseAuto(t *testing.T) {
 	s := model.State{Datapath: model.DatapathAuto, Classes: allClass}
 	p, err := Choose(s, full)
-	if err != nil || p.Summary() != "tc: [pod-to-pod node-to-remote-pod]; flowtable: [pod-to-service external-to-nodeport]" {
+	if err != nil || p.Summary() != "tc: [pod-to-pod node-to-remote-pod]; flowtable: [external-to-nodeport]" {
 		t.Errorf("full kernel: %s %v", p.Summary(), err)
 	}
 	p, err = Choose(s, noEBPF)
-	if err != nil || p.TC != nil || len(p.Flowtable.Classes) != 4 {
+	if err != nil || p.TC != nil || len(p.Flowtable.Classes) != 3 {
 		t.Errorf("no eBPF: %s %v", p.Summary(), err)
 	}
 	// Without the flowtable, auto still runs tc for what it can, and says what it cannot.
 	p, err = Choose(s, noFT)
 	if !errors.Is(err, ErrNoFlowtable) || p.Flowtable != nil || p.Summary() != "tc: [pod-to-pod node-to-remote-pod]" {
 		t.Errorf("no flowtable: %s %v", p.Summary(), err)
+	}
+}
+
+// This node DNATs Pod traffic (pod-to-service): a backend Pod's reply would look like
+// pod-to-pod to the stateless tc program and skip the un-DNAT, so auto keeps it stateful.
+func TestChooseAutoWithPodNAT(t *testing.T) {
+	s := model.State{Datapath: model.DatapathAuto, Classes: append([]model.Class{model.PodToService}, allClass...)}
+	if p, err := Choose(s, full); err != nil || p.TC != nil || len(p.Flowtable.Classes) != 4 {
+		t.Errorf("pod-to-service on: %s %v", p.Summary(), err)
 	}
 }
 
