@@ -25,6 +25,9 @@ const (
 	legendH        = 24
 )
 
+// shortTraffic labels the groups (the full names do not fit under the bars).
+var shortTraffic = map[Traffic]string{PodToPod: "pod-pod", PodToService: "pod-svc", ExternalToNodePort: "ext-nodeport", DirectLink: "no hop"}
+
 var palette = []color.RGBA{
 	{0x4c, 0x4c, 0x4c, 0xff}, // default: grey
 	{0x1f, 0x77, 0xb4, 0xff},
@@ -76,7 +79,7 @@ func (rep *Report) Chart() ([]byte, error) {
 		for _, test := range Tests {
 			p := panel{title: test + " vs Default", line: 1, ylabel: "x Default"}
 			for _, t := range append(slices.Clone(Traffics), DirectLink) {
-				g := group{label: t.Title()}
+				g := group{label: shortTraffic[t]}
 				baseT := t
 				if t == DirectLink {
 					baseT = PodToPod
@@ -84,6 +87,11 @@ func (rep *Report) Chart() ([]byte, error) {
 				def := r.Cell(VariantDefault, baseT, test)
 				for _, v := range ran(r) {
 					c := r.Cell(v.Name, t, test)
+					if c != nil && c.Stats.N == 0 && c.Errors > 0 {
+						// The variant broke this path: a red cross on the axis.
+						g.bars = append(g.bars, bar{label: v.Name, value: -1, color: colors[v.Name]})
+						continue
+					}
 					if c == nil || c.Stats.N == 0 || def == nil || def.Stats.N == 0 {
 						continue
 					}
@@ -124,7 +132,7 @@ func (rep *Report) Chart() ([]byte, error) {
 	H := headerH + legendH + len(rows)*(panelH+20) + 10
 	img := image.NewRGBA(image.Rect(0, 0, W, H))
 	draw.Draw(img, img.Bounds(), image.White, image.Point{}, draw.Src)
-	text(img, 10, 18, "hostaccel bench "+rep.Started.Format("2006-01-02")+": medians, whiskers min..max", color.Black)
+	text(img, 10, 18, "hostaccel bench "+rep.Started.Format("2006-01-02")+": medians, whiskers min..max; red x: the variant broke that path", color.Black)
 	x := 10
 	for _, name := range legend {
 		fill(img, image.Rect(x, headerH-8, x+12, headerH+4), colors[name])
@@ -186,6 +194,14 @@ func drawPanel(img *image.RGBA, r image.Rectangle, p panel) {
 		start := gx + (gw-bw*len(g.bars))/2
 		for bi, b := range g.bars {
 			x0 := start + bi*bw
+			if b.value < 0 {
+				red := color.RGBA{0xd6, 0x27, 0x28, 0xff}
+				for d := -4; d <= 4; d++ {
+					img.Set(x0+bw/2+d, plot.Max.Y-6+d, red)
+					img.Set(x0+bw/2+d, plot.Max.Y-6-d, red)
+				}
+				continue
+			}
 			fill(img, image.Rect(x0+1, yOf(b.value), x0+bw-1, plot.Max.Y), b.color)
 			cx := x0 + bw/2
 			vline(img, cx, yOf(b.hi), yOf(b.lo), color.Black)

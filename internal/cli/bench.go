@@ -23,6 +23,7 @@ func benchCmd(g *globals) *cobra.Command {
 	var (
 		variants, tests, traffic []string
 		out, env, jsonOut        string
+		renderFrom               string
 	)
 	c := &cobra.Command{
 		Use:   "bench",
@@ -51,6 +52,9 @@ failure or Ctrl-C.`,
 			o.Command = "hostaccel " + strings.Join(os.Args[1:], " ")
 			if err := o.Validate(); err != nil {
 				return err
+			}
+			if renderFrom != "" {
+				return rerender(renderFrom, out)
 			}
 			if os.Geteuid() != 0 {
 				return fmt.Errorf("bench needs root (network namespaces, nftables, pktgen)")
@@ -113,6 +117,7 @@ failure or Ctrl-C.`,
 	f.DurationVar(&o.VMTimeout, "vm-timeout", 0, "give up on the VM after this long (default: estimated from the plan)")
 	f.StringVar(&out, "out", ".", "directory for the report (<date>-<commit>.md, .json, .png)")
 	addOutput(c, g)
+	f.StringVar(&renderFrom, "render", "", "write the report again from its JSON (no measuring)")
 	f.BoolVar(&o.Here, "here", false, "measure in this kernel only and print the run as JSON (what the VM runs)")
 	f.StringVar(&env, "env", "host", "label of a --here run")
 	f.StringVar(&jsonOut, "json-out", "-", "where a --here run writes its JSON")
@@ -144,6 +149,23 @@ func benchHere(ctx context.Context, o bench.Options, env, jsonOut string, prog *
 		}
 	}
 	return joinErr(err, os.WriteFile(jsonOut, js, 0o644))
+}
+
+// rerender writes a report's Markdown and PNG again from its JSON, into out.
+func rerender(path, out string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(data, &rep); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	paths, err := rep.Write(out)
+	for _, p := range paths {
+		fmt.Fprintln(os.Stderr, "wrote", p)
+	}
+	return err
 }
 
 func joinErr(a, b error) error {
