@@ -383,22 +383,29 @@ func writeStatus(out io.Writer, st agent.Status) {
 	if t := st.TC; t != nil {
 		fmt.Fprintf(out, "\ntc datapath: %s, program %d, devices:", t.Mode, t.ProgramID)
 		for _, d := range t.Devices {
-			fmt.Fprintf(out, " %s(%s)", d.Name, d.Role)
+			peer := ""
+			if d.Peer {
+				peer = ",peer"
+			}
+			fmt.Fprintf(out, " %s(%s%s)", d.Name, d.Role, peer)
 		}
-		fmt.Fprintln(out, "\n  redirected past the host stack:")
+		fmt.Fprintf(out, "\n  NAT check (conntrack): %s\n", t.NATCheck)
+		fmt.Fprintln(out, "  redirected past the host stack:")
 		tw := tabwriter.NewWriter(out, 2, 8, 2, ' ', 0)
 		fmt.Fprintln(tw, "  CLASS\tFAMILY\tPACKETS\tBYTES")
 		for _, c := range t.Classes {
 			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\n", c.Class, c.Family, c.Packets, c.Bytes)
 		}
 		tw.Flush()
-		fmt.Fprint(out, "  handed to the stack:")
-		for _, k := range slices.Sorted(maps.Keys(t.Passed)) {
-			if k != tc.RoutedForwardOff {
-				fmt.Fprintf(out, " %s=%d", k, t.Passed[k].Packets)
-			}
+		fmt.Fprint(out, "  of those, sent by:")
+		for _, k := range slices.Sorted(maps.Keys(t.Via)) {
+			fmt.Fprintf(out, " %s=%d", k, t.Via[k].Packets)
 		}
-		fmt.Fprintf(out, "\n  redirected by the route fallback (the node's forwarding is off): %d\n", t.Passed[tc.RoutedForwardOff].Packets)
+		fmt.Fprint(out, "\n  handed to the stack:")
+		for _, k := range slices.Sorted(maps.Keys(t.Passed)) {
+			fmt.Fprintf(out, " %s=%d", k, t.Passed[k].Packets)
+		}
+		fmt.Fprintln(out)
 	}
 	fmt.Fprintf(out, "\noffloaded connections (conntrack [OFFLOAD]): %d\n", len(st.Offloaded))
 	for _, f := range st.Offloaded {

@@ -75,6 +75,8 @@ var (
 		"Bytes the tc datapath redirected past the host stack.", []string{"class", "family"}, nil)
 	tcPassed = prometheus.NewDesc("hostaccel_tc_passed_packets_total",
 		"Packets the tc datapath handed to the normal stack, by reason.", []string{"reason"}, nil)
+	tcVia = prometheus.NewDesc("hostaccel_tc_redirected_via_packets_total",
+		"Packets the tc datapath redirected another way than to the FIB's next hop as it is: peer (into a Pod's namespace), neigh (next hop resolved by the neighbour code), forwarding-off (the agent's route).", []string{"via"}, nil)
 )
 
 // key names one exported counter series.
@@ -93,7 +95,7 @@ type kernelCollector struct {
 }
 
 func (c *kernelCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{classPackets, classBytes, offloaded, installed, tcPackets, tcBytes, tcPassed} {
+	for _, d := range []*prometheus.Desc{classPackets, classBytes, offloaded, installed, tcPackets, tcBytes, tcPassed, tcVia} {
 		ch <- d
 	}
 }
@@ -127,6 +129,9 @@ func (c *kernelCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for reason, n := range t.Passed {
 			c.counter(ch, tcPassed, n.Packets, reason)
+		}
+		for via, n := range t.Via {
+			c.counter(ch, tcVia, n.Packets, via)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(offloaded, prometheus.GaugeValue, float64(len(st.Offloaded)))

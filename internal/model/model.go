@@ -28,6 +28,25 @@ var Classes = []Class{PodToService, ExternalToNodePort, ExternalToLoadBalancer, 
 // TCClasses are the classes the stateless tc datapath can serve: no NAT involved.
 var TCClasses = []Class{PodToPod, NodeToRemotePod}
 
+// NATCheck says where the tc datapath asks conntrack whether this node's stack NATs a flow
+// (such flows stay on the stack, which un-NATs them).
+type NATCheck string
+
+const (
+	// NATCheckBoth looks up packets in both directions: replies toward local Pods of their
+	// DNAT-ed connections (a ClusterIP in the host stack), and replies from local Pods to
+	// peers whose connections this node DNAT-ed (NodePort without SNAT, hostPort). Default.
+	NATCheckBoth NATCheck = "both"
+	// NATCheckTowardPods looks up only packets for local Pods (the ClusterIP case).
+	NATCheckTowardPods NATCheck = "toward-pods"
+	// NATCheckOff never looks up: for nodes whose host stack NATs no Pod traffic (Services
+	// translated before it, as in Antrea's OVS pipeline).
+	NATCheckOff NATCheck = "off"
+)
+
+// NATChecks lists the NATCheck values.
+var NATChecks = []NATCheck{NATCheckBoth, NATCheckTowardPods, NATCheckOff}
+
 // Datapath names.
 const (
 	DatapathFlowtable = "flowtable"
@@ -54,8 +73,9 @@ type State struct {
 	LoadBalancerIPs []netip.Prefix
 	Exclude         []netip.Prefix
 
-	Classes         []Class // enabled classes, in the order of Classes
-	PacketThreshold int     // offload only once a connection has carried more packets than this (0: at once)
+	Classes         []Class  // enabled classes, in the order of Classes
+	PacketThreshold int      // offload only once a connection has carried more packets than this (0: at once)
+	TCNATCheck      NATCheck // where the tc datapath checks conntrack for NAT ("": NATCheckBoth)
 }
 
 // Devices returns the gateways and transports, sorted and without duplicates.

@@ -29,11 +29,12 @@ const (
 	TCX              = "tcx"
 	RedirectNeigh    = "bpf_redirect_neigh"
 	RedirectPeer     = "bpf_redirect_peer"
+	ConntrackKfuncs  = "bpf_skb_ct_lookup"
 	SockMap          = "sockmap"
 )
 
 // All lists every feature Run probes, in its order.
-var All = []string{NFTables, Flowtable, FlowtableCounter, NetdevFwd, Conntrack, ClsBPF, ClsFlower, TCX, RedirectNeigh, RedirectPeer, SockMap}
+var All = []string{NFTables, Flowtable, FlowtableCounter, NetdevFwd, Conntrack, ClsBPF, ClsFlower, TCX, RedirectNeigh, RedirectPeer, ConntrackKfuncs, SockMap}
 
 // Feature is the outcome of one probe.
 type Feature struct {

@@ -13,6 +13,12 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type fastpathAddr struct {
+	_      structs.HostLayout
+	Flags  uint32
+	Egress uint32
+}
+
 type fastpathCounter struct {
 	_       structs.HostLayout
 	Packets uint64
@@ -38,28 +44,23 @@ type fastpathLpm6 struct {
 }
 
 type fastpathSettings struct {
-	_       structs.HostLayout
-	Classes uint32
-	Pad     uint32
-	Build   uint64
+	_        structs.HostLayout
+	Classes  uint32
+	NatCheck uint32
+	Build    uint64
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	fastpathMapConfig       = "config"
-	fastpathMapExclude4     = "exclude4"
-	fastpathMapExclude6     = "exclude6"
-	fastpathMapIfaces       = "ifaces"
-	fastpathMapLocalPod4    = "local_pod4"
-	fastpathMapLocalPod6    = "local_pod6"
-	fastpathMapPeerNode4    = "peer_node4"
-	fastpathMapPeerNode6    = "peer_node6"
-	fastpathMapPeerPod4     = "peer_pod4"
-	fastpathMapPeerPod6     = "peer_pod6"
-	fastpathMapStats        = "stats"
-	fastpathProgHostaccelFp = "hostaccel_fp"
+	fastpathMapAddrs4          = "addrs4"
+	fastpathMapAddrs6          = "addrs6"
+	fastpathMapConfig          = "config"
+	fastpathMapIfaces          = "ifaces"
+	fastpathMapStats           = "stats"
+	fastpathProgHostaccelFp    = "hostaccel_fp"
+	fastpathVarConntrackKfuncs = "conntrack_kfuncs"
 )
 
 // loadFastpath returns the embedded CollectionSpec for fastpath.
@@ -111,23 +112,18 @@ type fastpathProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fastpathMapSpecs struct {
-	Config    *ebpf.MapSpec `ebpf:"config"`
-	Exclude4  *ebpf.MapSpec `ebpf:"exclude4"`
-	Exclude6  *ebpf.MapSpec `ebpf:"exclude6"`
-	Ifaces    *ebpf.MapSpec `ebpf:"ifaces"`
-	LocalPod4 *ebpf.MapSpec `ebpf:"local_pod4"`
-	LocalPod6 *ebpf.MapSpec `ebpf:"local_pod6"`
-	PeerNode4 *ebpf.MapSpec `ebpf:"peer_node4"`
-	PeerNode6 *ebpf.MapSpec `ebpf:"peer_node6"`
-	PeerPod4  *ebpf.MapSpec `ebpf:"peer_pod4"`
-	PeerPod6  *ebpf.MapSpec `ebpf:"peer_pod6"`
-	Stats     *ebpf.MapSpec `ebpf:"stats"`
+	Addrs4 *ebpf.MapSpec `ebpf:"addrs4"`
+	Addrs6 *ebpf.MapSpec `ebpf:"addrs6"`
+	Config *ebpf.MapSpec `ebpf:"config"`
+	Ifaces *ebpf.MapSpec `ebpf:"ifaces"`
+	Stats  *ebpf.MapSpec `ebpf:"stats"`
 }
 
 // fastpathVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fastpathVariableSpecs struct {
+	ConntrackKfuncs *ebpf.VariableSpec `ebpf:"conntrack_kfuncs"`
 }
 
 // fastpathObjects contains all objects after they have been loaded into the kernel.
@@ -150,31 +146,19 @@ func (o *fastpathObjects) Close() error {
 //
 // It can be passed to loadFastpathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fastpathMaps struct {
-	Config    *ebpf.Map `ebpf:"config"`
-	Exclude4  *ebpf.Map `ebpf:"exclude4"`
-	Exclude6  *ebpf.Map `ebpf:"exclude6"`
-	Ifaces    *ebpf.Map `ebpf:"ifaces"`
-	LocalPod4 *ebpf.Map `ebpf:"local_pod4"`
-	LocalPod6 *ebpf.Map `ebpf:"local_pod6"`
-	PeerNode4 *ebpf.Map `ebpf:"peer_node4"`
-	PeerNode6 *ebpf.Map `ebpf:"peer_node6"`
-	PeerPod4  *ebpf.Map `ebpf:"peer_pod4"`
-	PeerPod6  *ebpf.Map `ebpf:"peer_pod6"`
-	Stats     *ebpf.Map `ebpf:"stats"`
+	Addrs4 *ebpf.Map `ebpf:"addrs4"`
+	Addrs6 *ebpf.Map `ebpf:"addrs6"`
+	Config *ebpf.Map `ebpf:"config"`
+	Ifaces *ebpf.Map `ebpf:"ifaces"`
+	Stats  *ebpf.Map `ebpf:"stats"`
 }
 
 func (m *fastpathMaps) Close() error {
 	return _FastpathClose(
+		m.Addrs4,
+		m.Addrs6,
 		m.Config,
-		m.Exclude4,
-		m.Exclude6,
 		m.Ifaces,
-		m.LocalPod4,
-		m.LocalPod6,
-		m.PeerNode4,
-		m.PeerNode6,
-		m.PeerPod4,
-		m.PeerPod6,
 		m.Stats,
 	)
 }
@@ -183,6 +167,7 @@ func (m *fastpathMaps) Close() error {
 //
 // It can be passed to loadFastpathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fastpathVariables struct {
+	ConntrackKfuncs *ebpf.Variable `ebpf:"conntrack_kfuncs"`
 }
 
 // fastpathPrograms contains all programs after they have been loaded into the kernel.

@@ -1,68 +1,98 @@
 package tc
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"net/netip"
 	"slices"
 )
 
-// flagOwnClsact in an ifaces value: hostaccel created the device's clsact qdisc, so Remove
-// deletes it once nothing else is on it.
-const flagOwnClsact = 1
+// The program's flag bits (enums in bpf/fastpath.c).
+const (
+	// ifaces flags
+	flagOwnClsact = 1 << 0 // agent bookkeeping: hostaccel created the device's clsact qdisc
+	flagPeer      = 1 << 1 // a veth whose peer is in another netns: bpf_redirect_peer
 
-// prefixSets are the program's address sets; each is one LPM trie per family, named
-// set+"4" / set+"6". The class sets carry the agent's route as value.
-var prefixSets = []struct {
-	name   string
-	get    func(*Desired) []netip.Prefix
-	routed bool
+	// addrs flags: the roles of an address
+	addrLocalPod = 1 << 0
+	addrPeerPod  = 1 << 1
+	addrPeerNode = 1 << 2
+	addrExclude  = 1 << 3
+
+	// settings.nat_check
+	natCheckTowardPods = 1 << 0
+	natCheckFromPods   = 1 << 1
+)
+
+// addrRoles names the addrs flags (render output and errors).
+var addrRoles = []struct {
+	flag uint32
+	name string
+	get  func(*Desired) []netip.Prefix
 }{
-	{"local_pod", func(d *Desired) []netip.Prefix { return d.LocalPod }, true},
-	{"peer_pod", func(d *Desired) []netip.Prefix { return d.PeerPod }, true},
-	{"peer_node", func(d *Desired) []netip.Prefix { return d.PeerNode }, true},
-	{"exclude", func(d *Desired) []netip.Prefix { return d.Exclude }, false},
-}
-
-// mapName is the trie of set for p's family.
-func mapName(set string, p netip.Prefix) string {
-	if p.Addr().Is4() {
-		return set + "4"
-	}
-	return set + "6"
+	{addrLocalPod, "local-pod", func(d *Desired) []netip.Prefix { return d.LocalPod }},
+	{addrPeerPod, "peer-pod", func(d *Desired) []netip.Prefix { return d.PeerPod }},
+	{addrPeerNode, "peer-node", func(d *Desired) []netip.Prefix { return d.PeerNode }},
+	{addrExclude, "exclude", func(d *Desired) []netip.Prefix { return d.Exclude }},
 }
 
 // contents is what the program's maps hold, or should hold.
 type contents struct {
 	ifaces   map[uint32]fastpathIface
-	prefixes map[string]map[netip.Prefix]uint32 // trie name -> prefix -> egress ifindex (0: none)
-	classes  uint32
+	addrs    map[netip.Prefix]fastpathAddr // both families: addrs4 and addrs6
+	settings fastpathSettings              // without Build
 }
 
-// route is a route of the main table, reduced to what the program's fallback needs.
-type route struct {
-	dst     netip.Prefix
-	ifindex uint32 // 0: not a unicast route through a single device
-}
-
-// egress returns the device of the most specific route that covers all of p (0: none).
-// The program uses it only where the kernel's FIB helper refuses to route because
-// forwarding is disabled; bpf_redirect_neigh then finds the next hop on that device.
-func egress(p netip.Prefix, routes []route) uint32 {
-	best, bits := uint32(0), -1
-	for _, r := range routes {
-		if r.dst.Addr().Is4() == p.Addr().Is4() && r.dst.Bits() <= p.Bits() && r.dst.Contains(p.Addr()) && r.dst.Bits() > bits {
-			best, bits = r.ifindex, r.dst.Bits()
+// flatten gives every prefix of d the roles of all the prefixes that contain it, so that the
+// program's one longest-prefix lookup per address answers every role (an excluded /32 inside
+// a local Pod CIDR is both). Prefixes are nested or disjoint: after sorting by address, then
+// length, a stack of the open prefixes holds exactly the ones containing the next. O(n log n).
+func flatten(d *Desired) map[netip.Prefix]uint32 {
+	own := map[netip.Prefix]uint32{}
+	for _, r := range addrRoles {
+		for _, p := range r.get(d) {
+			own[p] |= r.flag
 		}
 	}
-	return best
+	ps := make([]netip.Prefix, 0, len(own))
+	for p := range own {
+		ps = append(ps, p)
+	}
+	slices.SortFunc(ps, func(a, b netip.Prefix) int {
+		return cmp.Or(cmp.Compare(a.Addr().BitLen(), b.Addr().BitLen()), a.Addr().Compare(b.Addr()), a.Bits()-b.Bits())
+	})
+	out := make(map[netip.Prefix]uint32, len(ps))
+	var open []netip.Prefix
+	for _, p := range ps {
+		for len(open) > 0 && !contains(open[len(open)-1], p) {
+			open = open[:len(open)-1]
+		}
+		f := own[p]
+		if len(open) > 0 {
+			f |= out[open[len(open)-1]]
+		}
+		out[p] = f
+		open = append(open, p)
+	}
+	return out
+}
+
+// contains reports whether prefix a contains all of prefix b.
+func contains(a, b netip.Prefix) bool {
+	return a.Addr().BitLen() == b.Addr().BitLen() && a.Bits() <= b.Bits() && a.Contains(b.Addr())
 }
 
 // want computes the maps' contents for d, given the devices present (name -> ifindex), the
-// main table's routes and the flags to keep per ifindex. Devices of d that are not present
+// main table's routes, the flags to keep per ifindex (agent bookkeeping) and the devices that
+// are veths with their peer in another network namespace. Devices of d that are not present
 // are returned as missing, sorted.
-func want(d *Desired, links map[string]uint32, routes []route, flags map[uint32]uint32) (contents, []string) {
-	c := contents{ifaces: map[uint32]fastpathIface{}, prefixes: map[string]map[netip.Prefix]uint32{}, classes: classBits(d.Classes)}
+func want(d *Desired, links map[string]uint32, routes []route, keep map[uint32]uint32, peers map[uint32]bool) (contents, []string) {
+	c := contents{
+		ifaces:   map[uint32]fastpathIface{},
+		addrs:    map[netip.Prefix]fastpathAddr{},
+		settings: fastpathSettings{Classes: classBits(d.Classes), NatCheck: natCheckBits(d.NATCheck)},
+	}
 	var missing []string
 	for name, role := range d.Devices {
 		idx, ok := links[name]
@@ -70,23 +100,21 @@ func want(d *Desired, links map[string]uint32, routes []route, flags map[uint32]
 			missing = append(missing, name)
 			continue
 		}
-		c.ifaces[idx] = fastpathIface{Role: uint32(role), Flags: flags[idx]}
+		f := keep[idx] & flagOwnClsact
+		if peers[idx] {
+			f |= flagPeer
+		}
+		c.ifaces[idx] = fastpathIface{Role: uint32(role), Flags: f}
 	}
 	slices.Sort(missing)
-	for _, s := range prefixSets {
-		for _, fam := range []string{"4", "6"} {
-			c.prefixes[s.name+fam] = map[netip.Prefix]uint32{}
-		}
-		for _, p := range s.get(d) {
-			var e uint32
-			if s.routed {
-				e = egress(p, routes)
-				if _, ours := c.ifaces[e]; !ours {
-					e = 0
-				}
+	for p, f := range flatten(d) {
+		var e uint32
+		if f&(addrLocalPod|addrPeerPod|addrPeerNode) != 0 {
+			if e = egress(p, routes); c.ifaces[e] == (fastpathIface{}) {
+				e = 0 // not one of our devices
 			}
-			c.prefixes[mapName(s.name, p)][p] = e
 		}
+		c.addrs[p] = fastpathAddr{Flags: f, Egress: e}
 	}
 	return c, missing
 }
@@ -116,9 +144,19 @@ func lpmKey(p netip.Prefix) any {
 	return fastpathLpm6{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As16()}
 }
 
-// build identifies the embedded object: a program set loaded from another build (an older
-// hostaccel) is replaced rather than reused, since its maps may differ.
-var build = func() uint64 {
+// objectHash identifies the embedded object: a program set loaded from another build (an
+// older hostaccel) is replaced rather than reused, since its maps may differ.
+var objectHash = func() uint64 {
 	h := sha256.Sum256(_FastpathBytes)
 	return binary.LittleEndian.Uint64(h[:8])
 }()
+
+// buildID is what a program set's config map records: the object, and whether the kernel had
+// the conntrack kfuncs when it was loaded (they are linked at load time, so a set loaded
+// before nf_conntrack is replaced once it is there).
+func buildID(withConntrack bool) uint64 {
+	if withConntrack {
+		return objectHash | 1
+	}
+	return objectHash &^ 1
+}

@@ -53,30 +53,58 @@ func TestWant(t *testing.T) {
 		{netip.MustParsePrefix("fd00:10:244:2::/64"), 7},
 		{netip.MustParsePrefix("fd00:172:18::/64"), 7},
 	}
-	c, missing := want(d, links, routes, map[uint32]uint32{7: flagOwnClsact, 42: flagOwnClsact})
+	c, missing := want(d, links, routes, map[uint32]uint32{7: flagOwnClsact, 42: flagOwnClsact}, map[uint32]bool{5: true})
 	if !slices.Equal(missing, []string{"eth1"}) {
 		t.Errorf("missing = %v, want [eth1]", missing)
 	}
-	wantIfaces := map[uint32]fastpathIface{5: {Role: uint32(RoleGateway)}, 7: {Role: uint32(RoleTransport), Flags: flagOwnClsact}}
+	wantIfaces := map[uint32]fastpathIface{5: {Role: uint32(RoleGateway), Flags: flagPeer}, 7: {Role: uint32(RoleTransport), Flags: flagOwnClsact}}
 	if !reflect.DeepEqual(c.ifaces, wantIfaces) {
 		t.Errorf("ifaces = %v, want %v", c.ifaces, wantIfaces)
 	}
 	p := func(s string) netip.Prefix { return netip.MustParsePrefix(s) }
-	wantPrefixes := map[string]map[netip.Prefix]uint32{
-		"local_pod4": {p("10.244.1.0/24"): 5},
-		"local_pod6": {p("fd00:10:244:1::/64"): 5},
-		"peer_pod4":  {p("10.244.0.0/24"): 7, p("10.244.2.0/24"): 7, p("10.99.0.0/16"): 0},
-		"peer_pod6":  {p("fd00:10:244:2::/64"): 7},
-		"peer_node4": {p("172.18.0.3/32"): 7},
-		"peer_node6": {p("fd00:172:18::3/128"): 7},
-		"exclude4":   {p("10.244.2.66/32"): 0},
-		"exclude6":   {},
+	wantAddrs := map[netip.Prefix]fastpathAddr{
+		p("10.244.1.0/24"):      {Flags: addrLocalPod, Egress: 5},
+		p("fd00:10:244:1::/64"): {Flags: addrLocalPod, Egress: 5},
+		p("10.244.0.0/24"):      {Flags: addrPeerPod, Egress: 7},
+		p("10.244.2.0/24"):      {Flags: addrPeerPod, Egress: 7},
+		p("10.99.0.0/16"):       {Flags: addrPeerPod},
+		p("fd00:10:244:2::/64"): {Flags: addrPeerPod, Egress: 7},
+		p("172.18.0.3/32"):      {Flags: addrPeerNode, Egress: 7},
+		p("fd00:172:18::3/128"): {Flags: addrPeerNode, Egress: 7},
+		// inside a peer Pod CIDR: one lookup says both
+		p("10.244.2.66/32"): {Flags: addrPeerPod | addrExclude, Egress: 7},
 	}
-	if !reflect.DeepEqual(c.prefixes, wantPrefixes) {
-		t.Errorf("prefixes =\n%v\nwant\n%v", c.prefixes, wantPrefixes)
+	if !reflect.DeepEqual(c.addrs, wantAddrs) {
+		t.Errorf("addrs =\n%v\nwant\n%v", c.addrs, wantAddrs)
 	}
-	if c.classes != 0b11 {
-		t.Errorf("classes = %b", c.classes)
+	if c.settings.Classes != 0b11 || c.settings.NatCheck != natCheckTowardPods|natCheckFromPods {
+		t.Errorf("settings = %+v", c.settings)
+	}
+}
+
+// TestFlatten: every prefix carries the roles of the prefixes that contain it, however
+// deeply nested, and no role leaks to a sibling.
+func TestFlatten(t *testing.T) {
+	p := func(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+	d := &Desired{
+		LocalPod: []netip.Prefix{p("10.0.0.0/16")},
+		PeerPod:  []netip.Prefix{p("10.1.0.0/16"), p("fd00::/64")},
+		PeerNode: []netip.Prefix{p("10.0.5.5/32"), p("10.2.0.1/32")},
+		Exclude:  []netip.Prefix{p("10.0.5.0/24"), p("10.1.0.0/16"), p("0.0.0.0/0"), p("fd00::1/128")},
+	}
+	got := flatten(d)
+	want := map[netip.Prefix]uint32{
+		p("0.0.0.0/0"):   addrExclude,
+		p("10.0.0.0/16"): addrExclude | addrLocalPod,
+		p("10.0.5.0/24"): addrExclude | addrLocalPod,
+		p("10.0.5.5/32"): addrExclude | addrLocalPod | addrPeerNode,
+		p("10.1.0.0/16"): addrExclude | addrPeerPod, // the same prefix in two sets
+		p("10.2.0.1/32"): addrExclude | addrPeerNode,
+		p("fd00::/64"):   addrPeerPod, // no IPv4 role leaks into IPv6
+		p("fd00::1/128"): addrPeerPod | addrExclude,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("flatten =\n%v\nwant\n%v", got, want)
 	}
 }
 

@@ -43,8 +43,14 @@ func (r *Role) UnmarshalText(b []byte) error {
 }
 
 // Supported lists the classes the tc datapath serves: those that need no NAT, so that a
-// stateless router can carry them. Their bits in the program's config map are 1 << index.
+// router without state of its own can carry them. Their bits in the program's config map are
+// 1 << index. Which datapath serves which class is the plan's choice (internal/datapath) and
+// config validation's; Render serves the enabled classes of this list and no other.
 var Supported = model.TCClasses
+
+// NATCheck says where the program asks conntrack whether this node's stack NATs a flow
+// (bpf_skb_ct_lookup); such flows are handed to the stack, which un-NATs them.
+type NATCheck = model.NATCheck
 
 // Desired is what the program's maps should hold.
 type Desired struct {
@@ -54,20 +60,20 @@ type Desired struct {
 	PeerNode []netip.Prefix  // peer nodes' IPs, as host prefixes
 	Exclude  []netip.Prefix  // never redirected, as source or destination
 	Classes  []model.Class   // enabled classes, all in Supported
+	NATCheck NATCheck        // where the program looks flows up in conntrack
 }
 
-// Render computes the Desired state for s. It is pure. Every enabled class the tc datapath
-// cannot serve is an error naming it; so is a device that is both gateway and transport.
+// Render computes the Desired state for s. It is pure. A device that is both gateway and
+// transport is an error.
 func Render(s model.State) (*Desired, error) {
 	var errs []error
-	d := &Desired{Devices: map[string]Role{}}
-	for _, c := range model.Classes {
-		switch {
-		case !s.Enabled(c):
-		case slices.Contains(Supported, c):
+	d := &Desired{Devices: map[string]Role{}, NATCheck: s.TCNATCheck}
+	if d.NATCheck == "" {
+		d.NATCheck = model.NATCheckBoth
+	}
+	for _, c := range Supported {
+		if s.Enabled(c) {
 			d.Classes = append(d.Classes, c)
-		default:
-			errs = append(errs, fmt.Errorf("classes.%s: datapath tc cannot serve it (needs the host stack's NAT); use flowtable or auto", c))
 		}
 	}
 	for _, g := range s.Gateways {
@@ -116,4 +122,15 @@ func classBits(cs []model.Class) uint32 {
 		}
 	}
 	return bits
+}
+
+// natCheckBits is the config map's nat_check for n (enum nat_check in bpf/fastpath.c).
+func natCheckBits(n NATCheck) uint32 {
+	switch n {
+	case model.NATCheckOff:
+		return 0
+	case model.NATCheckTowardPods:
+		return natCheckTowardPods
+	}
+	return natCheckTowardPods | natCheckFromPods
 }

@@ -2,13 +2,19 @@
 
 // SPDX-License-Identifier: GPL-2.0
 //
-// hostaccel's tc fastpath: a stateless router at tc ingress of the gateway and transport
-// devices. Packets of the enabled classes (local Pod CIDRs <-> peer Pod CIDRs, peer nodes ->
-// local Pods) are routed by the kernel's FIB, get their TTL / hop limit decremented and are
-// redirected to the output device with bpf_redirect_neigh, which fills in the MACs from the
-// neighbour table. Everything else is handed on untouched (TC_ACT_UNSPEC: the next tcx program
+// hostaccel's tc fastpath: a router at tc ingress of the gateway and transport devices.
+// Packets of the enabled classes (local Pod CIDRs <-> peer Pod CIDRs, peer nodes <-> local
+// Pods) are routed by the kernel's FIB and sent straight to the output device with the MACs
+// the FIB answered (bpf_redirect, or bpf_redirect_peer into a Pod's network namespace), their
+// TTL / hop limit decremented. Packets of connections that this node's stack NATs (conntrack
+// says so) and everything else are handed on untouched (TC_ACT_UNSPEC: the next tcx program
 // or tc filter runs, then the stack).
+//
+// Per packet, the budget is: one hash lookup for the input device, one LPM lookup per address
+// (it answers the address's roles and the agent's route at once), one conntrack lookup where
+// it is enabled, one FIB lookup, one hash lookup for the output device.
 #include <stddef.h>
+#include <stdbool.h>
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
 #include <linux/if_ether.h>
@@ -26,8 +32,27 @@
 #define PASS TC_ACT_UNSPEC
 
 enum role {
-	ROLE_GATEWAY = 1,
-	ROLE_TRANSPORT = 2,
+	ROLE_GATEWAY = 1,   /* towards the local Pods */
+	ROLE_TRANSPORT = 2, /* towards peer nodes */
+};
+
+/* iface.flags */
+enum iface_flag {
+	/* Agent bookkeeping, unused here: hostaccel created the device's clsact qdisc. */
+	IFACE_AGENT_CLSACT = 1 << 0,
+	/* A veth whose peer lives in another network namespace (a Pod's): packets for it are
+	 * moved straight to the peer's ingress with bpf_redirect_peer, skipping the per-CPU
+	 * backlog a veth transmit goes through. */
+	IFACE_PEER = 1 << 1,
+};
+
+/* addr.flags: the roles of an address. The agent stores each prefix with the roles of every
+ * prefix that contains it, so the longest match answers all of them. */
+enum addr_flag {
+	ADDR_LOCAL_POD = 1 << 0,
+	ADDR_PEER_POD = 1 << 1,
+	ADDR_PEER_NODE = 1 << 2,
+	ADDR_EXCLUDE = 1 << 3,
 };
 
 enum class {
@@ -36,21 +61,29 @@ enum class {
 	NUM_CLASSES,
 };
 
+/* settings.nat_check: where the program asks conntrack whether the host stack NATs a flow. */
+enum nat_check {
+	NAT_CHECK_TOWARD_PODS = 1 << 0, /* packets arriving on a transport, for local Pods */
+	NAT_CHECK_FROM_PODS = 1 << 1,   /* packets arriving on a gateway, from local Pods */
+};
+
 /* stats indices: class*2 + family (0: IPv4, 1: IPv6), then why packets of a class were not
- * redirected, then the packets redirected along the agent's route because forwarding is off. */
+ * redirected, then the packets redirected by a way other than the FIB's answer. */
 enum stat {
 	STAT_EXCLUDED = NUM_CLASSES * 2,
 	STAT_TTL,            /* TTL / hop limit <= 1: the stack sends time exceeded */
-	STAT_NO_NEIGH,       /* next hop unresolved: the stack resolves it */
+	STAT_NO_NEIGH,       /* next hop unresolved: redirected with bpf_redirect_neigh, which resolves it */
 	STAT_FRAG_NEEDED,    /* larger than the output MTU: the stack sends the ICMP error */
 	STAT_NO_ROUTE,       /* no usable route, or it leaves through a device that is not ours */
 	STAT_FORWARDING_OFF, /* redirected along the agent's route: the FIB refused (forwarding off) */
+	STAT_NAT,            /* conntrack knows the flow as NATed by this node: the stack un-NATs it */
+	STAT_PEER,           /* of the redirected: moved into a Pod's namespace with bpf_redirect_peer */
 	NUM_STATS,
 };
 
 struct iface {
 	__u32 role;
-	__u32 flags; /* IFACE_OWN_CLSACT: hostaccel created the clsact qdisc (cls_bpf mode) */
+	__u32 flags; /* enum iface_flag */
 };
 
 struct lpm4 {
@@ -63,10 +96,16 @@ struct lpm6 {
 	__u8 addr[16];
 };
 
+struct addr {
+	__u32 flags;  /* enum addr_flag */
+	__u32 egress; /* the device the node routes the prefix through (0: unknown), used only
+		       * when the FIB refuses to route (forwarding off) */
+};
+
 struct settings {
-	__u32 classes; /* bit (1 << class) set: class enabled */
-	__u32 pad;
-	__u64 build; /* hash of the object this program set was loaded from (agent bookkeeping) */
+	__u32 classes;   /* bit (1 << class) set: class enabled */
+	__u32 nat_check; /* enum nat_check */
+	__u64 build;     /* hash of the object this program set was loaded from (agent bookkeeping) */
 };
 
 struct counter {
@@ -74,33 +113,29 @@ struct counter {
 	__u64 bytes;
 };
 
-/* ingress ifindex -> role */
+/* ingress ifindex -> role and flags */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
+	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, struct iface);
 } ifaces SEC(".maps");
 
-/* Address sets. The value of local_pod, peer_pod and peer_node is the ifindex the node routes
- * the prefix through (0: unknown), used only when the FIB refuses to route (forwarding off). */
-#define LPM(name, keytype, n)                                      \
-	struct {                                               \
-		__uint(type, BPF_MAP_TYPE_LPM_TRIE);           \
-		__uint(max_entries, n);                        \
-		__uint(map_flags, BPF_F_NO_PREALLOC);          \
-		__type(key, struct keytype);                   \
-		__type(value, __u32);                          \
-	} name SEC(".maps")
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct lpm4);
+	__type(value, struct addr);
+} addrs4 SEC(".maps");
 
-LPM(local_pod4, lpm4, 256);
-LPM(peer_pod4, lpm4, 65536);
-LPM(peer_node4, lpm4, 65536);
-LPM(exclude4, lpm4, 16384);
-LPM(local_pod6, lpm6, 256);
-LPM(peer_pod6, lpm6, 65536);
-LPM(peer_node6, lpm6, 65536);
-LPM(exclude6, lpm6, 16384);
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct lpm6);
+	__type(value, struct addr);
+} addrs6 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -116,6 +151,33 @@ struct {
 	__type(value, struct counter);
 } stats SEC(".maps");
 
+/* Conntrack from BPF (Linux >= 5.18, nf_conntrack's BTF). The agent sets conntrack_kfuncs at
+ * load time from the kernel's BTF; where it is 0 the verifier drops the lookup as dead code,
+ * so the weak, unresolved kfuncs are never called (bpf_ksym_exists() on a kfunc needs a newer
+ * kernel than 6.1). */
+volatile const __u32 conntrack_kfuncs = 0;
+
+struct nf_conn {
+	unsigned long status;
+} __attribute__((preserve_access_index));
+
+struct bpf_ct_opts {
+	__s32 netns_id;
+	__s32 error;
+	__u8 l4proto;
+	__u8 dir;
+	__u8 reserved[2];
+};
+
+#define CT_OPTS_SZ 12 /* the size every kernel since 5.18 accepts */
+#define IPS_SRC_NAT (1 << 4)
+#define IPS_DST_NAT (1 << 5)
+
+extern struct nf_conn *bpf_skb_ct_lookup(struct __sk_buff *skb, struct bpf_sock_tuple *tuple,
+					 __u32 tuple__sz, struct bpf_ct_opts *opts,
+					 __u32 opts__sz) __ksym __weak;
+extern void bpf_ct_release(struct nf_conn *ct) __ksym __weak;
+
 static __always_inline void count(__u32 idx, struct __sk_buff *skb)
 {
 	struct counter *c = bpf_map_lookup_elem(&stats, &idx);
@@ -126,197 +188,276 @@ static __always_inline void count(__u32 idx, struct __sk_buff *skb)
 	}
 }
 
-/* classify returns the class of a packet from src to dst arriving on a device of role, or -1,
- * and sets *egress to the agent's route for dst. */
-static __always_inline int classify(enum role role, void *local_pod, void *peer_pod,
-				    void *peer_node, void *src, void *dst, __u32 *egress)
+/* classify returns the class of a packet from an address with flags sf to one with flags df,
+ * arriving on a device of role, or -1. */
+static __always_inline int classify(__u32 role, __u32 sf, __u32 df)
 {
-	__u32 *e;
+	__u32 local = role == ROLE_GATEWAY ? sf : df;
+	__u32 remote = role == ROLE_GATEWAY ? df : sf;
 
-	if (role == ROLE_GATEWAY) {
-		if (!bpf_map_lookup_elem(local_pod, src))
-			return -1;
-		if ((e = bpf_map_lookup_elem(peer_pod, dst))) {
-			*egress = *e;
-			return CLASS_POD_TO_POD;
-		}
-		if ((e = bpf_map_lookup_elem(peer_node, dst))) {
-			*egress = *e;
-			return CLASS_NODE_TO_REMOTE_POD;
-		}
+	if (!(local & ADDR_LOCAL_POD))
 		return -1;
-	}
-	if (!(e = bpf_map_lookup_elem(local_pod, dst)))
-		return -1;
-	*egress = *e;
-	if (bpf_map_lookup_elem(peer_pod, src))
+	if (remote & ADDR_PEER_POD)
 		return CLASS_POD_TO_POD;
-	if (bpf_map_lookup_elem(peer_node, src))
+	if (remote & ADDR_PEER_NODE)
 		return CLASS_NODE_TO_REMOTE_POD;
 	return -1;
 }
 
-/* route decides the output device: the FIB's (with its next hop in *nh), or, where the FIB
- * refuses because forwarding is disabled, the agent's route (*nh left empty: then
- * bpf_redirect_neigh looks up the next hop on that device itself). 0: pass. */
-static __always_inline __u32 route(struct __sk_buff *skb, struct bpf_fib_lookup *fib,
-				   __u32 egress, struct bpf_redir_neigh *nh)
+/* natted asks conntrack whether this node NATs the packet's flow (either direction). Pure
+ * pod-to-pod flows have no entry at all: both directions are redirected, so the stack never
+ * sees them. */
+static __always_inline bool natted(struct __sk_buff *skb, struct bpf_sock_tuple *t, __u32 tsz,
+				   __u8 proto)
 {
+	struct bpf_ct_opts opts = {.netns_id = -1 /* BPF_F_CURRENT_NETNS */, .l4proto = proto};
+	struct nf_conn *ct;
+	bool nat;
+
+	if (!conntrack_kfuncs)
+		return false;
+	ct = bpf_skb_ct_lookup(skb, t, tsz, &opts, CT_OPTS_SZ);
+	if (!ct)
+		return false;
+	nat = ct->status & (IPS_SRC_NAT | IPS_DST_NAT);
+	bpf_ct_release(ct);
+	return nat;
+}
+
+static __always_inline bool check_nat(struct settings *cfg, __u32 role)
+{
+	return cfg->nat_check & (role == ROLE_GATEWAY ? NAT_CHECK_FROM_PODS : NAT_CHECK_TOWARD_PODS);
+}
+
+/* A GSO packet (a TCP super-packet from a local socket or GRO) is larger than any MTU yet fine
+ * if its segments fit: the FIB checks only packets that are sent as they are (tot_len), the
+ * rest is checked here by segment against the output device. */
+static __always_inline bool fits(struct __sk_buff *skb, __u32 out)
+{
+	__u32 mtu = 0;
+
+	return bpf_check_mtu(skb, out, &mtu, 0, BPF_MTU_CHK_SEGS) == BPF_MTU_CHK_RET_SUCCESS;
+}
+
+/* send finishes a packet the FIB answered for: the MACs from its answer, then into the Pod's
+ * namespace (bpf_redirect_peer) or out of the device. The caller has decremented the TTL. */
+static __always_inline int send(struct __sk_buff *skb, struct bpf_fib_lookup *fib, struct iface *out)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+
+	if ((void *)(eth + 1) > end)
+		return TC_ACT_SHOT; /* cannot happen: the headers were read from this buffer */
+	__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
+	if (out->flags & IFACE_PEER) {
+		count(STAT_PEER, skb);
+		return bpf_redirect_peer(fib->ifindex, 0);
+	}
+	return bpf_redirect(fib->ifindex, 0);
+}
+
+/* route looks the packet up in the FIB and returns the output device's iface, or NULL to pass;
+ * *how is the FIB's answer. Where the FIB refuses because forwarding is disabled, the agent's
+ * route (egress) stands in, and bpf_redirect_neigh finds the next hop on that device. */
+static __always_inline struct iface *route(struct __sk_buff *skb, struct bpf_fib_lookup *fib,
+					   __u32 egress, long *how)
+{
+	struct iface *out;
 	long rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
-	__u32 out, mtu = 0;
 
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
-		out = fib->ifindex;
-		nh->nh_family = fib->family;
-		if (fib->family == AF_INET)
-			nh->ipv4_nh = fib->ipv4_dst;
-		else
-			__builtin_memcpy(nh->ipv6_nh, fib->ipv6_dst, sizeof(nh->ipv6_nh));
+	case BPF_FIB_LKUP_RET_NO_NEIGH: /* ifindex and the next hop are filled in */
 		break;
 	case BPF_FIB_LKUP_RET_FWD_DISABLED:
-		out = egress;
+		fib->ifindex = egress;
 		break;
-	case BPF_FIB_LKUP_RET_NO_NEIGH:
-		count(STAT_NO_NEIGH, skb);
-		return 0;
 	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
 		count(STAT_FRAG_NEEDED, skb);
-		return 0;
+		return NULL;
 	default:
-		out = 0;
+		fib->ifindex = 0;
 	}
-	if (!out || !bpf_map_lookup_elem(&ifaces, &out)) {
+	*how = rc;
+	if (!fib->ifindex || !(out = bpf_map_lookup_elem(&ifaces, &fib->ifindex))) {
 		count(STAT_NO_ROUTE, skb);
-		return 0;
+		return NULL;
 	}
-	/* The output device's MTU, for GSO packets by segment (the FIB did not check those). */
-	if (bpf_check_mtu(skb, out, &mtu, 0, BPF_MTU_CHK_SEGS) != BPF_MTU_CHK_RET_SUCCESS) {
+	/* The FIB checked the length of packets sent as they are, not GSO ones, and nothing
+	 * when it refused. */
+	if ((skb->gso_size || rc == BPF_FIB_LKUP_RET_FWD_DISABLED) && !fits(skb, fib->ifindex)) {
 		count(STAT_FRAG_NEEDED, skb);
-		return 0;
+		return NULL;
 	}
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
-		count(STAT_FORWARDING_OFF, skb);
 	return out;
 }
 
-/* mtu_len is the length the FIB checks against the route's MTU. A GSO packet (a TCP
- * super-packet from a local socket or GRO) is larger than any MTU yet fine if its segments
- * fit: for those, 0 skips that check; route() checks their segments against the output
- * device. */
-static __always_inline __u16 mtu_len(struct __sk_buff *skb, __u16 len)
+/* finish sends a routed packet by the way the FIB's answer allows. */
+static __always_inline int finish(struct __sk_buff *skb, struct bpf_fib_lookup *fib,
+				  struct iface *out, long how)
 {
-	return skb->gso_size ? 0 : len;
-}
-
-static __always_inline int redirect(__u32 out, struct bpf_redir_neigh *nh)
-{
-	if (nh->nh_family)
-		return bpf_redirect_neigh(out, nh, sizeof(*nh), 0);
-	return bpf_redirect_neigh(out, NULL, 0, 0);
-}
-
-static __always_inline int forward4(struct __sk_buff *skb, enum role role, __u32 classes,
-				    struct iphdr *ip, void *end)
-{
-	struct bpf_fib_lookup fib = {};
 	struct bpf_redir_neigh nh = {};
-	struct lpm4 src = {32}, dst = {32};
-	__u32 egress = 0, out;
-	__u8 ttl;
+
+	if (how == BPF_FIB_LKUP_RET_SUCCESS)
+		return send(skb, fib, out);
+	if (how == BPF_FIB_LKUP_RET_FWD_DISABLED) {
+		count(STAT_FORWARDING_OFF, skb);
+		return bpf_redirect_neigh(fib->ifindex, NULL, 0, 0);
+	}
+	/* NO_NEIGH: the neighbour code resolves the FIB's next hop, queueing meanwhile. */
+	count(STAT_NO_NEIGH, skb);
+	nh.nh_family = fib->family;
+	if (fib->family == AF_INET)
+		nh.ipv4_nh = fib->ipv4_dst;
+	else
+		__builtin_memcpy(nh.ipv6_nh, fib->ipv6_dst, sizeof(nh.ipv6_nh));
+	return bpf_redirect_neigh(fib->ifindex, &nh, sizeof(nh), 0);
+}
+
+static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, struct settings *cfg)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + ETH_HLEN;
+	struct bpf_fib_lookup fib = {};
+	struct bpf_sock_tuple t;
+	struct lpm4 key = {32};
+	struct addr *s, *d;
+	struct iface *out;
+	__be16 *ports;
+	long how = 0;
+	__u32 sum;
 	int class;
 
-	if ((void *)(ip + 1) > end || ip->version != 4 || ip->ihl != 5)
+	ports = (void *)(ip + 1);
+	if ((void *)(ports + 2) > end || ip->ihl != 5)
 		return PASS;
 	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
 		return PASS;
-	__builtin_memcpy(src.addr, &ip->saddr, 4);
-	__builtin_memcpy(dst.addr, &ip->daddr, 4);
-	class = classify(role, &local_pod4, &peer_pod4, &peer_node4, &src, &dst, &egress);
-	if (class < 0 || !(classes & (1U << class)))
+	if (ip->frag_off & bpf_htons(0x3fff)) /* fragments: no ports to match on */
 		return PASS;
-	if (bpf_map_lookup_elem(&exclude4, &src) || bpf_map_lookup_elem(&exclude4, &dst)) {
+	__builtin_memcpy(key.addr, &ip->saddr, 4);
+	if (!(s = bpf_map_lookup_elem(&addrs4, &key)))
+		return PASS;
+	__builtin_memcpy(key.addr, &ip->daddr, 4);
+	if (!(d = bpf_map_lookup_elem(&addrs4, &key)))
+		return PASS;
+	class = classify(in->role, s->flags, d->flags);
+	if (class < 0 || !(cfg->classes & (1U << class)))
+		return PASS;
+	if ((s->flags | d->flags) & ADDR_EXCLUDE) {
 		count(STAT_EXCLUDED, skb);
 		return PASS;
 	}
-	ttl = ip->ttl;
-	if (ttl <= 1) {
+	if (ip->ttl <= 1) {
 		count(STAT_TTL, skb);
 		return PASS;
+	}
+	if (check_nat(cfg, in->role)) {
+		t.ipv4.saddr = ip->saddr;
+		t.ipv4.daddr = ip->daddr;
+		t.ipv4.sport = ports[0];
+		t.ipv4.dport = ports[1];
+		if (natted(skb, &t, sizeof(t.ipv4), ip->protocol)) {
+			count(STAT_NAT, skb);
+			return PASS;
+		}
 	}
 
 	fib.family = AF_INET;
 	fib.tos = ip->tos;
 	fib.l4_protocol = ip->protocol;
-	fib.tot_len = mtu_len(skb, bpf_ntohs(ip->tot_len));
+	fib.tot_len = skb->gso_size ? 0 : bpf_ntohs(ip->tot_len);
 	fib.ipv4_src = ip->saddr;
 	fib.ipv4_dst = ip->daddr;
 	fib.ifindex = skb->ingress_ifindex;
-	out = route(skb, &fib, egress, &nh);
-	if (!out)
+	if (!(out = route(skb, &fib, d->egress, &how)))
 		return PASS;
 
-	/* A router decrements the TTL; the checksum changes by the difference. */
-	bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), bpf_htons(ttl << 8),
-			    bpf_htons((ttl - 1) << 8), 2);
-	ttl--;
-	bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, ttl), &ttl, 1, 0);
+	/* A router decrements the TTL; the checksum changes by the difference (RFC 1624). The
+	 * helpers above changed no packet data, so the pointers still hold. */
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	ip = data + ETH_HLEN;
+	if ((void *)(ip + 1) > end)
+		return PASS;
+	sum = ip->check + bpf_htons(0x0100);
+	ip->check = (__u16)(sum + (sum >= 0xffff));
+	ip->ttl--;
 	count(class * 2, skb);
-	return redirect(out, &nh);
+	return finish(skb, &fib, out, how);
 }
 
-static __always_inline int forward6(struct __sk_buff *skb, enum role role, __u32 classes,
-				    struct ipv6hdr *ip6, void *end)
+static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, struct settings *cfg)
 {
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip6 = data + ETH_HLEN;
 	struct bpf_fib_lookup fib = {};
-	struct bpf_redir_neigh nh = {};
-	struct lpm6 src = {128}, dst = {128};
-	__u32 egress = 0, out;
-	__u8 hops;
+	struct bpf_sock_tuple t;
+	struct lpm6 key = {128};
+	struct addr *s, *d;
+	struct iface *out;
+	__be16 *ports;
+	long how = 0;
 	int class;
 
-	if ((void *)(ip6 + 1) > end || ip6->version != 6)
+	ports = (void *)(ip6 + 1);
+	if ((void *)(ports + 2) > end)
 		return PASS;
 	/* Extension headers (fragments included) take the normal path. */
 	if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP)
 		return PASS;
-	__builtin_memcpy(src.addr, &ip6->saddr, 16);
-	__builtin_memcpy(dst.addr, &ip6->daddr, 16);
-	class = classify(role, &local_pod6, &peer_pod6, &peer_node6, &src, &dst, &egress);
-	if (class < 0 || !(classes & (1U << class)))
+	__builtin_memcpy(key.addr, &ip6->saddr, 16);
+	if (!(s = bpf_map_lookup_elem(&addrs6, &key)))
 		return PASS;
-	if (bpf_map_lookup_elem(&exclude6, &src) || bpf_map_lookup_elem(&exclude6, &dst)) {
+	__builtin_memcpy(key.addr, &ip6->daddr, 16);
+	if (!(d = bpf_map_lookup_elem(&addrs6, &key)))
+		return PASS;
+	class = classify(in->role, s->flags, d->flags);
+	if (class < 0 || !(cfg->classes & (1U << class)))
+		return PASS;
+	if ((s->flags | d->flags) & ADDR_EXCLUDE) {
 		count(STAT_EXCLUDED, skb);
 		return PASS;
 	}
-	hops = ip6->hop_limit;
-	if (hops <= 1) {
+	if (ip6->hop_limit <= 1) {
 		count(STAT_TTL, skb);
 		return PASS;
+	}
+	if (check_nat(cfg, in->role)) {
+		__builtin_memcpy(t.ipv6.saddr, &ip6->saddr, 16);
+		__builtin_memcpy(t.ipv6.daddr, &ip6->daddr, 16);
+		t.ipv6.sport = ports[0];
+		t.ipv6.dport = ports[1];
+		if (natted(skb, &t, sizeof(t.ipv6), ip6->nexthdr)) {
+			count(STAT_NAT, skb);
+			return PASS;
+		}
 	}
 
 	fib.family = AF_INET6;
 	fib.flowinfo = *(__be32 *)ip6 & bpf_htonl(0x0fffffff);
 	fib.l4_protocol = ip6->nexthdr;
-	fib.tot_len = mtu_len(skb, sizeof(*ip6) + bpf_ntohs(ip6->payload_len));
+	fib.tot_len = skb->gso_size ? 0 : sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
 	__builtin_memcpy(fib.ipv6_src, &ip6->saddr, 16);
 	__builtin_memcpy(fib.ipv6_dst, &ip6->daddr, 16);
 	fib.ifindex = skb->ingress_ifindex;
-	out = route(skb, &fib, egress, &nh);
-	if (!out)
+	if (!(out = route(skb, &fib, d->egress, &how)))
 		return PASS;
 
-	hops--;
-	bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, hop_limit), &hops, 1, 0);
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	ip6 = data + ETH_HLEN;
+	if ((void *)(ip6 + 1) > end)
+		return PASS;
+	ip6->hop_limit--;
 	count(class * 2 + 1, skb);
-	return redirect(out, &nh);
+	return finish(skb, &fib, out, how);
 }
 
 SEC("tc")
 int hostaccel_fp(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
 	struct settings *cfg;
 	struct iface *in;
 	__u32 key = skb->ingress_ifindex;
@@ -330,12 +471,10 @@ int hostaccel_fp(struct __sk_buff *skb)
 	key = 0;
 	if (!(cfg = bpf_map_lookup_elem(&config, &key)) || !cfg->classes)
 		return PASS;
-	if ((void *)(eth + 1) > end)
-		return PASS;
-	if (eth->h_proto == bpf_htons(ETH_P_IP))
-		return forward4(skb, in->role, cfg->classes, (void *)(eth + 1), end);
-	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
-		return forward6(skb, in->role, cfg->classes, (void *)(eth + 1), end);
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		return forward4(skb, in, cfg);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return forward6(skb, in, cfg);
 	return PASS;
 }
 

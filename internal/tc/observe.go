@@ -1,0 +1,158 @@
+package tc
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+)
+
+// The kernel as it is: our attachments and the program sets they run, found again by
+// asking the kernel (no bpffs pins, no state in the process).
+
+// attachment is the program of one of our program sets attached to a device.
+type attachment struct {
+	mode   Mode
+	link   netlink.Link
+	prog   ebpf.ProgramID
+	filter *netlink.BpfFilter // ModeClsBPF
+}
+
+// observed is what the kernel has: the links of the namespace, our attachments on them and
+// the program sets they run.
+type observed struct {
+	links map[string]netlink.Link
+	atts  []attachment
+	sets  map[ebpf.ProgramID]*progSet // nil values: programs that are not ours
+}
+
+func observe() (*observed, error) {
+	o := &observed{links: map[string]netlink.Link{}, sets: map[ebpf.ProgramID]*progSet{}}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return o, fmt.Errorf("listing links: %w", err)
+	}
+	tcx := haveTCX()
+	for _, l := range links {
+		o.links[l.Attrs().Name] = l
+		if tcx {
+			q, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: ebpf.AttachTCXIngress})
+			if err != nil && !gone(err) {
+				return o, fmt.Errorf("%s: tcx programs: %w", l.Attrs().Name, err)
+			}
+			for _, p := range programs(q) {
+				if _, isLink := p.LinkID(); isLink {
+					continue // we never attach with links
+				}
+				if ours, err := o.open(p.ID); err != nil {
+					return o, err
+				} else if ours {
+					o.atts = append(o.atts, attachment{mode: ModeTCX, link: l, prog: p.ID})
+				}
+			}
+		}
+		fs, err := ourFilters(l)
+		if err != nil {
+			return o, err
+		}
+		for _, f := range fs {
+			if ours, err := o.open(ebpf.ProgramID(f.Id)); err != nil {
+				return o, err
+			} else if ours {
+				o.atts = append(o.atts, attachment{mode: ModeClsBPF, link: l, prog: ebpf.ProgramID(f.Id), filter: f})
+			}
+		}
+	}
+	return o, nil
+}
+
+func programs(q *link.QueryResult) []link.AttachedProgram {
+	if q == nil {
+		return nil
+	}
+	return q.Programs
+}
+
+func (o *observed) open(id ebpf.ProgramID) (bool, error) {
+	s, ok := o.sets[id]
+	if !ok {
+		var err error
+		if s, err = openSet(id); err != nil {
+			return false, err
+		}
+		o.sets[id] = s
+	}
+	return s != nil, nil
+}
+
+func (o *observed) Close() {
+	for _, s := range o.sets {
+		s.Close()
+	}
+}
+
+// current returns an attached program set of build, or nil.
+func (o *observed) current(build uint64) *progSet {
+	for _, a := range o.atts {
+		if s := o.sets[a.prog]; s != nil && s.build == build {
+			return s
+		}
+	}
+	return nil
+}
+
+// on returns our attachments on device ifindex.
+func (o *observed) on(ifindex int) []attachment {
+	var out []attachment
+	for _, a := range o.atts {
+		if a.link.Attrs().Index == ifindex {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// flags returns the ifaces flags every attached set holds, by ifindex.
+func (o *observed) flags() map[uint32]uint32 {
+	f := map[uint32]uint32{}
+	for _, s := range o.sets {
+		if s == nil || !s.usable() {
+			continue
+		}
+		var idx uint32
+		var e fastpathIface
+		for it := s.maps.Ifaces.Iterate(); it.Next(&idx, &e); {
+			f[idx] |= e.Flags
+		}
+	}
+	return f
+}
+
+// usePeer is off only in tests of the bpf_redirect path.
+var usePeer = true
+
+// peers returns the devices that are veths whose peer lives in another network namespace (a
+// Pod's): the program moves packets for them into that namespace with bpf_redirect_peer.
+func (o *observed) peers() map[uint32]bool {
+	p := map[uint32]bool{}
+	if !usePeer {
+		return p
+	}
+	for _, l := range o.links {
+		if _, veth := l.(*netlink.Veth); veth && l.Attrs().NetNsID >= 0 {
+			p[uint32(l.Attrs().Index)] = true
+		}
+	}
+	return p
+}
+
+func sortedNames(links map[string]netlink.Link) []string {
+	names := make([]string, 0, len(links))
+	for n := range links {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}

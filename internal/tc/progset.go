@@ -1,0 +1,227 @@
+package tc
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+)
+
+// progSet is a loaded program with its maps: loaded by this process (loadSet) or found in
+// the kernel by a later one (openSet).
+type progSet struct {
+	prog  *ebpf.Program
+	id    ebpf.ProgramID
+	maps  fastpathMaps
+	build uint64 // from the config map: buildID at load
+}
+
+// removeMemlock lifts RLIMIT_MEMLOCK for kernels before 5.11 (best effort).
+var removeMemlock = sync.OnceFunc(func() { _ = rlimit.RemoveMemlock() })
+
+// loadSet loads the embedded object. withConntrack says whether the kernel has the conntrack
+// kfuncs (probe.HasConntrackKfuncs); without them the program skips its NAT check.
+func loadSet(withConntrack bool) (*progSet, error) {
+	removeMemlock()
+	spec, err := loadFastpath()
+	if err != nil {
+		return nil, err
+	}
+	var ct uint32
+	if withConntrack {
+		ct = 1
+	}
+	if err := spec.Variables[fastpathVarConntrackKfuncs].Set(ct); err != nil {
+		return nil, err
+	}
+	var objs fastpathObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		return nil, fmt.Errorf("loading the tc program: %w", err)
+	}
+	s := &progSet{prog: objs.HostaccelFp, maps: objs.fastpathMaps, build: buildID(withConntrack)}
+	if info, err := s.prog.Info(); err == nil {
+		s.id, _ = info.ID()
+	}
+	return s, nil
+}
+
+// openSet opens a program by ID and, if it is hostaccel's, its maps; nil if it is not ours.
+func openSet(id ebpf.ProgramID) (*progSet, error) {
+	prog, err := ebpf.NewProgramFromID(id)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("program %d: %w", id, err)
+	}
+	info, err := prog.Info()
+	if err != nil || info.Name != progName {
+		prog.Close()
+		return nil, err
+	}
+	s := &progSet{prog: prog, id: id}
+	ids, _ := info.MapIDs()
+	for _, mid := range ids {
+		mp, err := ebpf.NewMapFromID(mid)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("map %d of program %d: %w", mid, id, err)
+		}
+		mi, err := mp.Info()
+		if err != nil {
+			mp.Close()
+			s.Close()
+			return nil, err
+		}
+		if slot := s.slot(mi.Name); slot != nil && *slot == nil {
+			*slot = mp
+		} else {
+			mp.Close()
+		}
+	}
+	if !s.usable() {
+		// A program of our name from another build with other maps: not ours to use, but
+		// ours to replace. Its build stays 0, so it never counts as current.
+		return s, nil
+	}
+	var cfg fastpathSettings
+	if s.maps.Config.Lookup(uint32(0), &cfg) == nil {
+		s.build = cfg.Build
+	}
+	return s, nil
+}
+
+// slot is the field of s.maps for the map named name, nil for a name we do not know.
+func (s *progSet) slot(name string) **ebpf.Map {
+	switch name {
+	case fastpathMapIfaces:
+		return &s.maps.Ifaces
+	case fastpathMapAddrs4:
+		return &s.maps.Addrs4
+	case fastpathMapAddrs6:
+		return &s.maps.Addrs6
+	case fastpathMapConfig:
+		return &s.maps.Config
+	case fastpathMapStats:
+		return &s.maps.Stats
+	}
+	return nil
+}
+
+func (s *progSet) Close() {
+	if s == nil {
+		return
+	}
+	s.prog.Close()
+	for _, m := range []*ebpf.Map{s.maps.Ifaces, s.maps.Addrs4, s.maps.Addrs6, s.maps.Config, s.maps.Stats} {
+		if m != nil {
+			m.Close()
+		}
+	}
+}
+
+// usable reports whether the set has every map this build uses.
+func (s *progSet) usable() bool {
+	return s.maps.Ifaces != nil && s.maps.Addrs4 != nil && s.maps.Addrs6 != nil && s.maps.Config != nil && s.maps.Stats != nil
+}
+
+// read returns what the maps hold.
+func (s *progSet) read() (contents, error) {
+	c := contents{ifaces: map[uint32]fastpathIface{}, addrs: map[netip.Prefix]fastpathAddr{}}
+	var idx uint32
+	var e fastpathIface
+	it := s.maps.Ifaces.Iterate()
+	for it.Next(&idx, &e) {
+		c.ifaces[idx] = e
+	}
+	if err := it.Err(); err != nil {
+		return c, fmt.Errorf("ifaces: %w", err)
+	}
+	var a fastpathAddr
+	var k4 fastpathLpm4
+	it = s.maps.Addrs4.Iterate()
+	for it.Next(&k4, &a) {
+		c.addrs[netip.PrefixFrom(netip.AddrFrom4(k4.Addr), int(k4.Prefixlen))] = a
+	}
+	if err := it.Err(); err != nil {
+		return c, fmt.Errorf("addrs4: %w", err)
+	}
+	var k6 fastpathLpm6
+	it = s.maps.Addrs6.Iterate()
+	for it.Next(&k6, &a) {
+		c.addrs[netip.PrefixFrom(netip.AddrFrom16(k6.Addr), int(k6.Prefixlen))] = a
+	}
+	if err := it.Err(); err != nil {
+		return c, fmt.Errorf("addrs6: %w", err)
+	}
+	if err := s.maps.Config.Lookup(uint32(0), &c.settings); err != nil {
+		return c, fmt.Errorf("config: %w", err)
+	}
+	c.settings.Build = 0
+	return c, nil
+}
+
+// setSettings writes the config map, recording the set's build.
+func (s *progSet) setSettings(st fastpathSettings) error {
+	st.Build = s.build
+	if err := s.maps.Config.Put(uint32(0), st); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	return nil
+}
+
+// addrMap is the trie of p's family.
+func (s *progSet) addrMap(p netip.Prefix) *ebpf.Map {
+	if p.Addr().Is4() {
+		return s.maps.Addrs4
+	}
+	return s.maps.Addrs6
+}
+
+func (s *progSet) putAddr(p netip.Prefix, a fastpathAddr) error {
+	if err := s.addrMap(p).Put(lpmKey(p), a); err != nil {
+		return fmt.Errorf("addrs: add %s: %w", p, err)
+	}
+	return nil
+}
+
+func (s *progSet) deleteAddr(p netip.Prefix) error {
+	if err := s.addrMap(p).Delete(lpmKey(p)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("addrs: delete %s: %w", p, err)
+	}
+	return nil
+}
+
+func (s *progSet) putIface(idx uint32, e fastpathIface) error {
+	if err := s.maps.Ifaces.Put(idx, e); err != nil {
+		return fmt.Errorf("ifaces: add %d: %w", idx, err)
+	}
+	return nil
+}
+
+func (s *progSet) deleteIface(idx uint32) error {
+	if err := s.maps.Ifaces.Delete(idx); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("ifaces: delete %d: %w", idx, err)
+	}
+	return nil
+}
+
+// counters reads the per-CPU stats, summed over CPUs, by index (enum stat).
+func (s *progSet) counters() ([]Counter, error) {
+	out := make([]Counter, numStats)
+	for i := range out {
+		var per []fastpathCounter
+		if err := s.maps.Stats.Lookup(uint32(i), &per); err != nil {
+			return nil, fmt.Errorf("stats[%d]: %w", i, err)
+		}
+		for _, p := range per {
+			out[i].Packets += p.Packets
+			out[i].Bytes += p.Bytes
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,76 @@
+package tc
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// route is a route of the main table, reduced to what the program's fallback needs.
+type route struct {
+	dst     netip.Prefix
+	ifindex uint32 // 0: not a unicast route through a single device
+}
+
+// egress returns the device of the most specific route that covers all of p (0: none).
+// The program uses it only where the kernel's FIB helper refuses to route because
+// forwarding is disabled; bpf_redirect_neigh then finds the next hop on that device.
+func egress(p netip.Prefix, routes []route) uint32 {
+	best, bits := uint32(0), -1
+	for _, r := range routes {
+		if r.dst.Addr().Is4() == p.Addr().Is4() && r.dst.Bits() <= p.Bits() && r.dst.Contains(p.Addr()) && r.dst.Bits() > bits {
+			best, bits = r.ifindex, r.dst.Bits()
+		}
+	}
+	return best
+}
+
+// mainRoutes lists the main table's routes of both families.
+func mainRoutes() ([]route, error) {
+	var out []route
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return nil, fmt.Errorf("listing routes: %w", err)
+		}
+		for _, r := range rs {
+			out = append(out, route{dst: prefixOf(r.Dst, fam), ifindex: routeDevice(r)})
+		}
+	}
+	return out, nil
+}
+
+// routeDevice is the single device a unicast route leaves through, or 0.
+func routeDevice(r netlink.Route) uint32 {
+	if r.Type != unix.RTN_UNICAST {
+		return 0
+	}
+	if len(r.MultiPath) == 0 {
+		return uint32(r.LinkIndex)
+	}
+	idx := r.MultiPath[0].LinkIndex
+	for _, nh := range r.MultiPath {
+		if nh.LinkIndex != idx {
+			return 0
+		}
+	}
+	return uint32(idx)
+}
+
+func prefixOf(n *net.IPNet, fam int) netip.Prefix {
+	if n == nil {
+		if fam == netlink.FAMILY_V4 {
+			return netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+		}
+		return netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+	}
+	a, _ := netip.AddrFromSlice(n.IP)
+	if fam == netlink.FAMILY_V4 {
+		a = a.Unmap()
+	}
+	bits, _ := n.Mask.Size()
+	return netip.PrefixFrom(a, bits)
+}
