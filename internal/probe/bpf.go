@@ -61,4 +61,3 @@ func HaveConntrackKfuncs() error {
 	}
 	return errors.New("the kernel's BTF has no bpf_skb_ct_lookup")
 }
-

@@ -45,7 +45,6 @@ func (m *Manager) mode() (Mode, error) {
 	return "", fmt.Errorf("tc attach mode %q: want %q or %q", m.Mode, ModeTCX, ModeClsBPF)
 }
 
-
 // haveTCX asks the kernel for the tcx programs of the loopback device (ifindex 1 in every
 // network namespace): kernels without tcx reject the attach type.
 func haveTCX() bool {
@@ -216,4 +215,3 @@ func deleteEmptyClsact(l netlink.Link) (bool, error) {
 func gone(err error) bool {
 	return errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT)
 }
-

@@ -261,4 +261,3 @@ func countPut[K comparable, V any](res *Result, cur map[K]V, k K) {
 		res.ElementsAdded++
 	}
 }
-
