@@ -34,9 +34,19 @@ type Config struct {
 	// offloaded packets skip the forward and postrouting hooks, so traffic that policy or
 	// QoS must see belongs here.
 	Exclude []string `json:"exclude"`
-	Agent   Agent    `json:"agent"`
+	// TC tunes the tc datapath (datapath tc, or auto where it picks tc).
+	TC    TC    `json:"tc"`
+	Agent Agent `json:"agent"`
 	// LoadBalancer is the nftables L4 load balancer (docs/lb.md).
 	LoadBalancer lb.Config `json:"loadBalancer"`
+}
+
+// TC tunes the tc datapath.
+type TC struct {
+	// NATCheck says where the tc program asks conntrack whether this node's stack NATs a
+	// flow, so that such flows stay on the stack: both (default), toward-pods, off. See
+	// docs/config.md for what each risks.
+	NATCheck model.NATCheck `json:"natCheck"`
 }
 
 // Node describes this node's interfaces and addresses.
@@ -207,6 +217,9 @@ func (c *Config) validate() error {
 		case on && c.Datapath == model.DatapathTC && !slices.Contains(model.TCClasses, model.Class(name)):
 			bad("classes.%s: datapath tc cannot serve it (it needs the host stack's NAT); use flowtable or auto", name)
 		}
+	}
+	if n := c.TC.NATCheck; n != "" && !slices.Contains(model.NATChecks, n) {
+		bad("tc.natCheck: %q is not one of both, toward-pods, off", n)
 	}
 	if c.PacketThreshold < 0 {
 		bad("packetThreshold: %d is negative; use 0 to offload at once", c.PacketThreshold)

@@ -21,11 +21,17 @@ var ErrNoFlowtable = errors.New("this kernel has no nftables flowtable (load nf_
 // ErrNoTC: no way to attach the tc program.
 var ErrNoTC = errors.New("this kernel cannot run the tc datapath (needs eBPF with cls_bpf or tcx and bpf_redirect_neigh)")
 
+// ErrTCNotNATSafe: the tc datapath was asked for, but the kernel cannot tell it which flows
+// this node NATs.
+var ErrTCNotNATSafe = errors.New("the tc datapath runs without its NAT check: this kernel lacks the conntrack kfuncs (bpf_skb_ct_lookup, Linux >= 5.18 with BTF), so replies of connections this node's stack NATs to or from local Pods (a ClusterIP, a NodePort without SNAT) skip the un-NAT and break; use datapath auto, or set tc.natCheck: off if this node NATs no Pod traffic")
+
 // Plan says which classes each datapath serves; a nil State means the datapath is unused
 // (and its kernel state is removed).
 type Plan struct {
 	Flowtable *model.State `json:"flowtable,omitempty"`
 	TC        *model.State `json:"tc,omitempty"`
+	// Notes say why auto chose as it did where a faster datapath was set aside.
+	Notes []string `json:"notes,omitempty"`
 }
 
 // Summary is a short human description, e.g. "tc: pod-to-pod; flowtable: pod-to-service".
@@ -53,6 +59,12 @@ func tcAvailable(caps probe.Result) bool {
 	return (caps.Has(probe.TCX) || caps.Has(probe.ClsBPF)) && caps.Has(probe.RedirectNeigh)
 }
 
+// natSafe: the tc program can keep the flows this node NATs on the stack, or the user says
+// there are none.
+func natSafe(s model.State, caps probe.Result) bool {
+	return caps.Has(probe.ConntrackKfuncs) || s.TCNATCheck == model.NATCheckOff
+}
+
 func withClasses(s model.State, cs []model.Class) *model.State {
 	s.Classes = cs
 	return &s
@@ -73,14 +85,23 @@ func Choose(s model.State, caps probe.Result) (Plan, error) {
 		if !tcAvailable(caps) {
 			return Plan{}, ErrNoTC
 		}
+		if !natSafe(s, caps) {
+			return Plan{TC: &s}, ErrTCNotNATSafe
+		}
 		return Plan{TC: &s}, nil
 	case model.DatapathAuto:
-		// tc wins for the classes it serves (stateless: best for short connections, seed
-		// 000's TCP_CRR); the flowtable takes the rest, which need the host's NAT. But when
-		// this node DNATs Pod traffic itself (pod-to-service), a backend Pod's reply looks
-		// like pod-to-pod to the stateless program and would skip the un-DNAT: then
-		// pod-to-pod stays on the (stateful) flowtable too.
-		useTC := tcAvailable(caps) && !s.Enabled(model.PodToService)
+		// tc wins for the classes it serves (no connection setup: best for short
+		// connections, seed 000's TCP_CRR); the flowtable takes the rest, which need the
+		// host's NAT. tc is chosen only where it can tell the flows this node's stack NATs
+		// (a backend Pod's reply to a ClusterIP connection looks like pod-to-pod): with the
+		// conntrack kfuncs, or on the user's word that the host stack NATs no Pod traffic
+		// (tc.natCheck: off). Otherwise nothing says this node does not DNAT, and the
+		// stateful flowtable keeps those classes.
+		useTC := tcAvailable(caps) && natSafe(s, caps)
+		var p Plan
+		if tcAvailable(caps) && !useTC {
+			p.Notes = append(p.Notes, "auto keeps pod-to-pod and node-to-remote-pod off the tc datapath: this kernel lacks bpf_skb_ct_lookup, so tc could not tell the flows this node NATs (set tc.natCheck: off if it NATs no Pod traffic)")
+		}
 		var viaTC, rest []model.Class
 		for _, c := range s.Classes {
 			if useTC && slices.Contains(tc.Supported, c) {
@@ -89,7 +110,6 @@ func Choose(s model.State, caps probe.Result) (Plan, error) {
 				rest = append(rest, c)
 			}
 		}
-		var p Plan
 		if len(viaTC) > 0 {
 			p.TC = withClasses(s, viaTC)
 		}

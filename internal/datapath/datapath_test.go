@@ -22,7 +22,7 @@ func kernel(features ...string) probe.Result {
 
 var (
 	full     = kernel(probe.All...)
-	noFT     = kernel(probe.NFTables, probe.TCX, probe.ClsBPF, probe.RedirectNeigh) // this host
+	noFT     = kernel(probe.NFTables, probe.TCX, probe.ClsBPF, probe.RedirectNeigh, probe.ConntrackKfuncs) // this host
 	noEBPF   = kernel(probe.NFTables, probe.Flowtable, probe.FlowtableCounter)
 	allClass = []model.Class{model.PodToPod, model.NodeToRemotePod, model.ExternalToNodePort}
 )
@@ -44,12 +44,30 @@ func TestChooseAuto(t *testing.T) {
 	}
 }
 
-// This node DNATs Pod traffic (pod-to-service): a backend Pod's reply would look like
-// pod-to-pod to the stateless tc program and skip the un-DNAT, so auto keeps it stateful.
-func TestChooseAutoWithPodNAT(t *testing.T) {
+// With the NAT check (conntrack kfuncs) tc serves its classes beside the NAT classes; without
+// it auto cannot know that this node does not DNAT Pod traffic (a backend Pod's reply would
+// skip the un-DNAT), so the flowtable keeps them, unless the user says there is no such NAT.
+func TestChooseAutoNAT(t *testing.T) {
 	s := model.State{Datapath: model.DatapathAuto, Classes: append([]model.Class{model.PodToService}, allClass...)}
-	if p, err := Choose(s, full); err != nil || p.TC != nil || len(p.Flowtable.Classes) != 4 {
-		t.Errorf("pod-to-service on: %s %v", p.Summary(), err)
+	if p, err := Choose(s, full); err != nil || p.Summary() != "tc: [pod-to-pod node-to-remote-pod]; flowtable: [pod-to-service external-to-nodeport]" || len(p.Notes) > 0 {
+		t.Errorf("pod-to-service on, NAT check: %s %v %v", p.Summary(), p.Notes, err)
+	}
+	noCT := kernel(probe.NFTables, probe.Flowtable, probe.FlowtableCounter, probe.TCX, probe.ClsBPF, probe.RedirectNeigh)
+	for _, cs := range [][]model.Class{{model.PodToPod}, s.Classes} {
+		s := model.State{Datapath: model.DatapathAuto, Classes: cs}
+		p, err := Choose(s, noCT)
+		if err != nil || p.TC != nil || len(p.Flowtable.Classes) != len(cs) || len(p.Notes) != 1 {
+			t.Errorf("%v without the NAT check: %s %v %v", cs, p.Summary(), p.Notes, err)
+		}
+		s.TCNATCheck = model.NATCheckOff
+		if p, err := Choose(s, noCT); err != nil || p.TC == nil || len(p.Notes) > 0 {
+			t.Errorf("%v, natCheck off: %s %v %v", cs, p.Summary(), p.Notes, err)
+		}
+	}
+	// Asked for explicitly, tc runs, and says what it risks.
+	s = model.State{Datapath: model.DatapathTC, Classes: []model.Class{model.PodToPod}}
+	if p, err := Choose(s, noCT); !errors.Is(err, ErrTCNotNATSafe) || p.TC == nil {
+		t.Errorf("tc without the NAT check: %s %v", p.Summary(), err)
 	}
 }
 

@@ -2,10 +2,7 @@ package tc
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,36 +11,6 @@ import (
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
-
-// A kube-proxy-like node: a ClusterIP DNAT-ed in the host stack to the remote Pod (the reply
-// comes back over the transport, toward the local Pod), and a NodePort on the Node's transport
-// address DNAT-ed without SNAT to the local Pod (externalTrafficPolicy: Local; the reply leaves
-// over the gateway, from the local Pod to a peer node).
-const (
-	clusterIPPort = 8080
-	nodePort      = 30080
-)
-
-var clusterIP = map[bool]netip.Addr{false: netip.MustParseAddr("10.96.0.10"), true: netip.MustParseAddr("fd00:10:96::10")}
-
-func kubeProxyRules(topo *testbed.Topo) string {
-	var b strings.Builder
-	for _, v6 := range []bool{false, true} {
-		a, fam, l3 := topo.Addrs(v6), "ip", "ip"
-		if v6 {
-			fam, l3 = "ip6", "ip6"
-		}
-		fmt.Fprintf(&b, `table %[1]s hostaccel-test-kp {
-	chain prerouting {
-		type nat hook prerouting priority dstnat; policy accept;
-		%[2]s daddr %[3]s meta l4proto { tcp, udp } th dport %[4]d dnat %[2]s to %[5]s
-		%[2]s daddr %[6]s tcp dport %[7]d dnat %[2]s to %[8]s
-	}
-}
-`, fam, l3, clusterIP[v6], clusterIPPort, a.RemotePod, a.Node, nodePort, a.Pod)
-	}
-	return b.String()
-}
 
 // exchange moves 64 KiB each way over TCP and 20 UDP echoes (unless tcpOnly) from a client in
 // from to a server in to listening on listen, dialled as dial (its port is the server's).
@@ -82,7 +49,7 @@ func exchange(from, to *testbed.NS, src netip.Addr, listen, dial netip.AddrPort,
 // test able to fail.
 func TestNAT(t *testing.T) {
 	e := newEnv(t, "")
-	if err := nftIn(e.topo.Node, kubeProxyRules(e.topo)); err != nil {
+	if err := e.topo.Node.NFT(e.topo.KubeProxyRules()); err != nil {
 		t.Fatal(err)
 	}
 	if !haveConntrackKfuncs() {
@@ -96,12 +63,12 @@ func TestNAT(t *testing.T) {
 	clusterIPCase := func(v6 bool) error {
 		a := e.topo.Addrs(v6)
 		return exchange(e.topo.Pod, e.topo.Remote, a.Pod,
-			netip.AddrPortFrom(a.RemotePod, clusterIPPort), netip.AddrPortFrom(clusterIP[v6], clusterIPPort), false)
+			netip.AddrPortFrom(a.RemotePod, testbed.ClusterIPPort), netip.AddrPortFrom(testbed.ClusterIP(v6), testbed.ClusterIPPort), false)
 	}
 	nodePortCase := func(v6 bool) error {
 		a := e.topo.Addrs(v6)
 		return exchange(e.topo.Remote, e.topo.Pod, a.Remote,
-			netip.AddrPortFrom(a.Pod, nodePort), netip.AddrPortFrom(a.Node, nodePort), true)
+			netip.AddrPortFrom(a.Pod, testbed.NodePort), netip.AddrPortFrom(a.Node, testbed.NodePort), true)
 	}
 
 	for _, c := range []struct {
@@ -182,15 +149,4 @@ func TestNAT(t *testing.T) {
 		t.Errorf("%d conntrack entries left after a flush: references leaked", n)
 	}
 	e.do(func() error { return NewManager().Remove(context.Background()) })
-}
-
-// nftIn loads an nft script in ns.
-func nftIn(ns *testbed.NS, script string) error {
-	f := filepath.Join(os.TempDir(), fmt.Sprintf("hostaccel-kp-%d.nft", os.Getpid()))
-	if err := os.WriteFile(f, []byte(script), 0o600); err != nil {
-		return err
-	}
-	defer os.Remove(f)
-	_, err := ns.Exec("nft", "-f", f)
-	return err
 }
