@@ -1,23 +1,48 @@
-// Package tc is the tc datapath: a stateless eBPF router at tc ingress of the gateway and
-// transport devices. Render turns a model.State into the Desired contents of the program's
-// maps (pure); Manager loads, attaches, updates, observes and removes the program set in the
-// calling thread's network namespace.
+// Package tc is the tc datapath: an eBPF router at tc ingress of the gateway and transport
+// devices. Render turns a model.State into the Desired contents of the program's maps (pure);
+// Manager loads, attaches, updates, observes and removes the program set in the calling
+// thread's network namespace.
+//
+// Files by concern: render.go (model -> Desired), maps.go (Desired -> map contents: the
+// flattened address trie, flags), progset.go (the loaded program and its typed maps, found
+// again by ID), observe.go (what the kernel has attached), attach.go (tcx, clsact + cls_bpf),
+// routes.go (the agent's fallback routes), manager.go (Apply, Remove), status.go (counters).
 //
 // # Per packet (bpf/fastpath.c)
 //
 // Frames not addressed to the device (pkt_type != HOST), VLAN-tagged ones, devices not in
-// the ifaces map, non-IP, IPv4 with options, IPv6 with extension headers and anything but
-// TCP and UDP (ICMP and its errors, ND, ARP) are handed on untouched. The class follows from
-// the addresses and the role of the input device: on a gateway, local Pod -> peer Pod is
-// pod-to-pod and local Pod -> peer node node-to-remote-pod (the replies); on a transport,
-// peer Pod -> local Pod and peer node -> local Pod. Disabled classes and excluded sources or
-// destinations pass; so does a TTL / hop limit <= 1 (the stack sends time exceeded). Then
-// bpf_fib_lookup routes the packet from its input device: on success to one of our devices,
-// the TTL / hop limit is decremented (IPv4 checksum fixed with bpf_l3_csum_replace) and
-// bpf_redirect_neigh sends it to the FIB's next hop, the kernel filling in both MACs from its
-// neighbour table. An unresolved neighbour, a packet too big for the route (GSO packets are
-// checked by segment) or any other outcome passes, so the stack resolves, sends the ICMP
-// error, or does whatever it would have done. Nothing is ever dropped.
+// the ifaces map, non-IP, IPv4 with options or fragments, IPv6 with extension headers and
+// anything but TCP and UDP (ICMP and its errors, ND, ARP) are handed on untouched. Each
+// address is looked up once in one LPM trie per family, whose value holds all its roles (local
+// Pod, peer Pod, peer node, excluded: the agent gives every prefix the roles of the prefixes
+// that contain it) and the agent's route. The class follows from the roles and the input
+// device: on a gateway, local Pod -> peer Pod is pod-to-pod and local Pod -> peer node
+// node-to-remote-pod (the replies); on a transport, peer Pod -> local Pod and peer node ->
+// local Pod. Disabled classes and excluded sources or destinations pass; so does a TTL / hop
+// limit <= 1 (the stack sends time exceeded).
+//
+// Then the NAT check: the packet's tuple is looked up in conntrack (bpf_skb_ct_lookup, Linux
+// >= 5.18). A flow conntrack knows as source- or destination-NAT-ed by this node (a backend
+// Pod's reply to a ClusterIP connection, a local Pod's reply to a NodePort connection without
+// SNAT) goes to the stack, which un-NATs it (and in auto, the flowtable accelerates it); the
+// reference is released on every path. Pure pod-to-pod flows have no entry at all (both
+// directions are redirected, so the stack never sees them) and keep the redirect. Where the
+// check runs is the config's tc.natCheck: both directions (default), toward-pods (packets
+// arriving on a transport), or off. The kfuncs are linked at load time: the agent tells the
+// program (a read-only variable) whether the kernel's BTF has them, and loads it again once
+// nf_conntrack appears; without them the check is skipped and status says so.
+//
+// bpf_fib_lookup then routes the packet from its input device. On success to one of our
+// devices the TTL / hop limit is decremented (the IPv4 checksum adjusted incrementally), the
+// MACs of the FIB's answer are written (never configured ones), and the packet leaves with
+// bpf_redirect_peer when the output device is a veth whose peer is in another network
+// namespace (a Pod's: ingress to ingress, no second pass through a backlog queue; the frame
+// keeps pkt_type HOST, which is all kernels before 6.15 need), else with bpf_redirect to the
+// device's egress. An unresolved neighbour goes out with bpf_redirect_neigh to the FIB's next
+// hop (the neighbour code resolves it, queueing meanwhile). The FIB checks the MTU of packets
+// sent as they are; GSO packets are checked by segment (bpf_check_mtu). A packet too big, no
+// route, or a route through a device that is not ours passes, so the stack sends the ICMP
+// error or does whatever it would have done. Nothing is ever dropped.
 //
 // "Pass" is TC_ACT_UNSPEC, not TC_ACT_OK: the next tcx program or tc filter still runs (with
 // tcx, TC_ACT_OK would skip them), then the stack.
@@ -26,15 +51,12 @@
 //
 // bpf_fib_lookup returns BPF_FIB_LKUP_RET_FWD_DISABLED whenever forwarding is off on the
 // device it is given, whatever the flags: net/core/filter.c checks IN_DEV_FORWARD (IPv6:
-// idev->cnf.forwarding) before it looks at BPF_FIB_LOOKUP_DIRECT or _OUTPUT. Verified on
-// Linux 6.18 with flags 0, DIRECT, OUTPUT, OUTPUT|DIRECT and SKIP_NEIGH, with the input
-// device and with lo. So the agent gives the program a route of its own: every local_pod,
-// peer_pod and peer_node entry carries the device of the most specific main-table route that
-// covers the whole prefix (refreshed on every Apply; 0 when that is not one of our devices).
-// When the FIB refuses, the program checks the MTU of that device (bpf_check_mtu) and calls
-// bpf_redirect_neigh without a next hop: the helper's own output route lookup on that device
-// (ip_route_output_flow, which has no forwarding check) finds the gateway, and the neighbour
-// code resolves it, queueing rather than dropping. These packets are also counted as
+// idev->cnf.forwarding) before it looks at BPF_FIB_LOOKUP_DIRECT or _OUTPUT. So every routed
+// prefix of the trie carries the device of the most specific main-table route that covers it
+// (refreshed on every Apply; 0 when that is not one of our devices). When the FIB refuses, the
+// program checks the MTU of that device and calls bpf_redirect_neigh without a next hop: the
+// helper's own output route lookup (ip_route_output_flow, which has no forwarding check) finds
+// the gateway, and the neighbour code resolves it. These packets are counted as
 // "forwarding-off". On a node that forwards, the FIB decides every packet.
 //
 // # Attaching and finding it again
@@ -48,9 +70,9 @@
 // process, in any mount namespace (ip netns exec has no /sys/fs/bpf), finds it by asking the
 // kernel: tcx programs of each device (BPF_PROG_QUERY) and its cls_bpf filters (netlink),
 // program ID -> name hostaccel_fp -> maps by the program's map IDs. Replacing the program
-// (an upgrade: the config map records a hash of the object it was loaded from) is atomic per
-// device (BPF_F_REPLACE, or replacing the filter in place); a new set's maps are filled before
-// it is attached anywhere.
+// (an upgrade, or the conntrack kfuncs appearing: the config map records a hash of the object
+// and whether they were linked) is atomic per device (BPF_F_REPLACE, or replacing the filter
+// in place); a new set's maps are filled before it is attached anywhere.
 //
 // # Caveats
 //

@@ -25,6 +25,14 @@ type fastpathCounter struct {
 	Bytes   uint64
 }
 
+type fastpathEndpoint struct {
+	_     structs.HostLayout
+	Addr  [16]uint8
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
 type fastpathIface struct {
 	_     structs.HostLayout
 	Role  uint32
@@ -57,6 +65,7 @@ const (
 	fastpathMapAddrs4          = "addrs4"
 	fastpathMapAddrs6          = "addrs6"
 	fastpathMapConfig          = "config"
+	fastpathMapHanded          = "handed"
 	fastpathMapIfaces          = "ifaces"
 	fastpathMapStats           = "stats"
 	fastpathProgHostaccelFp    = "hostaccel_fp"
@@ -115,6 +124,7 @@ type fastpathMapSpecs struct {
 	Addrs4 *ebpf.MapSpec `ebpf:"addrs4"`
 	Addrs6 *ebpf.MapSpec `ebpf:"addrs6"`
 	Config *ebpf.MapSpec `ebpf:"config"`
+	Handed *ebpf.MapSpec `ebpf:"handed"`
 	Ifaces *ebpf.MapSpec `ebpf:"ifaces"`
 	Stats  *ebpf.MapSpec `ebpf:"stats"`
 }
@@ -149,6 +159,7 @@ type fastpathMaps struct {
 	Addrs4 *ebpf.Map `ebpf:"addrs4"`
 	Addrs6 *ebpf.Map `ebpf:"addrs6"`
 	Config *ebpf.Map `ebpf:"config"`
+	Handed *ebpf.Map `ebpf:"handed"`
 	Ifaces *ebpf.Map `ebpf:"ifaces"`
 	Stats  *ebpf.Map `ebpf:"stats"`
 }
@@ -158,6 +169,7 @@ func (m *fastpathMaps) Close() error {
 		m.Addrs4,
 		m.Addrs6,
 		m.Config,
+		m.Handed,
 		m.Ifaces,
 		m.Stats,
 	)

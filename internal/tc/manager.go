@@ -3,11 +3,13 @@ package tc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 
+	"github.com/hostaccel/hostaccel/internal/conntrack"
 	"github.com/hostaccel/hostaccel/internal/probe"
 )
 
@@ -101,6 +103,15 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 		res.Loaded = true
 	}
 	res.ProgramID = set.id
+	if fresh && res.NATCheck {
+		flows, err := conntrack.List(ctx)
+		if err == nil {
+			err = set.rememberNATed(flows)
+		}
+		if err != nil {
+			return res, fmt.Errorf("tc: the NAT-ed connections already open: %w", err)
+		}
+	}
 	cur, err := set.read()
 	if err != nil {
 		return res, err

@@ -322,7 +322,6 @@ func isTo(f []byte, dst netip.Addr) bool {
 	return len(f) >= 54 && f[12] == 0x86 && f[13] == 0xdd && bytes.Equal(f[38:54], dst.AsSlice())
 }
 
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 func mac(t *testing.T, ns *testbed.NS, dev string) net.HardwareAddr {
 	t.Helper()
@@ -539,7 +538,7 @@ func removeAndCheck(t *testing.T, e *env, ownClsact bool) {
 			return fmt.Errorf("program %d: %v", st.ProgramID, err)
 		}
 		defer s.Close()
-		for _, m := range []*ebpf.Map{s.maps.Ifaces, s.maps.Addrs4, s.maps.Addrs6, s.maps.Config, s.maps.Stats} {
+		for _, m := range []*ebpf.Map{s.maps.Ifaces, s.maps.Addrs4, s.maps.Addrs6, s.maps.Config, s.maps.Stats, s.maps.Handed} {
 			info, err := m.Info()
 			if err != nil {
 				return err
@@ -549,8 +548,8 @@ func removeAndCheck(t *testing.T, e *env, ownClsact bool) {
 		}
 		return nil
 	})
-	if len(maps) != 5 {
-		t.Errorf("program %d has %d maps, want 5", st.ProgramID, len(maps))
+	if len(maps) != 6 {
+		t.Errorf("program %d has %d maps, want 6", st.ProgramID, len(maps))
 	}
 	e.do(func() error { return NewManager().Remove(context.Background()) })
 	if st := e.status(); st.Mode != "" || len(st.Devices) > 0 {

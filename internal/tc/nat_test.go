@@ -2,6 +2,8 @@ package tc
 
 import (
 	"context"
+	"io"
+	"net"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -56,9 +58,72 @@ func TestNAT(t *testing.T) {
 		t.Fatal("this kernel lacks the conntrack kfuncs (bpf_skb_ct_lookup); both test kernels have them")
 	}
 	// The broken cases wait for nothing longer than they must.
-	io := testbed.IOTimeout
+	ioTimeout := testbed.IOTimeout
 	testbed.IOTimeout = 2 * time.Second
-	t.Cleanup(func() { testbed.IOTimeout = io })
+	t.Cleanup(func() { testbed.IOTimeout = ioTimeout })
+
+	// A connection through the ClusterIP that is older than the program (the agent started,
+	// or upgraded, on a busy node) and whose server speaks first: the program has seen no packet
+	// of it, yet the replies must reach the un-DNAT (conntrack's NAT-ed connections are entered
+	// when a program set is loaded).
+	type oldConn struct {
+		client net.Conn
+		server chan net.Conn
+	}
+	old := map[bool]oldConn{}
+	for _, v6 := range []bool{false, true} {
+		a := e.topo.Addrs(v6)
+		var ln net.Listener
+		if err := e.topo.Remote.Do(func() (err error) {
+			ln, err = net.Listen("tcp", netip.AddrPortFrom(a.RemotePod, testbed.ClusterIPPort+1).String())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		oc := oldConn{server: make(chan net.Conn, 1)}
+		go func() {
+			if c, err := ln.Accept(); err == nil {
+				oc.server <- c
+			}
+		}()
+		c, err := e.topo.Pod.DialTCP(a.Pod.String(), netip.AddrPortFrom(testbed.ClusterIP(v6), testbed.ClusterIPPort+1).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		oc.client = c
+		sc := <-oc.server
+		defer sc.Close()
+		oc.server <- sc
+		old[v6] = oc
+	}
+	serverSpeaks := func(when string) {
+		t.Helper()
+		for v6, oc := range old {
+			sc := <-oc.server
+			oc.server <- sc
+			go sc.Write(make([]byte, 64<<10))
+			oc.client.SetReadDeadline(time.Now().Add(3 * time.Second))
+			if _, err := io.ReadFull(oc.client, make([]byte, 64<<10)); err != nil {
+				t.Errorf("%s: %s connection opened before the program, server to client: %v", when, fam(v6), err)
+			}
+		}
+	}
+	first := e.apply()
+	serverSpeaks("first apply")
+	e.do(func() error { // an upgrade: a set of another build is replaced
+		s, err := openSet(first.ProgramID)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		return s.maps.Config.Put(uint32(0), fastpathSettings{Classes: 0b11, NatCheck: 3, Build: 1})
+	})
+	if res := e.apply(); !res.Loaded {
+		t.Errorf("upgrade apply = %+v, want a new program set", res)
+	}
+	serverSpeaks("after an upgrade")
 
 	clusterIPCase := func(v6 bool) error {
 		a := e.topo.Addrs(v6)

@@ -9,6 +9,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
+
+	"github.com/hostaccel/hostaccel/internal/conntrack"
 )
 
 // progSet is a loaded program with its maps: loaded by this process (loadSet) or found in
@@ -108,6 +110,8 @@ func (s *progSet) slot(name string) **ebpf.Map {
 		return &s.maps.Config
 	case fastpathMapStats:
 		return &s.maps.Stats
+	case fastpathMapHanded:
+		return &s.maps.Handed
 	}
 	return nil
 }
@@ -117,7 +121,7 @@ func (s *progSet) Close() {
 		return
 	}
 	s.prog.Close()
-	for _, m := range []*ebpf.Map{s.maps.Ifaces, s.maps.Addrs4, s.maps.Addrs6, s.maps.Config, s.maps.Stats} {
+	for _, m := range []*ebpf.Map{s.maps.Ifaces, s.maps.Addrs4, s.maps.Addrs6, s.maps.Config, s.maps.Stats, s.maps.Handed} {
 		if m != nil {
 			m.Close()
 		}
@@ -126,8 +130,38 @@ func (s *progSet) Close() {
 
 // usable reports whether the set has every map this build uses.
 func (s *progSet) usable() bool {
-	return s.maps.Ifaces != nil && s.maps.Addrs4 != nil && s.maps.Addrs6 != nil && s.maps.Config != nil && s.maps.Stats != nil
+	return s.maps.Ifaces != nil && s.maps.Addrs4 != nil && s.maps.Addrs6 != nil && s.maps.Config != nil && s.maps.Stats != nil && s.maps.Handed != nil
 }
+
+// rememberNATed enters the client end of every connection conntrack knows as NAT-ed into the
+// handed map of a set about to be attached: the program records such ends only as their
+// packets pass it, and a reply to a connection that is older than the program would
+// otherwise be redirected past the un-NAT.
+func (s *progSet) rememberNATed(flows []conntrack.Flow) error {
+	var errs []error
+	for _, f := range flows {
+		if !f.NATed() || (f.Orig.Proto != unix.IPPROTO_TCP && f.Orig.Proto != unix.IPPROTO_UDP) {
+			continue
+		}
+		e := fastpathEndpoint{Port: htons(f.Orig.SrcPort), Proto: f.Orig.Proto}
+		a := f.Orig.Src.Unmap()
+		if a.Is4() {
+			b := a.As4()
+			copy(e.Addr[:], b[:])
+		} else {
+			e.Addr = a.As16()
+		}
+		errs = append(errs, s.maps.Handed.Put(e, uint32(1)))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("handed: %w", err)
+	}
+	return nil
+}
+
+// htons is the network byte order of a port, as the program stores it (a __be16 read on a
+// little-endian host).
+func htons(p uint16) uint16 { return p<<8 | p>>8 }
 
 // read returns what the maps hold.
 func (s *progSet) read() (contents, error) {

@@ -8,7 +8,7 @@ import (
 	"strings"
 )
 
-// A kube-proxy-like Node for a Topo: a ClusterIP DNAT-ed in the host stack to the remote Pod
+// A kube-proxy-like Node for a Topo: a ClusterIP (ports ClusterIPPort and ClusterIPPort+1) DNAT-ed in the host stack to the remote Pod
 // (its replies come back over the transport, toward the local Pod), and a NodePort on the
 // Node's transport address DNAT-ed without SNAT to the local Pod (externalTrafficPolicy:
 // Local; its replies leave over the gateway, from the local Pod to the peer node).
@@ -36,11 +36,11 @@ func (t *Topo) KubeProxyRules() string {
 		fmt.Fprintf(&b, `table %[1]s hostaccel-test-kp {
 	chain prerouting {
 		type nat hook prerouting priority dstnat; policy accept;
-		%[1]s daddr %[2]s meta l4proto { tcp, udp } th dport %[3]d dnat %[1]s to %[4]s
+		%[1]s daddr %[2]s meta l4proto { tcp, udp } th dport { %[3]d, %[8]d } dnat %[1]s to %[4]s
 		%[1]s daddr %[5]s tcp dport %[6]d dnat %[1]s to %[7]s
 	}
 }
-`, fam, ClusterIP(v6), ClusterIPPort, a.RemotePod, a.Node, NodePort, a.Pod)
+`, fam, ClusterIP(v6), ClusterIPPort, a.RemotePod, a.Node, NodePort, a.Pod, ClusterIPPort+1)
 	}
 	return b.String()
 }

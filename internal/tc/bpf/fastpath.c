@@ -144,6 +144,27 @@ struct {
 	__type(value, struct settings);
 } config SEC(".maps");
 
+/* One end of a connection: an address (IPv4 in the first 4 bytes), a port, a protocol. */
+struct endpoint {
+	__u8 addr[16];
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+/* The client ends of the connections whose packets this program handed to the stack on their
+ * way from the Pods' side (a local Pod to a ClusterIP; a peer to a NodePort or the node): only
+ * those connections can have been NAT-ed by the stack, so conntrack is asked only about packets
+ * to such an end, their replies. Pure pod-to-pod flows never enter it and cost one lookup that
+ * misses instead of a conntrack lookup. Every packet handed on refreshes its entry; an entry is
+ * forgotten only when more than max_entries client ends are newer (LRU). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 131072);
+	__type(key, struct endpoint);
+	__type(value, __u32);
+} handed SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, NUM_STATS);
@@ -227,6 +248,23 @@ static __always_inline bool natted(struct __sk_buff *skb, struct bpf_sock_tuple 
 static __always_inline bool check_nat(struct settings *cfg, __u32 role)
 {
 	return cfg->nat_check & (role == ROLE_GATEWAY ? NAT_CHECK_FROM_PODS : NAT_CHECK_TOWARD_PODS);
+}
+
+/* remember records the sending end of a packet handed to the stack from the Pods' side. */
+static __always_inline void remember(struct endpoint *e)
+{
+	__u32 one = 1;
+
+	if (!bpf_map_lookup_elem(&handed, e)) /* a hit refreshes the LRU */
+		bpf_map_update_elem(&handed, e, &one, BPF_ANY);
+}
+
+/* sender reports whether a packet from an address with flags sf arriving on a device of role
+ * comes from the Pods' side of this node's classes: a local Pod on a gateway, a peer on a
+ * transport. */
+static __always_inline bool sender(__u32 role, __u32 sf)
+{
+	return sf & (role == ROLE_GATEWAY ? ADDR_LOCAL_POD : ADDR_PEER_POD | ADDR_PEER_NODE);
 }
 
 /* A GSO packet (a TCP super-packet from a local socket or GRO) is larger than any MTU yet fine
@@ -322,6 +360,7 @@ static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, str
 	struct bpf_fib_lookup fib = {};
 	struct bpf_sock_tuple t;
 	struct lpm4 key = {32};
+	struct endpoint ep = {};
 	struct addr *s, *d;
 	struct iface *out;
 	__be16 *ports;
@@ -337,13 +376,22 @@ static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, str
 	if (ip->frag_off & bpf_htons(0x3fff)) /* fragments: no ports to match on */
 		return PASS;
 	__builtin_memcpy(key.addr, &ip->saddr, 4);
-	if (!(s = bpf_map_lookup_elem(&addrs4, &key)))
+	if (!(s = bpf_map_lookup_elem(&addrs4, &key)) || !sender(in->role, s->flags))
 		return PASS;
 	__builtin_memcpy(key.addr, &ip->daddr, 4);
-	if (!(d = bpf_map_lookup_elem(&addrs4, &key)))
+	d = bpf_map_lookup_elem(&addrs4, &key);
+	class = d ? classify(in->role, s->flags, d->flags) : -1;
+	if (class < 0) {
+		/* To an address of no class (a ClusterIP, the node): the stack may NAT it. */
+		if (check_nat(cfg, in->role == ROLE_GATEWAY ? ROLE_TRANSPORT : ROLE_GATEWAY)) {
+			__builtin_memcpy(ep.addr, &ip->saddr, 4);
+			ep.port = ports[0];
+			ep.proto = ip->protocol;
+			remember(&ep);
+		}
 		return PASS;
-	class = classify(in->role, s->flags, d->flags);
-	if (class < 0 || !(cfg->classes & (1U << class)))
+	}
+	if (!(cfg->classes & (1U << class)))
 		return PASS;
 	if ((s->flags | d->flags) & ADDR_EXCLUDE) {
 		count(STAT_EXCLUDED, skb);
@@ -353,7 +401,10 @@ static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, str
 		count(STAT_TTL, skb);
 		return PASS;
 	}
-	if (check_nat(cfg, in->role)) {
+	__builtin_memcpy(ep.addr, &ip->daddr, 4);
+	ep.port = ports[1];
+	ep.proto = ip->protocol;
+	if (check_nat(cfg, in->role) && bpf_map_lookup_elem(&handed, &ep)) {
 		t.ipv4.saddr = ip->saddr;
 		t.ipv4.daddr = ip->daddr;
 		t.ipv4.sport = ports[0];
@@ -395,6 +446,7 @@ static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, str
 	struct bpf_fib_lookup fib = {};
 	struct bpf_sock_tuple t;
 	struct lpm6 key = {128};
+	struct endpoint ep = {};
 	struct addr *s, *d;
 	struct iface *out;
 	__be16 *ports;
@@ -408,13 +460,21 @@ static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, str
 	if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP)
 		return PASS;
 	__builtin_memcpy(key.addr, &ip6->saddr, 16);
-	if (!(s = bpf_map_lookup_elem(&addrs6, &key)))
+	if (!(s = bpf_map_lookup_elem(&addrs6, &key)) || !sender(in->role, s->flags))
 		return PASS;
 	__builtin_memcpy(key.addr, &ip6->daddr, 16);
-	if (!(d = bpf_map_lookup_elem(&addrs6, &key)))
+	d = bpf_map_lookup_elem(&addrs6, &key);
+	class = d ? classify(in->role, s->flags, d->flags) : -1;
+	if (class < 0) {
+		if (check_nat(cfg, in->role == ROLE_GATEWAY ? ROLE_TRANSPORT : ROLE_GATEWAY)) {
+			__builtin_memcpy(ep.addr, &ip6->saddr, 16);
+			ep.port = ports[0];
+			ep.proto = ip6->nexthdr;
+			remember(&ep);
+		}
 		return PASS;
-	class = classify(in->role, s->flags, d->flags);
-	if (class < 0 || !(cfg->classes & (1U << class)))
+	}
+	if (!(cfg->classes & (1U << class)))
 		return PASS;
 	if ((s->flags | d->flags) & ADDR_EXCLUDE) {
 		count(STAT_EXCLUDED, skb);
@@ -424,7 +484,10 @@ static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, str
 		count(STAT_TTL, skb);
 		return PASS;
 	}
-	if (check_nat(cfg, in->role)) {
+	__builtin_memcpy(ep.addr, &ip6->daddr, 16);
+	ep.port = ports[1];
+	ep.proto = ip6->nexthdr;
+	if (check_nat(cfg, in->role) && bpf_map_lookup_elem(&handed, &ep)) {
 		__builtin_memcpy(t.ipv6.saddr, &ip6->saddr, 16);
 		__builtin_memcpy(t.ipv6.daddr, &ip6->daddr, 16);
 		t.ipv6.sport = ports[0];
