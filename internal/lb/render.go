@@ -549,6 +549,8 @@ func (r *Ruleset) AddAll(tx *knftables.Transaction) {
 	}
 }
 
+func (t *Table) ref() TableRef { return TableRef{t.Family, t.Name} }
+
 func (t *Table) table() *knftables.Table {
 	return &knftables.Table{Family: t.Family, Name: t.Name, Comment: &t.Comment}
 }
