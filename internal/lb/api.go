@@ -207,7 +207,7 @@ func (r *Runtime) Handler() http.Handler {
 			}
 			name := req.PathValue("name")
 			if name == "" {
-				name = gjsonName(body)
+				name = serviceName(body)
 			}
 			s, _ := r.Status(req.Context(), false).Service(name)
 			writeJSON(w, status, s)
@@ -315,7 +315,8 @@ func (r *Runtime) Handler() http.Handler {
 	return mux
 }
 
-func gjsonName(body []byte) string {
+// serviceName is the name of the service in a request body ("" if it does not decode).
+func serviceName(body []byte) string {
 	s, _ := DecodeService(body)
 	return s.Name
 }
