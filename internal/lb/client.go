@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -36,17 +35,14 @@ func NewClient(socket, address, key string) *Client {
 // Do sends a request with an optional body (a value sent as JSON, or []byte sent as is:
 // YAML or JSON) and decodes the answer into out.
 func (c *Client) Do(ctx context.Context, method, path string, body, out any) error {
-	var rd io.Reader
-	if raw, ok := body.([]byte); ok {
-		rd = bytes.NewReader(raw)
-	} else if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
+	payload, raw := body.([]byte)
+	if !raw && body != nil {
+		var err error
+		if payload, err = json.Marshal(body); err != nil {
 			return err
 		}
-		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, bytes.NewReader(payload))
 	if err != nil {
 		return err
 	}
@@ -59,10 +55,11 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 		return fmt.Errorf("load balancer API (is the agent running with a loadBalancer section?): %w", err)
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
+	var answer bytes.Buffer
+	if _, err := answer.ReadFrom(resp.Body); err != nil {
 		return err
 	}
+	b := answer.Bytes()
 	if resp.StatusCode >= 300 {
 		var ae apiError
 		if json.Unmarshal(b, &ae) == nil && len(ae.Errors) > 0 {
