@@ -107,36 +107,49 @@ func call(c *cobra.Command, f *lbFlags, method, path string, body, out any) erro
 	return cl.Do(c.Context(), method, path, body, out)
 }
 
-func lbListCmd(f *lbFlags) *cobra.Command {
-	c := &cobra.Command{
-		Use:   "list",
-		Short: "List the services",
-		Args:  cobra.NoArgs,
-		RunE: func(c *cobra.Command, _ []string) error {
-			var svcs []lb.ServiceStatus
-			if err := call(c, f, http.MethodGet, "/v1/services", nil, &svcs); err != nil {
-				return err
-			}
-			if f.output == "json" {
-				return writeJSON(c.OutOrStdout(), svcs)
-			}
-			tw := newTab(c.OutOrStdout())
-			fmt.Fprintln(tw, "NAME\tORIGIN\tVIPS\tPROTO\tPORTS\tTOPOLOGY\tSCHEDULER\tBACKENDS (ACTIVE/ALL)\tPACKETS")
-			for _, s := range svcs {
-				active := 0
-				for _, b := range s.Backends {
-					if b.Active {
-						active++
-					}
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\n", s.Name, s.Origin, strings.Join(s.VIPs, ","), s.Protocol,
-					ints(s.Ports), s.Topology, s.Scheduler, active, len(s.Backends), s.Packets)
-			}
-			return tw.Flush()
-		},
+// callAndSay sends a request without a body and, when it succeeds, prints done.
+func callAndSay(c *cobra.Command, f *lbFlags, method, path, done string) error {
+	if err := call(c, f, method, path, nil, nil); err != nil {
+		return err
 	}
-	c.Flags().StringVarP(&f.output, "output", "o", "table", "table or json")
+	fmt.Fprintln(c.OutOrStdout(), done)
+	return nil
+}
+
+// viewCmd completes c, a command that reads: it GETs path(args) and prints the answer as
+// JSON with -o json, else with write.
+func viewCmd[T any](c *cobra.Command, f *lbFlags, path func(args []string) string, write func(w io.Writer, v T) error, formats string) *cobra.Command {
+	c.RunE = func(c *cobra.Command, args []string) error {
+		var v T
+		if err := call(c, f, http.MethodGet, path(args), nil, &v); err != nil {
+			return err
+		}
+		if f.output == "json" {
+			return writeJSON(c.OutOrStdout(), v)
+		}
+		return write(c.OutOrStdout(), v)
+	}
+	c.Flags().StringVarP(&f.output, "output", "o", "table", formats)
 	return c
+}
+
+func lbListCmd(f *lbFlags) *cobra.Command {
+	c := &cobra.Command{Use: "list", Short: "List the services", Args: cobra.NoArgs}
+	return viewCmd(c, f, func([]string) string { return "/v1/services" }, func(w io.Writer, svcs []lb.ServiceStatus) error {
+		tw := newTab(w)
+		fmt.Fprintln(tw, "NAME\tORIGIN\tVIPS\tPROTO\tPORTS\tTOPOLOGY\tSCHEDULER\tBACKENDS (ACTIVE/ALL)\tPACKETS")
+		for _, s := range svcs {
+			active := 0
+			for _, b := range s.Backends {
+				if b.Active {
+					active++
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\n", s.Name, s.Origin, strings.Join(s.VIPs, ","), s.Protocol,
+				ints(s.Ports), s.Topology, s.Scheduler, active, len(s.Backends), s.Packets)
+		}
+		return tw.Flush()
+	}, "table or json")
 }
 
 func newTab(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 2, 8, 2, ' ', 0) }
@@ -154,28 +167,19 @@ func lbShowCmd(f *lbFlags) *cobra.Command {
 		Use:   "show NAME",
 		Short: "Show a service: its definition (-o yaml), or its backends' states",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(c *cobra.Command, args []string) error {
-			var s lb.ServiceStatus
-			if err := call(c, f, http.MethodGet, lb.ServicePath(args[0]), nil, &s); err != nil {
-				return err
-			}
-			switch f.output {
-			case "json":
-				return writeJSON(c.OutOrStdout(), s)
-			case "yaml":
-				b, err := yaml.Marshal(s.Service)
-				if err != nil {
-					return err
-				}
-				_, err = c.OutOrStdout().Write(b)
-				return err
-			}
-			lb.WriteService(c.OutOrStdout(), s)
-			return nil
-		},
 	}
-	c.Flags().StringVarP(&f.output, "output", "o", "table", "table, json, or yaml (the definition, for add -f)")
-	return c
+	return viewCmd(c, f, func(args []string) string { return lb.ServicePath(args[0]) }, func(w io.Writer, s lb.ServiceStatus) error {
+		if f.output == "yaml" {
+			b, err := yaml.Marshal(s.Service)
+			if err != nil {
+				return err
+			}
+			_, err = w.Write(b)
+			return err
+		}
+		lb.WriteService(w, s)
+		return nil
+	}, "table, json, or yaml (the definition, for add -f)")
 }
 
 func lbStatusCmd(f *lbFlags) *cobra.Command {
@@ -183,20 +187,11 @@ func lbStatusCmd(f *lbFlags) *cobra.Command {
 		Use:   "status",
 		Short: "Every service and backend: admin state, health, last check, transitions, packets",
 		Args:  cobra.NoArgs,
-		RunE: func(c *cobra.Command, _ []string) error {
-			var st lb.Status
-			if err := call(c, f, http.MethodGet, "/v1/status", nil, &st); err != nil {
-				return err
-			}
-			if f.output == "json" {
-				return writeJSON(c.OutOrStdout(), st)
-			}
-			lb.WriteStatus(c.OutOrStdout(), st)
-			return nil
-		},
 	}
-	c.Flags().StringVarP(&f.output, "output", "o", "table", "table or json")
-	return c
+	return viewCmd(c, f, func([]string) string { return "/v1/status" }, func(w io.Writer, st lb.Status) error {
+		lb.WriteStatus(w, st)
+		return nil
+	}, "table or json")
 }
 
 // svcFlags are a service's fields as flags; for set, only the flags given change.
@@ -334,9 +329,26 @@ func parseBackend(spec string) (lb.Backend, error) {
 	return b, nil
 }
 
-func printService(c *cobra.Command, s lb.ServiceStatus, verb string) {
+// changeService sends a change of a service and prints the service as the agent applied it.
+func changeService(c *cobra.Command, f *lbFlags, method, path string, body any, verb string) error {
+	var s lb.ServiceStatus
+	if err := call(c, f, method, path, body, &s); err != nil {
+		return err
+	}
 	fmt.Fprintf(c.OutOrStdout(), "%s: %s\n", s.Name, verb)
 	lb.WriteService(c.OutOrStdout(), s)
+	return nil
+}
+
+// body is what add and set send: the file given with -f as is, else the flags given as a
+// merge patch (returned also as patch).
+func (s *svcFlags) body(c *cobra.Command) (body any, patch map[string]any, err error) {
+	if s.file != "" {
+		b, err := os.ReadFile(s.file)
+		return b, nil, err
+	}
+	p, err := s.patch(c)
+	return p, p, err
 }
 
 func lbAddCmd(f *lbFlags) *cobra.Command {
@@ -348,30 +360,17 @@ func lbAddCmd(f *lbFlags) *cobra.Command {
 			"      --backend 10.0.1.11:8080,weight=1 --backend 10.0.1.12:8080,weight=2 --check http --check-path /healthz",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			var body any
-			if s.file != "" {
-				b, err := os.ReadFile(s.file)
-				if err != nil {
-					return err
-				}
-				body = b
-			} else {
-				if len(args) != 1 {
-					return fmt.Errorf("give the service's name, or -f FILE")
-				}
-				p, err := s.patch(c)
-				if err != nil {
-					return err
-				}
-				p["name"] = args[0]
-				body = p
+			if s.file == "" && len(args) != 1 {
+				return fmt.Errorf("give the service's name, or -f FILE")
 			}
-			var out lb.ServiceStatus
-			if err := call(c, f, http.MethodPost, "/v1/services", body, &out); err != nil {
+			body, p, err := s.body(c)
+			if err != nil {
 				return err
 			}
-			printService(c, out, "added")
-			return nil
+			if p != nil {
+				p["name"] = args[0]
+			}
+			return changeService(c, f, http.MethodPost, "/v1/services", body, "added")
 		},
 	}
 	s.add(c, true)
@@ -386,29 +385,18 @@ func lbSetCmd(f *lbFlags) *cobra.Command {
 		Example: "  hostaccel lb set web --scheduler hash --hash-fields src-ip,src-port\n  hostaccel lb set web --persistence 0s",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			var out lb.ServiceStatus
-			if s.file != "" {
-				b, err := os.ReadFile(s.file)
-				if err != nil {
-					return err
-				}
-				if err := call(c, f, http.MethodPut, lb.ServicePath(args[0]), b, &out); err != nil {
-					return err
-				}
-			} else {
-				p, err := s.patch(c)
-				if err != nil {
-					return err
-				}
+			body, p, err := s.body(c)
+			if err != nil {
+				return err
+			}
+			method := http.MethodPut // the whole service, from the file
+			if p != nil {
 				if len(p) == 0 {
 					return fmt.Errorf("nothing to change: give flags, or -f FILE")
 				}
-				if err := call(c, f, http.MethodPatch, lb.ServicePath(args[0]), p, &out); err != nil {
-					return err
-				}
+				method = http.MethodPatch
 			}
-			printService(c, out, "changed")
-			return nil
+			return changeService(c, f, method, lb.ServicePath(args[0]), body, "changed")
 		},
 	}
 	s.add(c, true)
@@ -421,11 +409,7 @@ func lbDeleteCmd(f *lbFlags) *cobra.Command {
 		Short: "Delete a service (one from the config file stays deleted until `lb reset`)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			if err := call(c, f, http.MethodDelete, lb.ServicePath(args[0]), nil, nil); err != nil {
-				return err
-			}
-			fmt.Fprintf(c.OutOrStdout(), "service %s deleted\n", args[0])
-			return nil
+			return callAndSay(c, f, http.MethodDelete, lb.ServicePath(args[0]), "service "+args[0]+" deleted")
 		},
 	}
 }
@@ -436,11 +420,7 @@ func lbResetCmd(f *lbFlags) *cobra.Command {
 		Short: "Forget the API's changes to a service: the config file's definition (or none) applies again",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			if err := call(c, f, http.MethodPost, lb.ServicePath(args[0])+"/reset", nil, nil); err != nil {
-				return err
-			}
-			fmt.Fprintf(c.OutOrStdout(), "service %s reset to the config file\n", args[0])
-			return nil
+			return callAndSay(c, f, http.MethodPost, lb.ServicePath(args[0])+"/reset", "service "+args[0]+" reset to the config file")
 		},
 	}
 }
@@ -464,22 +444,12 @@ func lbBackendCmd(f *lbFlags) *cobra.Command {
 				return err
 			}
 			nb.Weight, nb.Priority, nb.State, nb.MAC = b.Weight, b.Priority, b.State, b.MAC
-			var out lb.ServiceStatus
-			if err := call(c, f, http.MethodPost, lb.ServicePath(args[0])+"/backends", nb, &out); err != nil {
-				return err
-			}
-			printService(c, out, "backend "+args[1]+" added")
-			return nil
+			return changeService(c, f, http.MethodPost, lb.ServicePath(args[0])+"/backends", nb, "backend "+args[1]+" added")
 		},
 	}
 	addFlags(add)
 	patch := func(c *cobra.Command, args []string, p map[string]any, what string) error {
-		var out lb.ServiceStatus
-		if err := call(c, f, http.MethodPatch, lb.BackendPath(args[0], backendKey(args[1])), p, &out); err != nil {
-			return err
-		}
-		printService(c, out, "backend "+args[1]+" "+what)
-		return nil
+		return changeService(c, f, http.MethodPatch, lb.BackendPath(args[0], backendKey(args[1])), p, "backend "+args[1]+" "+what)
 	}
 	set := &cobra.Command{
 		Use:   "set SERVICE BACKEND",
@@ -513,11 +483,7 @@ func lbBackendCmd(f *lbFlags) *cobra.Command {
 		Short:   "Remove a backend",
 		Args:    cobra.ExactArgs(2),
 		RunE: func(c *cobra.Command, args []string) error {
-			if err := call(c, f, http.MethodDelete, lb.BackendPath(args[0], backendKey(args[1])), nil, nil); err != nil {
-				return err
-			}
-			fmt.Fprintf(c.OutOrStdout(), "service %s: backend %s removed\n", args[0], args[1])
-			return nil
+			return callAndSay(c, f, http.MethodDelete, lb.BackendPath(args[0], backendKey(args[1])), "service "+args[0]+": backend "+args[1]+" removed")
 		},
 	}
 	c.AddCommand(add, set, drain, remove)

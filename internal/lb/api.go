@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -208,7 +207,7 @@ func (r *Runtime) Handler() http.Handler {
 			}
 			name := req.PathValue("name")
 			if name == "" {
-				name = gjsonName(body)
+				name = serviceName(body)
 			}
 			s, _ := r.Status(req.Context(), false).Service(name)
 			writeJSON(w, status, s)
@@ -316,7 +315,8 @@ func (r *Runtime) Handler() http.Handler {
 	return mux
 }
 
-func gjsonName(body []byte) string {
+// serviceName is the name of the service in a request body ("" if it does not decode).
+func serviceName(body []byte) string {
 	s, _ := DecodeService(body)
 	return s.Name
 }
@@ -411,72 +411,4 @@ func (r *Runtime) change(ctx context.Context, fn func(svcs []Service, o *Overlay
 		return fmt.Errorf("%w (the change was rolled back)", err)
 	}
 	return err
-}
-
-// Client talks to a running agent's API.
-type Client struct {
-	HTTP *http.Client
-	Base string // http://lb (unix socket) or http://host:port
-	Key  string
-}
-
-// NewClient returns a client for a unix socket, or for a TCP address with a key.
-func NewClient(socket, address, key string) *Client {
-	if address != "" {
-		return &Client{HTTP: &http.Client{Timeout: 30 * time.Second}, Base: "http://" + address, Key: key}
-	}
-	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", socket)
-	}}
-	return &Client{HTTP: &http.Client{Transport: tr, Timeout: 30 * time.Second}, Base: "http://lb"}
-}
-
-// Do sends a request with an optional body (a value sent as JSON, or []byte sent as is:
-// YAML or JSON) and decodes the answer into out.
-func (c *Client) Do(ctx context.Context, method, path string, body, out any) error {
-	var rd io.Reader
-	if raw, ok := body.([]byte); ok {
-		rd = bytes.NewReader(raw)
-	} else if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, rd)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if c.Key != "" {
-		req.Header.Set("Authorization", "Bearer "+c.Key)
-	}
-	resp, err := c.HTTP.Do(req)
-	if err != nil {
-		return fmt.Errorf("load balancer API (is the agent running with a loadBalancer section?): %w", err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode >= 300 {
-		var ae apiError
-		if json.Unmarshal(b, &ae) == nil && len(ae.Errors) > 0 {
-			return errors.New(strings.Join(ae.Errors, "\n"))
-		}
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(b)))
-	}
-	if out != nil {
-		return json.Unmarshal(b, out)
-	}
-	return nil
-}
-
-// ServicePath and BackendPath build API paths.
-func ServicePath(name string) string { return "/v1/services/" + url.PathEscape(name) }
-func BackendPath(name, key string) string {
-	return ServicePath(name) + "/backends/" + url.PathEscape(key)
 }

@@ -7,6 +7,7 @@
 package lb
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -143,7 +144,7 @@ type HealthCheck struct {
 	// in its environment; exit status 0 is healthy.
 	Command  []string `json:"command,omitempty"`
 	Interval Duration `json:"interval,omitempty"` // default 5s
-	Timeout  Duration `json:"timeout,omitempty"`  // default 2s, at most interval
+	Timeout  Duration `json:"timeout,omitempty"`  // default 2s (at most the interval); may exceed the interval
 	Rise     int      `json:"rise,omitempty"`     // successes to go up (default 2)
 	Fall     int      `json:"fall,omitempty"`     // failures to go down (default 3)
 }
@@ -262,7 +263,7 @@ func ValidateServices(svcs []Service, field func(i int) string) []error {
 					continue
 				}
 				for _, p := range s.ports() {
-					key := vipKey{a, proto, cmpOr(b.Port, p)}
+					key := vipKey{a, proto, cmp.Or(b.Port, p)}
 					if j, dup := reverse[key]; dup && j != i && (s.Topology == StatelessDNAT || svcs[j].Topology == StatelessDNAT) {
 						errs = append(errs, fmt.Errorf("%s.backends[%d]: %s %s/%d is also a backend of service %q (%s), and one of them is stateless-dnat: replies could not be told apart",
 							f, k, a, proto, key.port, svcs[j].Name, field(j)))
@@ -275,13 +276,6 @@ func ValidateServices(svcs []Service, field func(i int) string) []error {
 		}
 	}
 	return errs
-}
-
-func cmpOr(a, b int) int {
-	if a != 0 {
-		return a
-	}
-	return b
 }
 
 func (s *Service) proto() string {
@@ -544,8 +538,10 @@ func (h *HealthCheck) validate(f string) []error {
 	if iv < 50*time.Millisecond || iv > time.Hour {
 		bad("interval: %s is not between 50ms and 1h", iv)
 	}
-	if to <= 0 || to > iv {
-		bad("timeout: %s is not between 0 and the interval (%s)", to, iv)
+	// A timeout above the interval is fine: a backend's checks never overlap (the next
+	// starts when the previous one ends).
+	if to <= 0 || to > time.Hour {
+		bad("timeout: %s is not between 0 and 1h", to)
 	}
 	if h.Rise < 0 || h.Rise > 100 {
 		bad("rise: %d is not between 1 and 100", h.Rise)
@@ -570,8 +566,8 @@ func (h *HealthCheck) timeout() time.Duration {
 	return h.Timeout.Duration
 }
 
-func (h *HealthCheck) rise() int { return cmpOr(h.Rise, 2) }
-func (h *HealthCheck) fall() int { return cmpOr(h.Fall, 3) }
+func (h *HealthCheck) rise() int { return cmp.Or(h.Rise, 2) }
+func (h *HealthCheck) fall() int { return cmp.Or(h.Fall, 3) }
 
 // validIfname follows the kernel's dev_valid_name.
 func validIfname(n string) bool {

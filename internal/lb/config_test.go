@@ -23,7 +23,8 @@ func TestValidServices(t *testing.T) {
 	multi := valid()
 	multi.Name, multi.Port, multi.Ports, multi.Protocol = "multi", 0, []int{80, 443}, "udp"
 	multi.Backends = []Backend{{Address: "10.0.1.11"}, {Address: "fd00:1::11", Priority: 1, State: StateDrain}}
-	multi.HealthCheck = &HealthCheck{Type: "dns", Query: "example.org", Interval: Duration{time.Second}}
+	// A timeout above the interval is valid: the next check starts when the previous one ends.
+	multi.HealthCheck = &HealthCheck{Type: "dns", Query: "example.org", Interval: Duration{time.Second}, Timeout: Duration{3 * time.Second}}
 	sl := valid()
 	sl.Name, sl.Topology, sl.Interface, sl.BackendInterface, sl.VIPs = "sl", StatelessDNAT, "eth0", "eth1", []string{"192.0.2.12"}
 	sl.Backends, sl.Persistence = []Backend{{Address: "10.0.1.13", Port: 8080}}, D(time.Minute)
@@ -77,7 +78,7 @@ func TestValidationErrors(t *testing.T) {
 			}
 		}},
 		{`services[0].healthCheck.type: "icmp" is not one of tcp, http, https, udp, dns, command, none`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "icmp"} }},
-		{`services[0].healthCheck.timeout: 6s is not between 0 and the interval (5s)`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "tcp", Timeout: Duration{6 * time.Second}} }},
+		{`services[0].healthCheck.timeout: -1s is not between 0 and 1h`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "tcp", Timeout: Duration{-time.Second}} }},
 		{`services[0].healthCheck.send: a udp check needs a request payload`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "udp"} }},
 		{`services[0].healthCheck.command: a command check needs a command`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "command"} }},
 		{`services[0].healthCheck.path, host, expectStatus: only for http and https checks`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "tcp", Path: "/"} }},

@@ -2,6 +2,7 @@ package lb
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -27,6 +28,7 @@ import (
 type Checker struct {
 	OnChange func()
 	Log      *slog.Logger
+	check    func(context.Context, target) error // one check (replaceable in tests)
 
 	mu     sync.Mutex
 	probes map[string]*probe // by HealthKey
@@ -44,7 +46,7 @@ func NewChecker(onChange func(), log *slog.Logger) *Checker {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Checker{OnChange: onChange, Log: log, probes: map[string]*probe{}, health: map[string]Health{}}
+	return &Checker{OnChange: onChange, Log: log, check: check, probes: map[string]*probe{}, health: map[string]Health{}}
 }
 
 // target is what one probe checks.
@@ -69,7 +71,7 @@ func (c *Checker) Update(svcs []Service) {
 			if err != nil {
 				continue
 			}
-			port := cmpOr(hc.Port, cmpOr(b.Port, s.ports()[0]))
+			port := cmp.Or(hc.Port, cmp.Or(b.Port, s.ports()[0]))
 			want[HealthKey(s.Name, BackendKey(b.Address, b.Port))] = target{*hc, s.Name, a, port}
 		}
 	}
@@ -123,23 +125,28 @@ func (c *Checker) Stop() {
 	}
 }
 
+// run checks one backend until ctx ends, one check at a time: the next check starts an
+// interval after the previous one started, or as soon as it ends when it took longer (a
+// timeout above the interval), as HAProxy, Envoy and Kubernetes probes do.
 func (c *Checker) run(ctx context.Context, key string, t target, done chan struct{}) {
 	defer close(done)
-	tick := time.NewTicker(t.Check.interval())
-	defer tick.Stop()
+	next := time.NewTimer(0)
+	defer next.Stop()
 	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-next.C:
+		}
+		start := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, t.Check.timeout())
-		err := check(cctx, t)
+		err := c.check(cctx, t)
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
 		c.record(key, t, err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+		next.Reset(time.Until(start.Add(t.Check.interval())))
 	}
 }
 
@@ -247,7 +254,7 @@ func checkHTTP(ctx context.Context, t target, addr string) error {
 	if err != nil {
 		return err
 	}
-	if want := cmpOr(hc.ExpectStatus, 200); resp.StatusCode != want {
+	if want := cmp.Or(hc.ExpectStatus, 200); resp.StatusCode != want {
 		return fmt.Errorf("HTTP status %d, want %d", resp.StatusCode, want)
 	}
 	if hc.Expect != "" && !bytes.Contains(body, []byte(hc.Expect)) {

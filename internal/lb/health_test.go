@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -126,5 +127,81 @@ func TestCheckerRiseFall(t *testing.T) {
 	c.Update(nil)
 	if _, ok := c.Health()[key]; ok {
 		t.Error("health kept for a removed backend")
+	}
+}
+
+// A timeout above the interval: a slow backend is checked back to back (the next check
+// starts when the previous one times out), never twice at once, and goes down after fall
+// timeouts.
+func TestCheckerTimeoutAboveInterval(t *testing.T) {
+	var slow atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		if slow.Load() {
+			select {
+			case <-r.Context().Done():
+			case <-time.After(5 * time.Second):
+			}
+		}
+	}))
+	defer srv.Close()
+	a, port := addrPort(t, srv.Listener.Addr())
+	const interval, timeout = 200 * time.Millisecond, 400 * time.Millisecond
+	svc := Service{Name: "web", VIPs: []string{"192.0.2.1"}, Port: port, Backends: []Backend{{Address: a.String()}},
+		HealthCheck: &HealthCheck{Type: "http", Interval: Duration{interval}, Timeout: Duration{timeout}, Fall: 3}}
+	if errs := ValidateServices([]Service{svc}, fieldByName([]Service{svc})); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+
+	changes := make(chan struct{}, 10)
+	c := NewChecker(func() { changes <- struct{}{} }, nil)
+	var mu sync.Mutex
+	var running, most int
+	var slowStarts []time.Time
+	c.check = func(ctx context.Context, tg target) error {
+		mu.Lock()
+		running++
+		most = max(most, running)
+		if slow.Load() {
+			slowStarts = append(slowStarts, time.Now())
+		}
+		mu.Unlock()
+		defer func() { mu.Lock(); running--; mu.Unlock() }()
+		return check(ctx, tg)
+	}
+	c.Update([]Service{svc})
+	key := HealthKey("web", a.String())
+	wait := func(want HealthState) {
+		t.Helper()
+		select {
+		case <-changes:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no change to %s: %+v", want, c.Health()[key])
+		}
+		if h := c.Health()[key]; h.State != want {
+			t.Fatalf("state %s, want %s", h.State, want)
+		}
+	}
+	wait(HealthUp)
+	slow.Store(true)
+	start := time.Now()
+	wait(HealthDown)
+	took := time.Since(start)
+	c.Stop()
+
+	mu.Lock()
+	defer mu.Unlock()
+	if most != 1 {
+		t.Errorf("%d checks of one backend ran at once", most)
+	}
+	if h := c.Health()[key]; h.Failures != 3 || !strings.Contains(h.LastError, "deadline exceeded") {
+		t.Errorf("down after %+v, want 3 timeouts", h)
+	}
+	if took < 3*timeout || took > 3*timeout+2*interval+time.Second {
+		t.Errorf("down after %s, want about 3 timeouts (%s)", took, 3*timeout)
+	}
+	for i := 1; i < len(slowStarts); i++ {
+		if gap := slowStarts[i].Sub(slowStarts[i-1]); gap < timeout || gap > timeout+interval/2 {
+			t.Errorf("check %d started %s after the previous one, want just after its timeout (%s), not an interval later", i, gap, timeout)
+		}
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"maps"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -22,18 +21,15 @@ import (
 // Reading a table back costs time in proportion to its dynamic maps (flows, persistent
 // clients: up to 65536 entries each), so Apply reads the kernel whole only every FullEvery
 // (drift repair), after a failed transaction, and on its first run; in between it diffs
-// against what its last apply left, and reads single dynamic maps only when a backend their
-// entries may point at is gone.
+// against what its last apply left (its cache), and reads single dynamic maps only when a
+// backend their entries may point at is gone.
 type Manager struct {
 	NFT       knftables.Interface // not bound to a table: objects name theirs
 	List      Lister
 	Tables    func(context.Context) ([]TableRef, error)
 	FullEvery time.Duration
 
-	known    map[TableRef]*kernelTable // the tables as the last apply left them
-	lastFull time.Time
-	exprs    map[string]string          // table/chain/comment -> rule expression as last read
-	allowed  map[string]map[string]bool // table/map -> values a dynamic map's entries could point at
+	cache kernelCache
 }
 
 // DefaultFullEvery is how often Apply reads the tables back whole (drift repair).
@@ -77,7 +73,7 @@ func (r Result) Changed() bool { return r.Operations > 0 }
 // its layout changed. Our tables that r does not have are deleted. Dynamic maps (flows,
 // persistent clients) keep their entries, except those pointing at backends that are gone.
 func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
-	return m.applyAs(ctx, r, m.FullEvery <= 0 || time.Since(m.lastFull) >= m.FullEvery)
+	return m.applyAs(ctx, r, m.cache.fullDue(m.FullEvery))
 }
 
 // ApplyChanges is Apply without the periodic full read: for changes that must reach the
@@ -88,16 +84,26 @@ func (m *Manager) ApplyChanges(ctx context.Context, r *Ruleset) (Result, error) 
 }
 
 func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full bool) (Result, error) {
-	full = full || m.known == nil
+	full = full || !m.cache.known()
 	res, err := m.apply(ctx, r, full)
 	if err != nil && !full {
 		// What we remembered may be stale (someone changed the tables): read them and retry.
-		m.known = nil
+		m.cache.distrust()
 		return m.apply(ctx, r, true)
 	}
 	return res, err
 }
 
+// tablePlan is what one apply does to one table.
+type tablePlan struct {
+	t         *Table
+	read      *kernelTable // the table as read whole from the kernel before the apply, if it was
+	rebuilt   bool         // created whole
+	rewritten []string     // chains whose rules were added anew
+}
+
+// apply diffs every table of r against the kernel (read whole when full, else the cache),
+// runs the changes as one transaction and remembers the result.
 func (m *Manager) apply(ctx context.Context, r *Ruleset, full bool) (Result, error) {
 	res := Result{FullRead: full}
 	existing, err := m.ours(ctx)
@@ -105,46 +111,11 @@ func (m *Manager) apply(ctx context.Context, r *Ruleset, full bool) (Result, err
 		return res, err
 	}
 	tx := m.NFT.NewTransaction()
-	want := map[TableRef]bool{}
-	for _, t := range r.Tables {
-		want[TableRef{t.Family, t.Name}] = true
-	}
-	for _, ref := range existing {
-		if !want[ref] {
-			tx.Delete(&knftables.Table{Family: ref.Family, Name: ref.Name})
-			res.Removed = append(res.Removed, ref.String())
-		}
-	}
-	read := map[TableRef]*kernelTable{} // tables read from the kernel
-	rebuilt := map[TableRef]bool{}
-	rewritten := map[TableRef][]string{}
-	for _, t := range r.Tables {
-		ref := TableRef{t.Family, t.Name}
-		var kt *kernelTable
-		switch {
-		case !slices.Contains(existing, ref):
-		case full || m.known[ref] == nil:
-			if kt, err = m.observe(ctx, ref, false); err != nil {
-				return res, err
-			}
-			read[ref] = kt
-		default:
-			if kt, err = m.remembered(ctx, ref, t); err != nil {
-				return res, err
-			}
-		}
-		switch {
-		case kt == nil:
-			res.Rebuilt = append(res.Rebuilt, ref.String()+": missing")
-			rebuilt[ref] = true
-			t.addAll(tx)
-		case kt.Comment != t.Comment:
-			res.Rebuilt = append(res.Rebuilt, ref.String()+": layout changed")
-			rebuilt[ref] = true
-			tx.Delete(t.table())
-			t.addAll(tx)
-		default:
-			rewritten[ref] = m.update(tx, kt, t, &res)
+	removeUnwanted(tx, existing, r.Tables, &res)
+	plans := make([]tablePlan, len(r.Tables))
+	for i, t := range r.Tables {
+		if plans[i], err = m.plan(ctx, tx, t, slices.Contains(existing, t.ref()), full, &res); err != nil {
+			return res, err
 		}
 	}
 	res.Operations = tx.NumOperations()
@@ -153,79 +124,75 @@ func (m *Manager) apply(ctx context.Context, r *Ruleset, full bool) (Result, err
 			return res, fmt.Errorf("nft transaction (nothing was changed): %w", err)
 		}
 	}
-	// Remember what the kernel has now, and the rules' expressions (drift detection).
-	exprs := map[string]string{}
-	record := func(t *Table, kt *kernelTable, chains ...string) {
-		for name, c := range kt.Chains {
-			if len(chains) > 0 && !slices.Contains(chains, name) {
-				continue
-			}
-			for _, rl := range c.Rules {
-				exprs[t.Name+"/"+name+"/"+rl.Comment] = normExpr(rl.Expr)
-			}
-		}
+	next, err := m.remember(ctx, r.Tables, plans)
+	if err != nil {
+		m.cache.distrust()
+		return res, err
 	}
-	m.known, m.allowed = map[TableRef]*kernelTable{}, map[string]map[string]bool{}
-	for _, t := range r.Tables {
-		ref := TableRef{t.Family, t.Name}
-		m.known[ref] = known(t)
-		for name, a := range t.Dynamic {
-			m.allowed[t.Name+"/"+name] = a
-		}
-		for k, v := range m.exprs {
-			if strings.HasPrefix(k, t.Name+"/") {
-				exprs[k] = v
-			}
-		}
-		switch {
-		case rebuilt[ref]:
-			kt, err := m.observe(ctx, ref, true)
-			if err != nil {
-				return res, err
-			}
-			record(t, kt)
-		case len(rewritten[ref]) > 0:
-			for _, c := range rewritten[ref] {
-				out, err := m.List(ctx, "list", "chain", string(ref.Family), ref.Name, c)
-				if err != nil {
-					return res, err
-				}
-				kt, err := parseTable(ref, out)
-				if err != nil {
-					return res, err
-				}
-				record(t, kt, c)
-			}
-		}
-		if kt := read[ref]; kt != nil {
-			var kept []string
-			for name := range kt.Chains {
-				if !slices.Contains(rewritten[ref], name) {
-					kept = append(kept, name)
-				}
-			}
-			if len(kept) > 0 {
-				record(t, kt, kept...)
-			}
-		}
-	}
-	m.exprs = exprs
 	if full {
-		m.lastFull = time.Now()
+		next.lastFull = time.Now()
 	}
+	m.cache = *next
 	return res, nil
 }
 
-// remembered is the table as our last apply left it, plus the entries of the dynamic maps
-// that may point at a backend that is gone since (read from the kernel, map by map).
-func (m *Manager) remembered(ctx context.Context, ref TableRef, t *Table) (*kernelTable, error) {
-	kt := cloneKnown(m.known[ref])
-	for name, now := range t.Dynamic {
-		gone := false
-		for v := range m.allowed[t.Name+"/"+name] {
-			gone = gone || !now[v]
+// removeUnwanted deletes our tables that are not among tables.
+func removeUnwanted(tx *knftables.Transaction, existing []TableRef, tables []*Table, res *Result) {
+	for _, ref := range existing {
+		if !slices.ContainsFunc(tables, func(t *Table) bool { return t.ref() == ref }) {
+			tx.Delete(&knftables.Table{Family: ref.Family, Name: ref.Name})
+			res.Removed = append(res.Removed, ref.String())
 		}
-		if !gone || kt.Maps[name] == nil {
+	}
+}
+
+// plan adds to tx what brings the kernel's table to t: the whole table when it is missing
+// or its layout changed, else the difference.
+func (m *Manager) plan(ctx context.Context, tx *knftables.Transaction, t *Table, exists, full bool, res *Result) (tablePlan, error) {
+	p := tablePlan{t: t}
+	kt, read, err := m.current(ctx, t, exists, full)
+	if err != nil {
+		return p, err
+	}
+	if read {
+		p.read = kt
+	}
+	ref := t.ref().String()
+	switch {
+	case kt == nil:
+		res.Rebuilt = append(res.Rebuilt, ref+": missing")
+		p.rebuilt = true
+		t.addAll(tx)
+	case kt.Comment != t.Comment:
+		res.Rebuilt = append(res.Rebuilt, ref+": layout changed")
+		p.rebuilt = true
+		tx.Delete(t.table())
+		t.addAll(tx)
+	default:
+		p.rewritten = m.update(tx, kt, t, res)
+	}
+	return p, nil
+}
+
+// current is the kernel's table for t (nil: missing): read whole when full or not cached,
+// else as the last apply left it, with the entries of the dynamic maps that may point at a
+// backend that is gone since (read from the kernel, map by map).
+func (m *Manager) current(ctx context.Context, t *Table, exists, full bool) (kt *kernelTable, read bool, err error) {
+	if !exists {
+		return nil, false, nil
+	}
+	if kt := m.cache.table(t.ref()); kt != nil && !full {
+		return kt, false, m.readLost(ctx, t, kt)
+	}
+	kt, err = m.observe(ctx, t.ref(), false)
+	return kt, true, err
+}
+
+// readLost reads into kt the entries of t's dynamic maps that may point at a lost backend
+// (and of the maps paired with them).
+func (m *Manager) readLost(ctx context.Context, t *Table, kt *kernelTable) error {
+	for name := range t.Dynamic {
+		if !m.cache.lost(t, name) || kt.Maps[name] == nil {
 			continue
 		}
 		names := []string{name}
@@ -238,30 +205,62 @@ func (m *Manager) remembered(ctx context.Context, ref TableRef, t *Table) (*kern
 			}
 		}
 		for _, n := range names {
-			out, err := m.List(ctx, "list", "map", string(ref.Family), ref.Name, n)
+			got, err := m.list(ctx, t.ref(), "map", n)
 			if err != nil {
-				return nil, err
-			}
-			got, err := parseTable(ref, out)
-			if err != nil {
-				return nil, err
+				return err
 			}
 			if got.Maps[n] != nil {
 				kt.Maps[n].Elems = got.Maps[n].Elems
 			}
 		}
 	}
-	return kt, nil
+	return nil
 }
 
-func cloneKnown(k *kernelTable) *kernelTable {
-	c := &kernelTable{Table: k.Table, Maps: map[string]*kernelMap{}, Counters: k.Counters}
-	for n, km := range k.Maps {
-		cp := *km
-		cp.Elems = maps.Clone(km.Elems)
-		c.Maps[n] = &cp
+// remember is the cache after an apply of tables (done as plans say): each table as the
+// apply left it, with the expressions of the rules it added (read back) and of those it read.
+func (m *Manager) remember(ctx context.Context, tables []*Table, plans []tablePlan) (*kernelCache, error) {
+	next := m.cache.next(tables)
+	for _, p := range plans {
+		ref := p.t.ref()
+		switch {
+		case p.rebuilt:
+			kt, err := m.observe(ctx, ref, true)
+			if err != nil {
+				return nil, err
+			}
+			next.readRules(ref, kt)
+		case len(p.rewritten) > 0:
+			for _, c := range p.rewritten {
+				kt, err := m.list(ctx, ref, "chain", c)
+				if err != nil {
+					return nil, err
+				}
+				next.readRules(ref, kt, c)
+			}
+		}
+		if p.read != nil {
+			var kept []string
+			for name := range p.read.Chains {
+				if !slices.Contains(p.rewritten, name) {
+					kept = append(kept, name)
+				}
+			}
+			if len(kept) > 0 {
+				next.readRules(ref, p.read, kept...)
+			}
+		}
 	}
-	return c
+	return next, nil
+}
+
+// list reads one chain or map ("chain", "map") of a table from the kernel.
+func (m *Manager) list(ctx context.Context, ref TableRef, kind, name string) (*kernelTable, error) {
+	out, err := m.List(ctx, "list", kind, string(ref.Family), ref.Name, name)
+	if err != nil {
+		return nil, err
+	}
+	return parseTable(ref, out)
 }
 
 func (m *Manager) ours(ctx context.Context) ([]TableRef, error) {
@@ -280,65 +279,97 @@ func (m *Manager) ours(ctx context.Context) ([]TableRef, error) {
 
 var mapRef = regexp.MustCompile(`@([A-Za-z0-9_.-]+)`)
 
+// tableDiff is what turns the kernel's table kt into t.
+type tableDiff struct {
+	kt *kernelTable
+	t  *Table
+	// Sets and maps: wanted, new, or replaced (their definition changed).
+	objs                      []object
+	wanted, added, replaced   map[string]bool
+	wantChain, newChain, redo map[string]bool // chains: wanted, new, to rewrite
+}
+
+type object struct {
+	name, comment string
+	add           func(*knftables.Transaction)
+}
+
 // update adds to tx what turns kt into t, in an order nft accepts within one transaction:
 // stale elements out, chains to rewrite flushed (dropping their references), chains and maps
-// to go deleted, new maps and chains added, rules added, new elements added.
+// to go deleted, new maps and chains added, rules added, new elements added. It returns the
+// chains whose rules it adds.
 func (m *Manager) update(tx *knftables.Transaction, kt *kernelTable, t *Table, res *Result) (rewritten []string) {
-	fam, tab := t.Family, t.Name
-	// Maps and sets: new, replaced (their definition changed) or kept.
-	type object struct {
-		name, comment string
-		add           func()
+	d := &tableDiff{kt: kt, t: t}
+	d.diffMaps(res)
+	rewritten = m.diffChains(d, res)
+	m.removeElements(tx, d, res)
+	d.removeObjects(tx)
+	d.addObjects(tx)
+	d.addElements(tx, res)
+	for name := range d.newChain {
+		rewritten = append(rewritten, name)
 	}
-	var objs []object
-	for _, s := range t.Sets {
-		objs = append(objs, object{s.Name, *s.Comment, func() { tx.Add(s) }})
+	return rewritten
+}
+
+// diffMaps sorts t's maps and sets into new, replaced and kept.
+func (d *tableDiff) diffMaps(res *Result) {
+	for _, s := range d.t.Sets {
+		d.objs = append(d.objs, object{s.Name, *s.Comment, func(tx *knftables.Transaction) { tx.Add(s) }})
 	}
-	for _, mp := range t.Maps {
-		objs = append(objs, object{mp.Name, *mp.Comment, func() { tx.Add(mp) }})
+	for _, mp := range d.t.Maps {
+		d.objs = append(d.objs, object{mp.Name, *mp.Comment, func(tx *knftables.Transaction) { tx.Add(mp) }})
 	}
-	replaced, added, wanted := map[string]bool{}, map[string]bool{}, map[string]bool{}
-	for _, o := range objs {
-		wanted[o.name] = true
-		switch km := kt.Maps[o.name]; {
+	d.wanted, d.added, d.replaced = map[string]bool{}, map[string]bool{}, map[string]bool{}
+	for _, o := range d.objs {
+		d.wanted[o.name] = true
+		switch km := d.kt.Maps[o.name]; {
 		case km == nil:
-			added[o.name] = true
+			d.added[o.name] = true
 		case km.Comment != o.comment:
-			replaced[o.name] = true
-			res.MapsReplaced = append(res.MapsReplaced, tab+" "+o.name)
+			d.replaced[o.name] = true
+			res.MapsReplaced = append(res.MapsReplaced, d.t.Name+" "+o.name)
 		}
 	}
-	// Chains: new, rewritten (rules differ, or they use a replaced map) or kept.
+}
+
+// diffChains sorts t's chains into new, rewritten (their rules differ, someone edited them,
+// or they use a replaced map) and kept; it returns the rewritten ones.
+func (m *Manager) diffChains(d *tableDiff, res *Result) (rewritten []string) {
 	rules := map[string][]*knftables.Rule{}
-	for _, rl := range t.Rules {
+	for _, rl := range d.t.Rules {
 		rules[rl.Chain] = append(rules[rl.Chain], rl)
 	}
-	rewrite, newChain, wantChain := map[string]bool{}, map[string]bool{}, map[string]bool{}
-	for _, c := range t.Chains {
-		wantChain[c.Name] = true
-		kc := kt.Chains[c.Name]
+	d.wantChain, d.newChain, d.redo = map[string]bool{}, map[string]bool{}, map[string]bool{}
+	for _, c := range d.t.Chains {
+		d.wantChain[c.Name] = true
+		kc := d.kt.Chains[c.Name]
 		if kc == nil {
-			newChain[c.Name] = true
+			d.newChain[c.Name] = true
 			continue
 		}
 		want := rules[c.Name]
 		same := len(kc.Rules) == len(want)
 		for i := 0; same && i < len(want); i++ {
-			key := tab + "/" + c.Name + "/" + *want[i].Comment
 			got := kc.Rules[i]
-			same = got.Comment == *want[i].Comment && (got.Expr == "" || m.exprs[key] == "" || m.exprs[key] == normExpr(got.Expr))
+			same = got.Comment == *want[i].Comment && !m.cache.edited(d.t.ref(), c.Name, got)
 			for _, ref := range mapRef.FindAllStringSubmatch(want[i].Rule, -1) {
-				same = same && !replaced[ref[1]]
+				same = same && !d.replaced[ref[1]]
 			}
 		}
 		if !same {
-			rewrite[c.Name] = true
+			d.redo[c.Name] = true
 			rewritten = append(rewritten, c.Name)
-			res.ChainsRewritten = append(res.ChainsRewritten, tab+" "+c.Name)
+			res.ChainsRewritten = append(res.ChainsRewritten, d.t.Name+" "+c.Name)
 		}
 	}
+	return rewritten
+}
 
-	// 1. Elements that must go, from maps that stay.
+// removeElements deletes the elements that must go from maps that stay, and the entries of
+// dynamic maps that point at a backend that is gone.
+func (m *Manager) removeElements(tx *knftables.Transaction, d *tableDiff, res *Result) {
+	t, kt := d.t, d.kt
 	desired := map[string]map[string]string{}
 	for _, e := range t.Elements {
 		n := e.Set + e.Map
@@ -347,21 +378,21 @@ func (m *Manager) update(tx *knftables.Transaction, kt *kernelTable, t *Table, r
 		}
 		desired[n][elemKey(e)] = elemValue(e)
 	}
-	for _, name := range sortedKeys(kt.Maps) {
+	for _, name := range slices.Sorted(maps.Keys(kt.Maps)) {
 		km := kt.Maps[name]
-		if !wanted[name] || replaced[name] {
+		if !d.wanted[name] || d.replaced[name] {
 			continue
 		}
 		if allowed, tracked := t.Dynamic[name]; tracked {
-			m.forget(tx, t, name, km, allowed, kt, res)
+			forget(tx, t, name, km, allowed, kt, res)
 			continue
 		}
 		if km.Dynamic { // flow tables: the datapath's
 			continue
 		}
-		for _, k := range sortedKeys(km.Elems) {
+		for _, k := range slices.Sorted(maps.Keys(km.Elems)) {
 			if v, ok := desired[name][k]; !ok || v != km.Elems[k] {
-				e := &knftables.Element{Family: fam, Table: tab, Map: name, Key: split(k)}
+				e := &knftables.Element{Family: t.Family, Table: t.Name, Map: name, Key: split(k)}
 				if km.IsSet {
 					e.Set, e.Map = name, ""
 				}
@@ -370,19 +401,25 @@ func (m *Manager) update(tx *knftables.Transaction, kt *kernelTable, t *Table, r
 			}
 		}
 	}
-	// 2. Flush chains to rewrite or delete; 3. delete chains and maps that go.
-	for _, name := range sortedKeys(kt.Chains) {
-		if rewrite[name] || !wantChain[name] {
+}
+
+// removeObjects flushes the chains to rewrite or delete, then deletes the chains, maps, sets
+// and counters that go.
+func (d *tableDiff) removeObjects(tx *knftables.Transaction) {
+	fam, tab, kt := d.t.Family, d.t.Name, d.kt
+	chains := slices.Sorted(maps.Keys(kt.Chains))
+	for _, name := range chains {
+		if d.redo[name] || !d.wantChain[name] {
 			tx.Flush(&knftables.Chain{Family: fam, Table: tab, Name: name})
 		}
 	}
-	for _, name := range sortedKeys(kt.Chains) {
-		if !wantChain[name] {
+	for _, name := range chains {
+		if !d.wantChain[name] {
 			tx.Delete(&knftables.Chain{Family: fam, Table: tab, Name: name})
 		}
 	}
-	for _, name := range sortedKeys(kt.Maps) {
-		if !wanted[name] || replaced[name] {
+	for _, name := range slices.Sorted(maps.Keys(kt.Maps)) {
+		if !d.wanted[name] || d.replaced[name] {
 			if kt.Maps[name].IsSet {
 				tx.Delete(&knftables.Set{Family: fam, Table: tab, Name: name})
 			} else {
@@ -390,41 +427,44 @@ func (m *Manager) update(tx *knftables.Transaction, kt *kernelTable, t *Table, r
 			}
 		}
 	}
-	wantCounter := map[string]bool{}
-	for _, c := range t.Counters {
-		wantCounter[c.Name] = true
-	}
-	for _, name := range sortedKeys(kt.Counters) {
-		if !wantCounter[name] {
+	for _, name := range slices.Sorted(maps.Keys(kt.Counters)) {
+		if !slices.ContainsFunc(d.t.Counters, func(c *knftables.Counter) bool { return c.Name == name }) {
 			tx.Delete(&knftables.Counter{Family: fam, Table: tab, Name: name})
 		}
 	}
-	// 4. Add maps, counters, chains, rules.
-	for _, o := range objs {
-		if added[o.name] || replaced[o.name] {
-			o.add()
+}
+
+// addObjects adds the new and replaced maps and sets, the new counters and chains, and the
+// rules of new and rewritten chains.
+func (d *tableDiff) addObjects(tx *knftables.Transaction) {
+	for _, o := range d.objs {
+		if d.added[o.name] || d.replaced[o.name] {
+			o.add(tx)
 		}
 	}
-	for _, c := range t.Counters {
-		if _, ok := kt.Counters[c.Name]; !ok {
+	for _, c := range d.t.Counters {
+		if _, ok := d.kt.Counters[c.Name]; !ok {
 			tx.Add(c)
 		}
 	}
-	for _, c := range t.Chains {
-		if newChain[c.Name] {
+	for _, c := range d.t.Chains {
+		if d.newChain[c.Name] {
 			tx.Add(c)
 		}
 	}
-	for _, rl := range t.Rules {
-		if newChain[rl.Chain] || rewrite[rl.Chain] {
+	for _, rl := range d.t.Rules {
+		if d.newChain[rl.Chain] || d.redo[rl.Chain] {
 			tx.Add(rl)
 		}
 	}
-	// 5. Elements that are missing.
-	for _, e := range t.Elements {
+}
+
+// addElements adds the elements that are missing (all of new and replaced maps).
+func (d *tableDiff) addElements(tx *knftables.Transaction, res *Result) {
+	for _, e := range d.t.Elements {
 		n := e.Set + e.Map
-		km := kt.Maps[n]
-		if added[n] || replaced[n] || km == nil {
+		km := d.kt.Maps[n]
+		if d.added[n] || d.replaced[n] || km == nil {
 			tx.Add(e)
 			continue
 		}
@@ -433,17 +473,13 @@ func (m *Manager) update(tx *knftables.Transaction, kt *kernelTable, t *Table, r
 			res.ElementsAdded++
 		}
 	}
-	for name := range newChain {
-		rewritten = append(rewritten, name)
-	}
-	return rewritten
 }
 
 // forget deletes a dynamic map's entries that point at a backend no longer known (and, for a
 // paired map, entries whose key left the map it completes). Each is added and deleted: an
 // entry may time out between our listing and the transaction, and deleting it must not fail
 // the transaction.
-func (m *Manager) forget(tx *knftables.Transaction, t *Table, name string, km *kernelMap, allowed map[string]bool, kt *kernelTable, res *Result) {
+func forget(tx *knftables.Transaction, t *Table, name string, km *kernelMap, allowed map[string]bool, kt *kernelTable, res *Result) {
 	var partner map[string]bool
 	if p, ok := t.Paired[name]; ok && kt.Maps[p] != nil {
 		partner = map[string]bool{}
@@ -453,7 +489,7 @@ func (m *Manager) forget(tx *knftables.Transaction, t *Table, name string, km *k
 			}
 		}
 	}
-	for _, k := range sortedKeys(km.Elems) {
+	for _, k := range slices.Sorted(maps.Keys(km.Elems)) {
 		v := km.Elems[k]
 		if allowed[v] && (partner == nil || partner[k]) {
 			continue
@@ -478,15 +514,6 @@ func normExpr(e string) string {
 	return string(b)
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	k := make([]string, 0, len(m))
-	for n := range m {
-		k = append(k, n)
-	}
-	sort.Strings(k)
-	return k
-}
-
 // Remove deletes every table of the load balancer, and nothing else.
 func (m *Manager) Remove(ctx context.Context) ([]TableRef, error) {
 	refs, err := m.ours(ctx)
@@ -497,7 +524,7 @@ func (m *Manager) Remove(ctx context.Context) ([]TableRef, error) {
 	for _, ref := range refs {
 		tx.Delete(&knftables.Table{Family: ref.Family, Name: ref.Name})
 	}
-	m.known, m.exprs, m.allowed = nil, nil, nil
+	m.cache.forget()
 	return refs, m.NFT.Run(ctx, tx)
 }
 

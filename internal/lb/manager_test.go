@@ -2,6 +2,7 @@ package lb
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -62,17 +63,27 @@ func hasElem(f *knftables.Fake, fam knftables.Family, table, m, key string) bool
 	return false
 }
 
+// eachReadMode runs test on a new Fake manager that reads the kernel whole on every apply
+// (full), and on one that diffs against what its last apply left.
+func eachReadMode(t *testing.T, test func(t *testing.T, full bool, m *Manager, f *knftables.Fake)) {
+	for _, full := range []bool{true, false} {
+		t.Run(fmt.Sprintf("full=%v", full), func(t *testing.T) {
+			m, f := NewFakeManager()
+			if !full {
+				m.FullEvery = time.Hour
+			}
+			test(t, full, m, f)
+		})
+	}
+}
+
 func svcSet() []Service {
 	return []Service{fixture(SNAT, RoundRobin), rename(fixture(DSR, RoundRobin), "dsr", "192.0.2.11", "2001:db8::11"),
 		rename(fixture(StatelessDNAT, Hash), "sl", "192.0.2.12")}
 }
 
 func TestManagerFirstApplyAndNoop(t *testing.T) {
-	for _, full := range []bool{true, false} {
-		m, f := NewFakeManager()
-		if !full {
-			m.FullEvery = time.Hour
-		}
+	eachReadMode(t, func(t *testing.T, full bool, m *Manager, f *knftables.Fake) {
 		res, d := apply(t, m, svcSet(), nil)
 		if len(res.Rebuilt) != 3 || !res.Changed() {
 			t.Errorf("first apply: %+v", res)
@@ -84,18 +95,14 @@ func TestManagerFirstApplyAndNoop(t *testing.T) {
 		if res.Changed() || res.FullRead != full {
 			t.Errorf("second apply (full read %v) changed something: %+v", full, res)
 		}
-	}
+	})
 }
 
 // Backend changes are element updates: a swap (same number of slots) touches only
 // elements; a backend leaving rewrites its service's chain (numgen mod N) in the same
 // transaction, never a table.
 func TestManagerBackendChangesAreElementUpdates(t *testing.T) {
-	for _, full := range []bool{true, false} {
-		m, f := NewFakeManager()
-		if !full {
-			m.FullEvery = time.Hour
-		}
+	eachReadMode(t, func(t *testing.T, full bool, m *Manager, f *knftables.Fake) {
 		svcs := svcSet()
 		apply(t, m, svcs, nil)
 		svcs[0].Backends[0].Address = "10.1.0.21"
@@ -114,18 +121,14 @@ func TestManagerBackendChangesAreElementUpdates(t *testing.T) {
 		if dumpOf(f) != freshDump(t, d) {
 			t.Errorf("backend down (full %v): the kernel differs from the render", full)
 		}
-	}
+	})
 }
 
 // Persistent clients keep their entries, except those of backends that are down or gone;
 // drained backends keep theirs. The dsr and stateless-dnat flow tables are the datapath's:
 // the manager leaves them alone (their chains forget flows whose backend is gone).
 func TestManagerForgetsFlowsOfDownBackends(t *testing.T) {
-	for _, full := range []bool{true, false} {
-		m, f := NewFakeManager()
-		if !full {
-			m.FullEvery = time.Hour
-		}
+	eachReadMode(t, func(t *testing.T, full bool, m *Manager, f *knftables.Fake) {
 		svcs := svcSet()
 		svcs[0].Persistence = D(time.Minute)
 		_, d := apply(t, m, svcs, nil)
@@ -174,7 +177,7 @@ func TestManagerForgetsFlowsOfDownBackends(t *testing.T) {
 				t.Errorf("full %v: %s %s present=%v", full, c.m, c.key, !c.want)
 			}
 		}
-	}
+	})
 }
 
 // Services and tables come and go; a table layout that differs is rebuilt; drift (an element

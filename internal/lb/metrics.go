@@ -2,40 +2,44 @@ package lb
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hostaccel/hostaccel/internal/metrics/monotonic"
 )
 
 var (
 	descHealth = prometheus.NewDesc("hostaccel_lb_backend_health",
 		"1 for the backend's current health state (up, down, unknown: not checked yet or no check).", []string{"service", "backend", "state"}, nil)
-	descActive = prometheus.NewDesc("hostaccel_lb_backend_active",
-		"1 when the backend is in the maps that pick backends for new connections.", []string{"service", "backend"}, nil)
-	descTransitions = prometheus.NewDesc("hostaccel_lb_backend_transitions_total",
-		"Health transitions (up <-> down) of the backend.", []string{"service", "backend"}, nil)
-	descChecks = prometheus.NewDesc("hostaccel_lb_backend_checks_total",
-		"Health checks run against the backend.", []string{"service", "backend"}, nil)
-	descFailures = prometheus.NewDesc("hostaccel_lb_backend_check_failures_total",
-		"Health checks of the backend that failed.", []string{"service", "backend"}, nil)
-	descLastCheck = prometheus.NewDesc("hostaccel_lb_backend_last_check_timestamp_seconds",
-		"When the backend was last checked (Unix time).", []string{"service", "backend"}, nil)
+	descActive = backendDesc("hostaccel_lb_backend_active",
+		"1 when the backend is in the maps that pick backends for new connections.")
+	descTransitions = backendDesc("hostaccel_lb_backend_transitions_total",
+		"Health transitions (up <-> down) of the backend.")
+	descChecks = backendDesc("hostaccel_lb_backend_checks_total",
+		"Health checks run against the backend.")
+	descFailures = backendDesc("hostaccel_lb_backend_check_failures_total",
+		"Health checks of the backend that failed.")
+	descLastCheck = backendDesc("hostaccel_lb_backend_last_check_timestamp_seconds",
+		"When the backend was last checked (Unix time).")
 	descPackets = prometheus.NewDesc("hostaccel_lb_service_packets_total",
 		"Packets the service's chains counted: new connections (snat, dnat) or every packet (dsr, stateless-dnat).", []string{"service"}, nil)
 )
+
+func backendDesc(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, []string{"service", "backend"}, nil)
+}
 
 // NewCollector exports the load balancer's state at scrape time; status is usually
 // Runtime.Status with counters. Rule counters restart at zero when a chain is rewritten, so
 // the exported counters carry the value from before over.
 func NewCollector(status func(context.Context) Status) prometheus.Collector {
-	return &collector{status: status, base: map[string]float64{}, last: map[string]float64{}}
+	return &collector{status: status}
 }
 
 type collector struct {
-	status     func(context.Context) Status
-	mu         sync.Mutex
-	base, last map[string]float64
+	status   func(context.Context) Status
+	counters monotonic.Counters
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
@@ -48,8 +52,6 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	st := c.status(ctx)
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	gauge := func(d *prometheus.Desc, v float64, l ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
 	}
@@ -69,12 +71,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				gauge(descLastCheck, float64(b.Health.LastCheck.UnixNano())/1e9, s.Name, b.Key)
 			}
 		}
-		v := float64(s.Packets)
-		if v < c.last[s.Name] {
-			c.base[s.Name] += c.last[s.Name]
-		}
-		c.last[s.Name] = v
-		counter(descPackets, c.base[s.Name]+v, s.Name)
+		ch <- c.counters.Metric(descPackets, s.Packets, s.Name)
 	}
 }
 

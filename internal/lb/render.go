@@ -549,29 +549,25 @@ func (r *Ruleset) AddAll(tx *knftables.Transaction) {
 	}
 }
 
+func (t *Table) ref() TableRef { return TableRef{t.Family, t.Name} }
+
 func (t *Table) table() *knftables.Table {
 	return &knftables.Table{Family: t.Family, Name: t.Name, Comment: &t.Comment}
 }
 
 func (t *Table) addAll(tx *knftables.Transaction) {
 	tx.Add(t.table())
-	for _, s := range t.Sets {
-		tx.Add(s)
-	}
-	for _, m := range t.Maps {
-		tx.Add(m)
-	}
-	for _, c := range t.Counters {
-		tx.Add(c)
-	}
-	for _, c := range t.Chains {
-		tx.Add(c)
-	}
-	for _, r := range t.Rules {
-		tx.Add(r)
-	}
-	for _, e := range t.Elements {
-		tx.Add(e)
+	addEach(tx, t.Sets)
+	addEach(tx, t.Maps)
+	addEach(tx, t.Counters)
+	addEach(tx, t.Chains)
+	addEach(tx, t.Rules)
+	addEach(tx, t.Elements)
+}
+
+func addEach[O knftables.Object](tx *knftables.Transaction, objs []O) {
+	for _, o := range objs {
+		tx.Add(o)
 	}
 }
 

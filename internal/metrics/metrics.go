@@ -4,14 +4,13 @@ package metrics
 import (
 	"context"
 	"net/http"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/hostaccel/hostaccel/internal/agent"
+	"github.com/hostaccel/hostaccel/internal/metrics/monotonic"
 )
 
 // Metrics holds the agent's metrics on its own registry.
@@ -37,7 +36,7 @@ func New(gather func(context.Context) agent.Status) *Metrics {
 			Help: "1 when the last sync succeeded and nothing is degraded, else 0."}),
 	}
 	m.Registry.MustRegister(m.syncs, m.syncErrors, m.duration, m.devices, m.healthy,
-		&kernelCollector{gather: gather, base: map[key]float64{}, last: map[key]float64{}})
+		&kernelCollector{gather: gather})
 	return m
 }
 
@@ -79,19 +78,11 @@ var (
 		"Packets the tc datapath redirected another way than to the FIB's next hop as it is: peer (into a Pod's namespace), neigh (next hop resolved by the neighbour code), forwarding-off (the agent's route).", []string{"via"}, nil)
 )
 
-// key names one exported counter series.
-type key struct {
-	desc   *prometheus.Desc
-	labels string
-}
-
 // kernelCollector turns rule counters into monotonic counters: a rebuilt table starts its
 // counters at zero again, so the value before the reset is carried over.
 type kernelCollector struct {
-	gather func(context.Context) agent.Status
-	mu     sync.Mutex
-	base   map[key]float64
-	last   map[key]float64
+	gather   func(context.Context) agent.Status
+	counters monotonic.Counters
 }
 
 func (c *kernelCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -103,21 +94,13 @@ func (c *kernelCollector) Describe(ch chan<- *prometheus.Desc) {
 // counter sends v as a monotonic counter: when v falls (the table or the tc program was
 // replaced, its counters restarted at zero), the value before the reset is carried over.
 func (c *kernelCollector) counter(ch chan<- prometheus.Metric, desc *prometheus.Desc, v uint64, labels ...string) {
-	k := key{desc, strings.Join(labels, "\x00")}
-	f := float64(v)
-	if f < c.last[k] {
-		c.base[k] += c.last[k]
-	}
-	c.last[k] = f
-	ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, c.base[k]+f, labels...)
+	ch <- c.counters.Metric(desc, v, labels...)
 }
 
 func (c *kernelCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	st := c.gather(ctx)
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	for _, cs := range st.Classes {
 		c.counter(ch, classPackets, cs.Packets, string(cs.Class))
 		c.counter(ch, classBytes, cs.Bytes, string(cs.Class))

@@ -1,0 +1,112 @@
+package lb
+
+import (
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/hostaccel/hostaccel/internal/nftjson"
+)
+
+// kernelCache is what the Manager believes the kernel holds, as its last apply left it: the
+// tables (their maps' elements, their chains' rule comments), the expressions of the rules
+// as last read (to see someone's edits), and the values each dynamic map's entries may point
+// at. It answers what a partial apply must read or change; when it knows nothing (first
+// apply, after a failure or a Remove), the Manager reads the kernel whole.
+type kernelCache struct {
+	tables   map[TableRef]*kernelTable // nil: nothing known
+	exprs    map[ruleKey]string        // normalised rule expressions as last read
+	allowed  map[mapKey]map[string]bool
+	lastFull time.Time // when the tables were last read whole
+}
+
+type ruleKey struct {
+	table          TableRef
+	chain, comment string
+}
+
+type mapKey struct {
+	table TableRef
+	name  string
+}
+
+// known reports whether the cache holds anything a partial apply may diff against.
+func (c *kernelCache) known() bool { return c.tables != nil }
+
+// forget drops everything: the next apply reads the kernel whole.
+func (c *kernelCache) forget() { *c = kernelCache{} }
+
+// distrust drops the tables but keeps the rule expressions (someone may have changed the
+// tables): the next apply reads the kernel whole and still sees edited rules.
+func (c *kernelCache) distrust() { c.tables = nil }
+
+// fullDue reports whether the last full read is at least every ago (every <= 0: always).
+func (c *kernelCache) fullDue(every time.Duration) bool {
+	return every <= 0 || time.Since(c.lastFull) >= every
+}
+
+// table is a copy of ref as the last apply left it (nil: unknown), for the next to change.
+func (c *kernelCache) table(ref TableRef) *kernelTable {
+	k := c.tables[ref]
+	if k == nil {
+		return nil
+	}
+	cp := &kernelTable{Table: k.Table, Maps: map[string]*kernelMap{}, Counters: k.Counters}
+	for n, km := range k.Maps {
+		m := *km
+		m.Elems = maps.Clone(km.Elems)
+		cp.Maps[n] = &m
+	}
+	return cp
+}
+
+// lost reports whether a backend that dynamic map name of t could point at is gone since
+// the last apply: its entries must then be read, to forget those.
+func (c *kernelCache) lost(t *Table, name string) bool {
+	now := t.Dynamic[name]
+	for v := range c.allowed[mapKey{t.ref(), name}] {
+		if !now[v] {
+			return true
+		}
+	}
+	return false
+}
+
+// edited reports whether the kernel's rule got of chain differs from what was last read of
+// it (someone edited it). A rule listed without its expression, or never read, is not.
+func (c *kernelCache) edited(ref TableRef, chain string, got *nftjson.Rule) bool {
+	was := c.exprs[ruleKey{ref, chain, got.Comment}]
+	return got.Expr != "" && was != "" && was != normExpr(got.Expr)
+}
+
+// next starts the cache that follows an apply of tables: each as the apply leaves it, with
+// the rule expressions this cache has of them (to be overwritten by what is read anew).
+func (c *kernelCache) next(tables []*Table) *kernelCache {
+	n := &kernelCache{tables: map[TableRef]*kernelTable{}, exprs: map[ruleKey]string{},
+		allowed: map[mapKey]map[string]bool{}, lastFull: c.lastFull}
+	for _, t := range tables {
+		ref := t.ref()
+		n.tables[ref] = known(t)
+		for name, a := range t.Dynamic {
+			n.allowed[mapKey{ref, name}] = a
+		}
+	}
+	for k, v := range c.exprs {
+		if n.tables[k.table] != nil {
+			n.exprs[k] = v
+		}
+	}
+	return n
+}
+
+// readRules remembers the expressions of the rules of kt's chains (all, or those named).
+func (c *kernelCache) readRules(ref TableRef, kt *kernelTable, chains ...string) {
+	for name, ch := range kt.Chains {
+		if len(chains) > 0 && !slices.Contains(chains, name) {
+			continue
+		}
+		for _, rl := range ch.Rules {
+			c.exprs[ruleKey{ref, name, rl.Comment}] = normExpr(rl.Expr)
+		}
+	}
+}
