@@ -224,17 +224,42 @@ func Veth(a *NS, aName string, b *NS, bName string) error {
 	return b.LinkUp(bName)
 }
 
+// Link returns link dev of the namespace.
+func (n *NS) Link(dev string) (netlink.Link, error) {
+	h, err := n.Handle()
+	if err != nil {
+		return nil, err
+	}
+	l, err := h.LinkByName(dev)
+	if err != nil {
+		return nil, fmt.Errorf("%s: link %s: %w", n.Name, dev, err)
+	}
+	return l, nil
+}
+
+// LinkT returns the attributes of link dev in n as the kernel reports them
+// now (index, counters such as Statistics.RxPackets), failing tb if the link
+// cannot be read.
+func LinkT(tb testing.TB, n *NS, dev string) *netlink.LinkAttrs {
+	tb.Helper()
+	l, err := n.Link(dev)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return l.Attrs()
+}
+
 // LinkUp sets link dev up.
 func (n *NS) LinkUp(dev string) error {
+	l, err := n.Link(dev)
+	if err != nil {
+		return err
+	}
 	h, err := n.Handle()
 	if err != nil {
 		return err
 	}
-	l, err := h.LinkByName(dev)
-	if err == nil {
-		err = h.LinkSetUp(l)
-	}
-	if err != nil {
+	if err := h.LinkSetUp(l); err != nil {
 		return fmt.Errorf("%s: link %s up: %w", n.Name, dev, err)
 	}
 	return nil
@@ -243,13 +268,13 @@ func (n *NS) LinkUp(dev string) error {
 // AddrAdd adds addresses (with their prefix length) to link dev. IPv6
 // addresses are added with nodad, so they are usable at once.
 func (n *NS) AddrAdd(dev string, addrs ...netip.Prefix) error {
-	h, err := n.Handle()
+	l, err := n.Link(dev)
 	if err != nil {
 		return err
 	}
-	l, err := h.LinkByName(dev)
+	h, err := n.Handle()
 	if err != nil {
-		return fmt.Errorf("%s: link %s: %w", n.Name, dev, err)
+		return err
 	}
 	for _, p := range addrs {
 		a := &netlink.Addr{IPNet: ipNet(p)}
