@@ -8,6 +8,7 @@
 package testbed
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -134,11 +135,7 @@ func (n *NS) track(c io.Closer) error {
 // Exec runs "ip netns exec <ns> args..." and returns its combined output.
 // The error includes the output.
 func (n *NS) Exec(args ...string) (string, error) {
-	out, err := exec.Command("ip", append([]string{"netns", "exec", n.Name}, args...)...).CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("%s: %s: %w: %s", n.Name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return string(out), nil
+	return n.Output(context.Background(), "", args...)
 }
 
 // Do runs fn on a locked OS thread switched into the namespace and switches
