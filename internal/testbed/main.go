@@ -22,15 +22,31 @@ func MainRequireRoot(what string) (code int, ok bool) {
 	return 0, false
 }
 
-// Binary returns the hostaccel binary under test: $HOSTACCEL_BIN if set, else one built
-// from cmd/hostaccel into dir.
-func Binary(dir string) (string, error) {
+// binary returns the hostaccel binary under test: $HOSTACCEL_BIN if set, else one built
+// from cmd/hostaccel into a temporary directory that cleanup removes.
+func binary() (bin string, cleanup func(), err error) {
 	if bin := os.Getenv("HOSTACCEL_BIN"); bin != "" {
-		return bin, nil
+		return bin, func() {}, nil
 	}
-	bin := filepath.Join(dir, "hostaccel")
+	dir, err := os.MkdirTemp("", "hostaccel-bin")
+	if err != nil {
+		return "", nil, err
+	}
+	cleanup = func() { os.RemoveAll(dir) }
+	bin = filepath.Join(dir, "hostaccel")
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/hostaccel/hostaccel/cmd/hostaccel").CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build hostaccel: %w\n%s", err, out)
+		cleanup()
+		return "", nil, fmt.Errorf("build hostaccel: %w\n%s", err, out)
 	}
-	return bin, nil
+	return bin, cleanup, nil
+}
+
+// MainBinary is binary for a TestMain: it prints the error, if any, as a failure.
+func MainBinary() (bin string, cleanup func(), ok bool) {
+	bin, cleanup, err := binary()
+	if err != nil {
+		fmt.Println("FAIL:", err)
+		return "", nil, false
+	}
+	return bin, cleanup, true
 }

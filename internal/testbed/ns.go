@@ -223,15 +223,21 @@ func Veth(a *NS, aName string, b *NS, bName string) error {
 
 // Link returns link dev of the namespace.
 func (n *NS) Link(dev string) (netlink.Link, error) {
+	_, l, err := n.link(dev)
+	return l, err
+}
+
+// link returns link dev with the handle that found it.
+func (n *NS) link(dev string) (*netlink.Handle, netlink.Link, error) {
 	h, err := n.Handle()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	l, err := h.LinkByName(dev)
 	if err != nil {
-		return nil, fmt.Errorf("%s: link %s: %w", n.Name, dev, err)
+		return nil, nil, fmt.Errorf("%s: link %s: %w", n.Name, dev, err)
 	}
-	return l, nil
+	return h, l, nil
 }
 
 // LinkT returns the attributes of link dev in n as the kernel reports them
@@ -248,11 +254,7 @@ func LinkT(tb testing.TB, n *NS, dev string) *netlink.LinkAttrs {
 
 // LinkUp sets link dev up.
 func (n *NS) LinkUp(dev string) error {
-	l, err := n.Link(dev)
-	if err != nil {
-		return err
-	}
-	h, err := n.Handle()
+	h, l, err := n.link(dev)
 	if err != nil {
 		return err
 	}
@@ -265,11 +267,7 @@ func (n *NS) LinkUp(dev string) error {
 // AddrAdd adds addresses (with their prefix length) to link dev. IPv6
 // addresses are added with nodad, so they are usable at once.
 func (n *NS) AddrAdd(dev string, addrs ...netip.Prefix) error {
-	l, err := n.Link(dev)
-	if err != nil {
-		return err
-	}
-	h, err := n.Handle()
+	h, l, err := n.link(dev)
 	if err != nil {
 		return err
 	}

@@ -44,15 +44,12 @@ func run(m *testing.M) int {
 		fmt.Println("FAIL: this kernel has no flowtable:", caps.Get(probe.Flowtable).Detail)
 		return 1
 	}
-	dir, err := os.MkdirTemp("", "hostaccel-e2e")
-	if err != nil {
-		panic(err)
-	}
-	defer os.RemoveAll(dir)
-	if hostaccel, err = testbed.Binary(dir); err != nil {
-		fmt.Println(err)
+	bin, cleanup, ok := testbed.MainBinary()
+	if !ok {
 		return 1
 	}
+	defer cleanup()
+	hostaccel = bin
 	return m.Run()
 }
 

@@ -41,15 +41,17 @@ func run(m *testing.M) int {
 	if code, ok := testbed.MainRequireRoot("load balancer tests"); !ok {
 		return code
 	}
+	bin, cleanup, ok := testbed.MainBinary()
+	if !ok {
+		return 1
+	}
+	defer cleanup()
+	hostaccel = bin
 	dir, err := os.MkdirTemp("", "hostaccel-lb")
 	if err != nil {
 		panic(err)
 	}
 	defer os.RemoveAll(dir)
-	if hostaccel, err = testbed.Binary(dir); err != nil {
-		fmt.Println(err)
-		return 1
-	}
 	topo, err = newTopo(dir)
 	if topo != nil {
 		defer topo.close()
