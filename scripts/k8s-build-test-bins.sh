@@ -50,40 +50,39 @@ pin_local_replaces() {
 
 start=$(date +%s)
 
+# build_pinned NAME MODULE VERSION PIN LDFLAGS OUT PKG...: in a scratch module NAME that requires
+# MODULE@vVERSION with MODULE's local replaces pinned to PIN, builds PKG... into OUT.
+build_pinned() {
+	local name=$1 module=$2 version=$3 pin=$4 ldflags=$5 out=$6
+	shift 6
+	mkdir "$TMP/$name"
+	(
+		cd "$TMP/$name"
+		go mod init "hostaccel.local/$name" >/dev/null 2>&1
+		go mod edit -go=1.26 -require="$module@v$version"
+		pin_local_replaces "$(go mod download -json "$module@v$version" | jq -r .GoMod)" "$pin"
+		go build -trimpath -ldflags "$ldflags" -o "$out" "$@"
+	)
+}
+
 # kube-apiserver and kubectl: k8s.io/kubernetes requires its staging modules at v0.0.0 and
 # replaces them with ./staging; a consumer pins them to the published v0.<minor>.<patch>.
 log "building kube-apiserver and kubectl v$K8S_VERSION"
-mkdir "$TMP/k8s"
-(
-	cd "$TMP/k8s"
-	go mod init hostaccel.local/k8sbins >/dev/null 2>&1
-	go mod edit -go=1.26 -require="k8s.io/kubernetes@v$K8S_VERSION"
-	kmod=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | jq -r .GoMod)
-	pin_local_replaces "$kmod" "v0.${K8S_VERSION#*.}"
-	minor=${K8S_VERSION#*.}
-	minor=${minor%%.*}
-	ldflags="-s -w"
-	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-		ldflags="$ldflags -X $pkg.gitVersion=v$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
-	done
-	go build -trimpath -ldflags "$ldflags" -o "$TMP/out/" \
-		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
-)
+minor=${K8S_VERSION#*.}
+minor=${minor%%.*}
+ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+	ldflags="$ldflags -X $pkg.gitVersion=v$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+done
+build_pinned k8sbins k8s.io/kubernetes "$K8S_VERSION" "v0.${K8S_VERSION#*.}" "$ldflags" "$TMP/out/" \
+	k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
 mid=$(date +%s)
 log "kube-apiserver and kubectl built in $((mid - start))s"
 
 # etcd: the server module replaces its sibling modules with ../ paths, so `go install
 # module@version` refuses it; pin the siblings to the same tag instead.
 log "building etcd v$ETCD_VERSION"
-mkdir "$TMP/etcd"
-(
-	cd "$TMP/etcd"
-	go mod init hostaccel.local/etcdbin >/dev/null 2>&1
-	go mod edit -go=1.26 -require="go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
-	emod=$(go mod download -json "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" | jq -r .GoMod)
-	pin_local_replaces "$emod" "v$ETCD_VERSION"
-	go build -trimpath -ldflags "-s -w" -o "$TMP/out/etcd" go.etcd.io/etcd/server/v3
-)
+build_pinned etcdbin go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "v$ETCD_VERSION" "-s -w" "$TMP/out/etcd" go.etcd.io/etcd/server/v3
 end=$(date +%s)
 log "etcd built in $((end - mid))s; total $((end - start))s"
 

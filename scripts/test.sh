@@ -1,5 +1,6 @@
 #!/bin/bash
 # The whole test suite (run as root on Debian bookworm): installs what is missing, then
+#  0. go vet; where clang is present, the generated BPF objects match their source,
 #  1. unit tests (golden renders with the knftables Fake, config validation, parsers),
 #  2. host tests in network namespaces with the real nft, conntrack and netlink,
 #  3. kernel tests that need the nftables flowtable, inside the project's VM (qemu TCG, Debian
@@ -14,6 +15,17 @@ T0=$(date +%s)
 
 echo "== go vet"
 go vet ./...
+
+# The BPF objects bpf2go generated from internal/tc/bpf are committed; they must be what the
+# source compiles to (where clang is here to say so).
+if command -v clang >/dev/null && git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+	echo "== generated BPF objects are current"
+	go generate ./internal/tc
+	if ! git diff --exit-code --stat -- internal/tc || [ -n "$(git ls-files --others --exclude-standard -- internal/tc)" ]; then
+		echo "internal/tc: the committed BPF objects are not what internal/tc/bpf compiles to: run 'go generate ./internal/tc' and commit the result" >&2
+		exit 1
+	fi
+fi
 
 mkdir -p .cache/bin
 go build -o .cache/bin/hostaccel ./cmd/hostaccel

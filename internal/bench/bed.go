@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,18 +29,12 @@ var RecordDir = "/run/hostaccel-bench"
 type Bed struct {
 	Plan Plan
 
-	mu     sync.Mutex
-	ns     map[string]*testbed.NS
-	order  []string
-	procs  []*proc
-	record string
-	closed bool
-}
-
-type proc struct {
-	cmd  *exec.Cmd
-	out  *bytes.Buffer
-	done chan struct{}
+	mu        sync.Mutex
+	ns        map[string]*testbed.NS
+	order     []string
+	pids      []int
+	record    string
+	closeOnce sync.Once
 }
 
 // NS returns the namespace of a role (nil if the plan has none).
@@ -65,11 +59,7 @@ func (b *Bed) Names() []string {
 func (b *Bed) PIDs() []int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var out []int
-	for _, p := range b.procs {
-		out = append(out, p.cmd.Process.Pid)
-	}
-	return out
+	return slices.Clone(b.pids)
 }
 
 // Build creates everything in p. On error or cancellation everything created so far is
@@ -232,56 +222,38 @@ func (b *Bed) Start(role string, args ...string) error {
 	if n == nil {
 		return fmt.Errorf("start %s: no namespace %q", args[0], role)
 	}
-	cmd := exec.Command("ip", append([]string{"netns", "exec", n.Name}, args...)...)
-	out := &bytes.Buffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	p, err := n.Start(args...)
+	if err != nil {
+		return fmt.Errorf("start in %s: %w", role, err)
+	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return errors.New("bed closed")
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s in %s: %w", strings.Join(args, " "), role, err)
-	}
-	p := &proc{cmd: cmd, out: out, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	b.procs = append(b.procs, p)
+	b.pids = append(b.pids, p.PID())
+	b.mu.Unlock()
 	return nil
 }
 
-// Close kills the processes, deletes the namespaces (and with them every link, address,
-// route and nft table inside) and removes the record.
-func (b *Bed) Close() error {
-	b.mu.Lock()
-	if b.closed {
+// Close deletes the namespaces (killing the processes started in them, and with them every
+// link, address, route and nft table inside) and removes the record. Calls after the first
+// return nil.
+func (b *Bed) Close() (err error) {
+	b.closeOnce.Do(func() {
+		b.mu.Lock()
+		order := b.order
 		b.mu.Unlock()
-		return nil
-	}
-	b.closed = true
-	procs, order := b.procs, b.order
-	b.mu.Unlock()
-
-	var errs []error
-	for _, p := range procs {
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		select {
-		case <-p.done:
-		case <-time.After(5 * time.Second):
-			errs = append(errs, fmt.Errorf("process %d did not exit", p.cmd.Process.Pid))
+		var errs []error
+		for i := len(order) - 1; i >= 0; i-- {
+			if err := b.ns[order[i]].Close(); err != nil {
+				errs = append(errs, err)
+			}
 		}
-	}
-	for i := len(order) - 1; i >= 0; i-- {
-		if err := b.ns[order[i]].Close(); err != nil {
-			errs = append(errs, err)
+		if b.record != "" && len(errs) == 0 {
+			if err := os.Remove(b.record); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
 		}
-	}
-	if b.record != "" && len(errs) == 0 {
-		if err := os.Remove(b.record); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+		err = errors.Join(errs...)
+	})
+	return err
 }
 
 func (b *Bed) openRecord() error {
@@ -316,17 +288,4 @@ func CleanStale() {
 		}
 		_ = os.Remove(f)
 	}
-}
-
-// run runs a command inside a namespace and returns its combined output; stdin may be "".
-func run(ctx context.Context, n *testbed.NS, stdin string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.Name}, args...)...)
-	if stdin != "" {
-		cmd.Stdin = strings.NewReader(stdin)
-	}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("%s: %s: %w: %s", n.Name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return string(out), nil
 }

@@ -10,59 +10,20 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
-
-// namespaces lists the network namespaces whose names start with prefix.
-func namespaces(t *testing.T, prefix string) []string {
-	t.Helper()
-	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
-	if err != nil {
-		t.Fatalf("ip netns list: %v: %s", err, out)
-	}
-	var names []string
-	for line := range strings.Lines(string(out)) {
-		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], prefix) {
-			names = append(names, f[0])
-		}
-	}
-	return names
-}
-
-func rootLinks(t *testing.T) []string {
-	t.Helper()
-	links, err := netlink.LinkList()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, l := range links {
-		names = append(names, l.Attrs().Name)
-	}
-	return names
-}
 
 // checkClean fails unless nothing of this process's beds is left: no namespace, no link in
 // the root namespace that was not there before, no record.
 func checkClean(t *testing.T, prefix string, linksBefore []string) {
 	t.Helper()
-	if ns := namespaces(t, prefix); len(ns) > 0 {
-		t.Errorf("namespaces left: %v", ns)
-	}
-	for _, l := range rootLinks(t) {
-		if !slices.Contains(linksBefore, l) {
-			t.Errorf("link %q left in the root namespace", l)
-		}
-	}
+	testbed.CheckNoLeaks(t, prefix, linksBefore)
 	recs, _ := filepath.Glob(filepath.Join(RecordDir, strconv.Itoa(os.Getpid())+".*"))
 	if len(recs) > 0 {
 		t.Errorf("records left: %v", recs)
@@ -71,7 +32,7 @@ func checkClean(t *testing.T, prefix string, linksBefore []string) {
 
 func TestBuildAndClose(t *testing.T) {
 	testbed.RequireRoot(t)
-	before := rootLinks(t)
+	before := testbed.RootLinks(t)
 	b, err := Build(context.Background(), ClusterPlan(3, 2))
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +66,7 @@ func TestBuildAndClose(t *testing.T) {
 // exist) removes everything built so far.
 func TestBuildFailureTearsDown(t *testing.T) {
 	testbed.RequireRoot(t)
-	before := rootLinks(t)
+	before := testbed.RootLinks(t)
 	p := PktgenPlan(0)
 	p.Routes = append(p.Routes, RouteSpec{Role: RoleGen, Dst: netip.MustParsePrefix("10.99.0.0/16"), Via: netip.MustParseAddr("192.0.2.1")})
 	b, err := Build(context.Background(), p)
@@ -121,7 +82,7 @@ func TestBuildFailureTearsDown(t *testing.T) {
 
 func TestBuildCancelled(t *testing.T) {
 	testbed.RequireRoot(t)
-	before := rootLinks(t)
+	before := testbed.RootLinks(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := Build(ctx, ClusterPlan(2, 0)); !errors.Is(err, context.Canceled) {
@@ -137,7 +98,7 @@ func TestInterruptTearsDown(t *testing.T) {
 	if _, err := exec.LookPath("netperf"); err != nil {
 		t.Skip("netperf not installed")
 	}
-	before := rootLinks(t)
+	before := testbed.RootLinks(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperInterrupted$", "-test.v")
 	cmd.Env = append(os.Environ(), "HOSTACCEL_BENCH_HELPER=1")
 	out, err := cmd.StdoutPipe()
@@ -165,8 +126,8 @@ func TestInterruptTearsDown(t *testing.T) {
 	if prefix == "" {
 		t.Fatal("helper never built its cluster")
 	}
-	if len(namespaces(t, prefix)) == 0 || len(pids) == 0 {
-		t.Fatalf("helper's cluster not visible: namespaces %v, processes %v", namespaces(t, prefix), pids)
+	if len(testbed.Namespaces(t, prefix)) == 0 || len(pids) == 0 {
+		t.Fatalf("helper's cluster not visible: namespaces %v, processes %v", testbed.Namespaces(t, prefix), pids)
 	}
 	time.Sleep(2 * time.Second) // netperf is running now
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
@@ -186,7 +147,7 @@ func TestInterruptTearsDown(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("helper did not exit within 60 s of SIGINT")
 	}
-	if ns := namespaces(t, prefix); len(ns) > 0 {
+	if ns := testbed.Namespaces(t, prefix); len(ns) > 0 {
 		t.Errorf("namespaces left after SIGINT: %v", ns)
 	}
 	for _, pid := range pids {

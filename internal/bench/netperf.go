@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strconv"
 	"strings"
 	"time"
@@ -140,8 +139,7 @@ func (c NetperfCmd) Run(ctx context.Context, client *testbed.NS) (NetperfResult,
 	// Generous: in the VM the guest's clock runs several times slower than the wall's.
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(secs)*time.Second*15+60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", client.Name}, c.Args()...)...)
-	out, err := cmd.CombinedOutput()
+	out, err := client.Command(ctx, c.Args()...).CombinedOutput()
 	if err != nil {
 		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return NetperfResult{}, string(out), ctx.Err()

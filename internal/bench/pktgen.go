@@ -202,28 +202,35 @@ func ChainPackets(n *testbed.NS, family nftables.TableFamily, table, chain strin
 	return sum, err
 }
 
+// sendUDP opens a UDP socket src -> dst in n and sends msg. The caller closes it.
+func sendUDP(n *testbed.NS, src, dst netip.AddrPort, msg string) (*net.UDPConn, error) {
+	c, err := n.DialUDP(src.String(), dst.String())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Write([]byte(msg)); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
 // establishUDP sends one packet from src to dst and one back on the reverse tuple, so that
 // conntrack on the way sees the flow ESTABLISHED (the flowtable offloads UDP only then).
 func establishUDP(from, to *testbed.NS, src, dst netip.Addr, port uint16) error {
 	a := netip.AddrPortFrom(src, port)
 	b := netip.AddrPortFrom(dst, port)
-	ca, err := from.DialUDP(a.String(), b.String())
+	ca, err := sendUDP(from, a, b, "bench")
 	if err != nil {
 		return err
 	}
 	defer ca.Close()
-	if _, err := ca.Write([]byte("bench")); err != nil {
-		return err
-	}
 	time.Sleep(20 * time.Millisecond)
-	cb, err := to.DialUDP(b.String(), a.String())
+	cb, err := sendUDP(to, b, a, "bench-reply")
 	if err != nil {
 		return err
 	}
 	defer cb.Close()
-	if _, err := cb.Write([]byte("bench-reply")); err != nil {
-		return err
-	}
 	_ = ca.SetReadDeadline(time.Now().Add(5 * time.Second))
 	buf := make([]byte, 64)
 	if _, err := ca.Read(buf); err != nil {

@@ -59,23 +59,19 @@ func DefaultRuleset(n NodeSpec, rules int) string {
 			npElems = append(npElems, fmt.Sprintf("tcp . %d : goto %s", s.NodePort, externalChain(s)))
 		}
 	}
-	set := func(name, typ, comment string, elems []string) {
-		w("\tset %s {", name)
+	// collection writes a set or a map with its elements, joined by sep.
+	collection := func(kind, name, typ, comment, sep string, elems []string) {
+		w("\t%s %s {", kind, name)
 		w("\t\ttype %s", typ)
 		w("\t\tcomment %q", comment)
 		if len(elems) > 0 {
-			w("\t\telements = { %s }", strings.Join(elems, ", "))
+			w("\t\telements = { %s }", strings.Join(elems, sep))
 		}
 		w("\t}")
 	}
+	set := func(name, typ, comment string, elems []string) { collection("set", name, typ, comment, ", ", elems) }
 	vmap := func(name, typ, comment string, elems []string) {
-		w("\tmap %s {", name)
-		w("\t\ttype %s : verdict", typ)
-		w("\t\tcomment %q", comment)
-		if len(elems) > 0 {
-			w("\t\telements = { %s }", strings.Join(elems, ",\n\t\t\t     "))
-		}
-		w("\t}")
+		collection("map", name, typ+" : verdict", comment, ",\n\t\t\t     ", elems)
 	}
 	set("cluster-ips", "ipv4_addr", "Active ClusterIPs", ips)
 	set("nodeport-ips", "ipv4_addr", "IPs that accept NodePort traffic", []string{n.IP.String()})

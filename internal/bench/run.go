@@ -283,7 +283,7 @@ func flushConntrack(ctx context.Context, nodes []*Node) error {
 			return h.ConntrackTableFlush(netlink.ConntrackTable)
 		})
 		if err != nil {
-			if _, err2 := run(ctx, n.NS, "", "conntrack", "-F"); err2 != nil {
+			if _, err2 := n.NS.Output(ctx, "", "conntrack", "-F"); err2 != nil {
 				return fmt.Errorf("flush conntrack on %s: %w", n.Role, errors.Join(err, err2))
 			}
 		}
@@ -364,16 +364,25 @@ func readSnapshot(ctx context.Context, b *Bed, rt route) (snapshot, error) {
 	return s, nil
 }
 
-func linkRx(n *testbed.NS, devs ...string) (uint64, error) {
-	h, err := n.Handle()
+// buildBed builds p and installs the default ruleset on its nodes. The caller closes the Bed.
+func buildBed(ctx context.Context, p Plan, caps probe.Result, rules int) (*Bed, []*Node, error) {
+	b, err := Build(ctx, p)
 	if err != nil {
-		return 0, err
+		return nil, nil, err
 	}
+	nodes := nodesOf(b, caps)
+	if err := installDefault(ctx, nodes, rules); err != nil {
+		return nil, nil, errors.Join(err, b.Close())
+	}
+	return b, nodes, nil
+}
+
+func linkRx(n *testbed.NS, devs ...string) (uint64, error) {
 	var sum uint64
 	for _, d := range devs {
-		l, err := h.LinkByName(d)
+		l, err := n.Link(d)
 		if err != nil {
-			return 0, fmt.Errorf("%s: %s: %w", n.Name, d, err)
+			return 0, err
 		}
 		if st := l.Attrs().Statistics; st != nil {
 			sum += st.RxPackets
@@ -384,15 +393,11 @@ func linkRx(n *testbed.NS, devs ...string) (uint64, error) {
 
 func (r *Run) netperf(ctx context.Context, o Options, variants []Variant, caps probe.Result, prog *Progress) (err error) {
 	prog.Status("building the cluster")
-	b, err := Build(ctx, ClusterPlan(o.Nodes, o.Services))
+	b, nodes, err := buildBed(ctx, ClusterPlan(o.Nodes, o.Services), caps, o.Rules)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, b.Close()) }()
-	nodes := nodesOf(b, caps)
-	if err := installDefault(ctx, nodes, o.Rules); err != nil {
-		return err
-	}
 	r.DefaultRuleset = DefaultRuleset(nodes[0].NodeSpec, o.Rules)
 	for _, role := range []string{RoleServerPod, RoleDirectServer} {
 		if err := b.Start(role, NetserverArgs(r.Pin)...); err != nil {
@@ -504,21 +509,17 @@ func (r *Run) recordRulesets(variants []Variant, n *Node) {
 // a sink that counts and drops at its ingress; the direct variant sends over one veth.
 func (r *Run) pktgen(ctx context.Context, o Options, variants []Variant, caps probe.Result, prog *Progress) (err error) {
 	prog.Status("building the pktgen bed")
-	b, err := Build(ctx, PktgenPlan(o.Services))
+	b, nodes, err := buildBed(ctx, PktgenPlan(o.Services), caps, o.Rules)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, b.Close()) }()
-	nodes := nodesOf(b, caps)
-	if err := installDefault(ctx, nodes, o.Rules); err != nil {
-		return err
-	}
 	if r.DefaultRuleset == "" {
 		r.DefaultRuleset = DefaultRuleset(nodes[0].NodeSpec, o.Rules)
 	}
 	r.recordRulesets(variants, nodes[0])
 	for _, role := range []string{RoleSink, RoleDirectSink} {
-		if _, err := run(ctx, b.NS(role), SinkRuleset("eth0", pktgenPort), "nft", "-f", "-"); err != nil {
+		if _, err := b.NS(role).Output(ctx, SinkRuleset("eth0", pktgenPort), "nft", "-f", "-"); err != nil {
 			return err
 		}
 	}
@@ -581,13 +582,9 @@ func (r *Run) pktgen(ctx context.Context, o Options, variants []Variant, caps pr
 const pktgenPort = 9
 
 func linkMAC(n *testbed.NS, dev string) (net.HardwareAddr, error) {
-	h, err := n.Handle()
+	l, err := n.Link(dev)
 	if err != nil {
 		return nil, err
-	}
-	l, err := h.LinkByName(dev)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %s: %w", n.Name, dev, err)
 	}
 	return l.Attrs().HardwareAddr, nil
 }

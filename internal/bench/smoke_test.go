@@ -22,7 +22,7 @@ func TestSmoke(t *testing.T) {
 			t.Skipf("%s not installed", bin)
 		}
 	}
-	before := rootLinks(t)
+	before := testbed.RootLinks(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	caps := probe.Run(ctx)

@@ -212,14 +212,14 @@ func removeFlowtable(ctx context.Context, n *Node) error {
 
 // nftApply loads an nft script into the node in one transaction.
 func nftApply(ctx context.Context, n *Node, script string) error {
-	_, err := run(ctx, n.NS, script, "nft", "-f", "-")
+	_, err := n.NS.Output(ctx, script, "nft", "-f", "-")
 	return err
 }
 
 // nftDelete deletes tables ("family name"); absent ones are fine.
 func nftDelete(ctx context.Context, n *Node, tables ...string) error {
 	for _, t := range tables {
-		if _, err := run(ctx, n.NS, "", append([]string{"nft", "delete", "table"}, strings.Fields(t)...)...); err != nil &&
+		if _, err := n.NS.Output(ctx, "", append([]string{"nft", "delete", "table"}, strings.Fields(t)...)...); err != nil &&
 			!strings.Contains(err.Error(), "No such file or directory") {
 			return err
 		}

@@ -2,9 +2,7 @@ package flowtable
 
 import (
 	"context"
-	"flag"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,27 +10,9 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/hostaccel/hostaccel/internal/config"
+	"github.com/hostaccel/hostaccel/internal/golden"
 	"github.com/hostaccel/hostaccel/internal/model"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files")
-
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name+".nft")
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("render differs from %s (go test -update rewrites it):\n--- got\n%s", path, got)
-	}
-}
 
 func dump(t *testing.T, s model.State, o Options) string {
 	t.Helper()
@@ -69,7 +49,7 @@ func TestRenderEachClass(t *testing.T) {
 			s.NodeIPs = []netip.Addr{netip.MustParseAddr("172.18.0.2"), netip.MustParseAddr("fd00:172:18::2")}
 			s.PeerNodeIPs = []netip.Addr{netip.MustParseAddr("172.18.0.3")}
 			s.LoadBalancerIPs = pfx("198.51.100.80/32", "2001:db8:80::/120")
-			golden(t, "class-"+string(c), dump(t, s, Options{FlowtableCounter: true}))
+			golden.Check(t, filepath.Join("testdata", "class-"+string(c)+".nft"), dump(t, s, Options{FlowtableCounter: true}))
 		})
 	}
 }
@@ -80,7 +60,7 @@ func TestRenderThresholdExcludeNoCounter(t *testing.T) {
 	s.PacketThreshold = 20
 	s.ServiceCIDRs = pfx("10.96.0.0/16", "fd00:10:96::/112")
 	s.Exclude = pfx("10.244.1.66/32", "fd00:10:244:1::66/128", "10.244.2.128/25")
-	golden(t, "threshold-exclude", dump(t, s, Options{FlowtableCounter: false}))
+	golden.Check(t, filepath.Join("testdata", "threshold-exclude.nft"), dump(t, s, Options{FlowtableCounter: false}))
 }
 
 // The seed nodes: Antrea's doc node (shared/seeds/001) and a Kindnet node (seed 002),
@@ -109,7 +89,7 @@ func TestRenderExamples(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := dump(t, s, Options{FlowtableCounter: true})
-			golden(t, name, got)
+			golden.Check(t, filepath.Join("testdata", name+".nft"), got)
 			if name == "kindnet-node" && !strings.Contains(got, "ct packets > 20") {
 				t.Error("kindnet threshold missing")
 			}

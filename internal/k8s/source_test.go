@@ -20,6 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/hostaccel/hostaccel/internal/k8s/k8stest"
 )
 
 // Unit tests of the Source against client-go's fake clientset; test/k8s runs the same against
@@ -44,28 +46,14 @@ func startSource(t *testing.T, c *fake.Clientset, opts Options) *Source {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
-	defer wcancel()
-	if err := s.WaitReady(wctx); err != nil {
-		t.Fatal(err)
-	}
+	k8stest.Run(t, s, 10*time.Second)
 	return s
 }
 
 // eventually polls cond until it holds or 5s pass.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	k8stest.WaitFor(t, what, 5*time.Second, cond)
 }
 
 func TestSourceFollowsNodes(t *testing.T) {

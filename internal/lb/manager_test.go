@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/knftables"
+
+	"github.com/hostaccel/hostaccel/internal/golden"
 )
 
 func apply(t *testing.T, m *Manager, svcs []Service, health map[string]Health) (Result, *Desired) {
@@ -35,6 +37,14 @@ func freshDump(t *testing.T, d *Desired) string {
 		t.Fatal(err)
 	}
 	return sortLines(s)
+}
+
+// checkKernel fails t with a diff unless the fake kernel holds want (a sorted dump).
+func checkKernel(t *testing.T, f *knftables.Fake, want, what string) {
+	t.Helper()
+	if diff := golden.Diff(want, dumpOf(f)); diff != "" {
+		t.Errorf("%s: the kernel differs from the render:\n%s", what, diff)
+	}
 }
 
 func sortLines(s string) string {
@@ -88,9 +98,7 @@ func TestManagerFirstApplyAndNoop(t *testing.T) {
 		if len(res.Rebuilt) != 3 || !res.Changed() {
 			t.Errorf("first apply: %+v", res)
 		}
-		if dumpOf(f) != freshDump(t, d) {
-			t.Errorf("the kernel differs from the render")
-		}
+		checkKernel(t, f, freshDump(t, d), "first apply")
 		res, _ = apply(t, m, svcSet(), nil)
 		if res.Changed() || res.FullRead != full {
 			t.Errorf("second apply (full read %v) changed something: %+v", full, res)
@@ -110,17 +118,13 @@ func TestManagerBackendChangesAreElementUpdates(t *testing.T) {
 		if len(res.Rebuilt)+len(res.ChainsRewritten)+len(res.MapsReplaced) > 0 || res.ElementsAdded == 0 || res.ElementsRemoved == 0 {
 			t.Errorf("swap (full %v): %+v", full, res)
 		}
-		if dumpOf(f) != freshDump(t, d) {
-			t.Errorf("swap (full %v): the kernel differs from the render", full)
-		}
+		checkKernel(t, f, freshDump(t, d), fmt.Sprintf("swap (full %v)", full))
 		svcs[0].Backends[1].State = StateDown
 		res, d = apply(t, m, svcs, nil)
 		if len(res.Rebuilt) > 0 || !slices.Equal(res.ChainsRewritten, []string{"hostaccel-lb svc-web-v4"}) {
 			t.Errorf("a backend down (full %v): %+v", full, res)
 		}
-		if dumpOf(f) != freshDump(t, d) {
-			t.Errorf("backend down (full %v): the kernel differs from the render", full)
-		}
+		checkKernel(t, f, freshDump(t, d), fmt.Sprintf("backend down (full %v)", full))
 	})
 }
 
@@ -187,13 +191,15 @@ func TestManagerServicesDriftAndRemove(t *testing.T) {
 	svcs := svcSet()
 	apply(t, m, svcs, nil)
 	res, d := apply(t, m, svcs[:1], nil)
-	if !slices.Equal(res.Removed, []string{"netdev hostaccel-lb-eth0", "netdev hostaccel-lb-eth1"}) || dumpOf(f) != freshDump(t, d) {
+	if !slices.Equal(res.Removed, []string{"netdev hostaccel-lb-eth0", "netdev hostaccel-lb-eth1"}) {
 		t.Errorf("services removed: %+v", res)
 	}
+	checkKernel(t, f, freshDump(t, d), "services removed")
 	res, d = apply(t, m, svcs, nil)
-	if dumpOf(f) != freshDump(t, d) || len(res.Rebuilt) != 2 {
+	if len(res.Rebuilt) != 2 {
 		t.Errorf("services back: %+v", res)
 	}
+	checkKernel(t, f, freshDump(t, d), "services back")
 
 	tx := f.NewTransaction()
 	tx.Delete(&knftables.Element{Family: knftables.InetFamily, Table: NATTable, Map: "web-backends-v4", Key: []string{"1"}})
@@ -203,9 +209,10 @@ func TestManagerServicesDriftAndRemove(t *testing.T) {
 		t.Fatal(err)
 	}
 	res, _ = apply(t, m, svcs, nil)
-	if dumpOf(f) != freshDump(t, d) || res.ElementsAdded != 1 || !slices.Equal(res.ChainsRewritten, []string{"hostaccel-lb svc-web-v4"}) {
+	if res.ElementsAdded != 1 || !slices.Equal(res.ChainsRewritten, []string{"hostaccel-lb svc-web-v4"}) {
 		t.Errorf("drift not repaired: %+v", res)
 	}
+	checkKernel(t, f, freshDump(t, d), "drift")
 
 	tx = f.NewTransaction()
 	tx.Delete(&knftables.Set{Family: knftables.InetFamily, Table: NATTable, Name: layoutSet})
@@ -215,9 +222,10 @@ func TestManagerServicesDriftAndRemove(t *testing.T) {
 		t.Fatal(err)
 	}
 	res, _ = apply(t, m, svcs, nil)
-	if !slices.Equal(res.Rebuilt, []string{"inet hostaccel-lb: layout changed"}) || dumpOf(f) != sortLines(freshDump(t, d)+"\nadd table ip foreign") {
+	if !slices.Equal(res.Rebuilt, []string{"inet hostaccel-lb: layout changed"}) {
 		t.Errorf("layout change: %+v", res)
 	}
+	checkKernel(t, f, sortLines(freshDump(t, d)+"\nadd table ip foreign"), "layout change")
 	refs, err := m.Remove(context.Background())
 	if err != nil || len(refs) != 3 {
 		t.Fatal(refs, err)

@@ -1,17 +1,15 @@
 package lb
 
 import (
-	"flag"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-)
 
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+	"github.com/hostaccel/hostaccel/internal/golden"
+)
 
 func mac(s string) net.HardwareAddr {
 	m, err := net.ParseMAC(s)
@@ -60,7 +58,8 @@ func fixture(topo, sched string) Service {
 	return s
 }
 
-func golden(t *testing.T, name string, svcs []Service, health map[string]Health) {
+// checkRender validates and renders svcs and compares the ruleset with testdata/<name>.nft.
+func checkRender(t *testing.T, name string, svcs []Service, health map[string]Health) {
 	t.Helper()
 	if errs := ValidateServices(svcs, fieldByName(svcs)); len(errs) > 0 {
 		t.Fatal(errs)
@@ -69,20 +68,7 @@ func golden(t *testing.T, name string, svcs []Service, health map[string]Health)
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join("testdata", name+".nft")
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("%s differs from the golden file (go test -update rewrites it):\n%s", path, got)
-	}
+	golden.Check(t, filepath.Join("testdata", name+".nft"), got)
 }
 
 // Every scheduler with every topology.
@@ -90,7 +76,7 @@ func TestRenderGolden(t *testing.T) {
 	for _, topo := range topologies {
 		for _, sched := range schedulers {
 			t.Run(topo+"-"+sched, func(t *testing.T) {
-				golden(t, topo+"-"+sched, []Service{fixture(topo, sched)}, nil)
+				checkRender(t, topo+"-"+sched, []Service{fixture(topo, sched)}, nil)
 			})
 		}
 	}
@@ -137,7 +123,7 @@ func TestRenderVariants(t *testing.T) {
 			if name == "states-backup" {
 				h = failed
 			}
-			golden(t, name, svcs, h)
+			checkRender(t, name, svcs, h)
 		})
 	}
 }
@@ -169,7 +155,7 @@ func TestRenderComments(t *testing.T) {
 	}
 	a, _ := r.Dump()
 	b, _ := Render(Resolve([]Service{fixture(SNAT, Hash), rename(fixture(DSR, RoundRobin), "dsr", "192.0.2.11")}, nil, testEnv)).Dump()
-	if a != b {
-		t.Error("render is not deterministic")
+	if diff := golden.Diff(a, b); diff != "" {
+		t.Errorf("render is not deterministic:\n%s", diff)
 	}
 }

@@ -8,6 +8,7 @@
 package testbed
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -134,11 +135,7 @@ func (n *NS) track(c io.Closer) error {
 // Exec runs "ip netns exec <ns> args..." and returns its combined output.
 // The error includes the output.
 func (n *NS) Exec(args ...string) (string, error) {
-	out, err := exec.Command("ip", append([]string{"netns", "exec", n.Name}, args...)...).CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("%s: %s: %w: %s", n.Name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return string(out), nil
+	return n.Output(context.Background(), "", args...)
 }
 
 // Do runs fn on a locked OS thread switched into the namespace and switches
@@ -224,17 +221,44 @@ func Veth(a *NS, aName string, b *NS, bName string) error {
 	return b.LinkUp(bName)
 }
 
+// Link returns link dev of the namespace.
+func (n *NS) Link(dev string) (netlink.Link, error) {
+	_, l, err := n.link(dev)
+	return l, err
+}
+
+// link returns link dev with the handle that found it.
+func (n *NS) link(dev string) (*netlink.Handle, netlink.Link, error) {
+	h, err := n.Handle()
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := h.LinkByName(dev)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: link %s: %w", n.Name, dev, err)
+	}
+	return h, l, nil
+}
+
+// LinkT returns the attributes of link dev in n as the kernel reports them
+// now (index, counters such as Statistics.RxPackets), failing tb if the link
+// cannot be read.
+func LinkT(tb testing.TB, n *NS, dev string) *netlink.LinkAttrs {
+	tb.Helper()
+	l, err := n.Link(dev)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return l.Attrs()
+}
+
 // LinkUp sets link dev up.
 func (n *NS) LinkUp(dev string) error {
-	h, err := n.Handle()
+	h, l, err := n.link(dev)
 	if err != nil {
 		return err
 	}
-	l, err := h.LinkByName(dev)
-	if err == nil {
-		err = h.LinkSetUp(l)
-	}
-	if err != nil {
+	if err := h.LinkSetUp(l); err != nil {
 		return fmt.Errorf("%s: link %s up: %w", n.Name, dev, err)
 	}
 	return nil
@@ -243,13 +267,9 @@ func (n *NS) LinkUp(dev string) error {
 // AddrAdd adds addresses (with their prefix length) to link dev. IPv6
 // addresses are added with nodad, so they are usable at once.
 func (n *NS) AddrAdd(dev string, addrs ...netip.Prefix) error {
-	h, err := n.Handle()
+	h, l, err := n.link(dev)
 	if err != nil {
 		return err
-	}
-	l, err := h.LinkByName(dev)
-	if err != nil {
-		return fmt.Errorf("%s: link %s: %w", n.Name, dev, err)
 	}
 	for _, p := range addrs {
 		a := &netlink.Addr{IPNet: ipNet(p)}

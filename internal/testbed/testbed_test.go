@@ -3,7 +3,6 @@ package testbed_test
 import (
 	"net/netip"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -12,52 +11,9 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// ourNamespaces lists the namespaces of this process (`ip netns list`).
-func ourNamespaces(t *testing.T) []string {
-	t.Helper()
-	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
-	if err != nil {
-		t.Fatalf("ip netns list: %v: %s", err, out)
-	}
-	var names []string
-	for _, line := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], testbed.NamePrefix()) {
-			names = append(names, f[0])
-		}
-	}
-	return names
-}
-
-func rootLinks(t *testing.T) []string {
-	t.Helper()
-	links, err := netlink.LinkList()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, l := range links {
-		names = append(names, l.Attrs().Name)
-	}
-	return names
-}
-
-// checkClean fails unless no namespace of this process exists and the root
-// namespace has no link that was not in before.
-func checkClean(t *testing.T, before []string) {
-	t.Helper()
-	if ns := ourNamespaces(t); len(ns) > 0 {
-		t.Errorf("namespaces left after Close: %v", ns)
-	}
-	for _, l := range rootLinks(t) {
-		if !slices.Contains(before, l) {
-			t.Errorf("link %q left in root namespace", l)
-		}
-	}
-}
-
 func TestNS(t *testing.T) {
 	testbed.RequireRoot(t)
-	before := rootLinks(t)
+	before := testbed.RootLinks(t)
 	a, err := testbed.NewNS("a")
 	if err != nil {
 		t.Fatal(err)
@@ -135,7 +91,7 @@ func TestNS(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
-	checkClean(t, before)
+	testbed.CheckNoLeaks(t, testbed.NamePrefix(), before)
 }
 
 func TestTopoTraffic(t *testing.T) {
@@ -240,13 +196,13 @@ func TestTopoExtraTransport(t *testing.T) {
 
 func TestTopoClose(t *testing.T) {
 	testbed.RequireRoot(t)
-	before := rootLinks(t)
+	before := testbed.RootLinks(t)
 	topo, err := testbed.NewTopo(testbed.TopoOptions{ExtraTransport: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	names := []string{topo.Pod.Name, topo.Node.Name, topo.Remote.Name, topo.Remote2.Name}
-	if got := ourNamespaces(t); len(got) != 4 {
+	if got := testbed.Namespaces(t, testbed.NamePrefix()); len(got) != 4 {
 		t.Errorf("namespaces while up = %v, want %v", got, names)
 	}
 	// A server left open must not block teardown.
@@ -259,12 +215,12 @@ func TestTopoClose(t *testing.T) {
 	if err := topo.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
-	checkClean(t, before)
+	testbed.CheckNoLeaks(t, testbed.NamePrefix(), before)
 }
 
 func TestTopoHalfBuilt(t *testing.T) {
 	testbed.RequireRoot(t)
-	before := rootLinks(t)
+	before := testbed.RootLinks(t)
 	for _, opts := range []testbed.TopoOptions{
 		{TransportName: "name-longer-than-15"},             // fails at the second veth
 		{ExtraTransport: true, Transport2Name: "bad/name"}, // fails at the third veth
@@ -278,6 +234,6 @@ func TestTopoHalfBuilt(t *testing.T) {
 		} else {
 			t.Logf("NewTopo(%+v): %v", opts, err)
 		}
-		checkClean(t, before)
+		testbed.CheckNoLeaks(t, testbed.NamePrefix(), before)
 	}
 }

@@ -53,13 +53,9 @@ type Server struct {
 // ListenTCP starts a TCP echo server on addr ("ip:port", port may be 0)
 // inside the namespace. n.Close closes it if the caller does not.
 func (n *NS) ListenTCP(addr string) (*Server, error) {
-	var ln net.Listener
-	err := n.Do(func() (err error) {
-		ln, err = net.Listen("tcp", addr)
-		return err
-	})
+	ln, err := inNS(n, "listen tcp "+addr, func() (net.Listener, error) { return net.Listen("tcp", addr) })
 	if err != nil {
-		return nil, fmt.Errorf("%s: listen tcp %s: %w", n.Name, addr, err)
+		return nil, err
 	}
 	s := &Server{ln: ln, conns: map[net.Conn]struct{}{}}
 	if err := n.track(s); err != nil {
@@ -151,16 +147,15 @@ type UDPServer struct {
 // ListenUDP starts a UDP echo server on addr inside the namespace. n.Close
 // closes it if the caller does not.
 func (n *NS) ListenUDP(addr string) (*UDPServer, error) {
-	var c *net.UDPConn
-	err := n.Do(func() error {
+	c, err := inNS(n, "listen udp "+addr, func() (*net.UDPConn, error) {
 		ua, err := net.ResolveUDPAddr("udp", addr)
-		if err == nil {
-			c, err = net.ListenUDP("udp", ua)
+		if err != nil {
+			return nil, err
 		}
-		return err
+		return net.ListenUDP("udp", ua)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%s: listen udp %s: %w", n.Name, addr, err)
+		return nil, err
 	}
 	s := &UDPServer{c: c, done: make(chan struct{})}
 	if err := n.track(s); err != nil {
@@ -219,15 +214,7 @@ func (n *NS) DialTCP(local, remote string) (net.Conn, error) {
 		}
 		d.LocalAddr = net.TCPAddrFromAddrPort(ap)
 	}
-	var c net.Conn
-	err := n.Do(func() (err error) {
-		c, err = d.Dial("tcp", remote)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%s: dial tcp %s: %w", n.Name, remote, err)
-	}
-	return c, nil
+	return inNS(n, "dial tcp "+remote, func() (net.Conn, error) { return d.Dial("tcp", remote) })
 }
 
 // DialUDP returns a UDP socket in the namespace connected to remote. local
@@ -245,15 +232,23 @@ func (n *NS) DialUDP(local, remote string) (*net.UDPConn, error) {
 		}
 		la = net.UDPAddrFromAddrPort(ap)
 	}
-	var c *net.UDPConn
-	err = n.Do(func() (err error) {
-		c, err = net.DialUDP("udp", la, net.UDPAddrFromAddrPort(ra))
+	return inNS(n, "dial udp "+remote, func() (*net.UDPConn, error) {
+		return net.DialUDP("udp", la, net.UDPAddrFromAddrPort(ra))
+	})
+}
+
+// inNS returns what fn returns, run inside n (sockets it opens stay there). An error is
+// prefixed with n's name and what.
+func inNS[T any](n *NS, what string, fn func() (T, error)) (T, error) {
+	var v T
+	err := n.Do(func() (err error) {
+		v, err = fn()
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%s: dial udp %s: %w", n.Name, remote, err)
+		return v, fmt.Errorf("%s: %s: %w", n.Name, what, err)
 	}
-	return c, nil
+	return v, nil
 }
 
 func localAddr(s string) (netip.AddrPort, error) {

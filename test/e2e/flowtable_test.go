@@ -77,19 +77,6 @@ func listed(st agent.Status, f conntrack.Flow) bool {
 	return false
 }
 
-func rxPackets(t *testing.T, ns *testbed.NS, dev string) uint64 {
-	t.Helper()
-	h, err := ns.Handle()
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := h.LinkByName(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l.Attrs().Statistics.RxPackets
-}
-
 func hostport(a netip.Addr, port int) string { return netip.AddrPortFrom(a, uint16(port)).String() }
 
 // tcpConn opens a TCP connection client -> server:port and moves n bytes each way.
@@ -152,7 +139,7 @@ func TestPodToPodOffloaded(t *testing.T) {
 		a := tp.Addrs(v6)
 		t.Run(fmt.Sprintf("tcp/v6=%v", v6), func(t *testing.T) {
 			before := classPackets(status(t, tp.Node), model.PodToPod)
-			rx0 := rxPackets(t, tp.Node, tp.GatewayName)
+			rx0 := testbed.LinkT(t, tp.Node, tp.GatewayName).Statistics.RxPackets
 			tcpConn(t, tp.Pod, netip.Addr{}, tp.Remote, a.RemotePod, 5001, 8<<20)
 			f := flow(t, tp.Node, 6, a.Pod, a.RemotePod, 5001)
 			if !f.Offloaded() {
@@ -162,7 +149,7 @@ func TestPodToPodOffloaded(t *testing.T) {
 				t.Errorf("hostaccel status does not list %s", f)
 			}
 			slow := classPackets(status(t, tp.Node), model.PodToPod) - before
-			fwd := rxPackets(t, tp.Node, tp.GatewayName) - rx0
+			fwd := testbed.LinkT(t, tp.Node, tp.GatewayName).Statistics.RxPackets - rx0
 			t.Logf("%s; pod-to-pod rule counted %d packets while gw received %d", f, slow, fwd)
 			if slow == 0 || slow > 40 || fwd < 20*slow {
 				t.Errorf("forward chain saw %d packets of %d: the fastpath did not carry the transfer", slow, fwd)

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/hostaccel/hostaccel/internal/probe"
+	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
 var (
@@ -35,33 +36,20 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	if os.Geteuid() != 0 {
-		if os.Getenv("HOSTACCEL_REQUIRE_ROOT") == "1" {
-			fmt.Println("FAIL: e2e tests need root")
-			return 1
-		}
-		fmt.Println("skipping e2e tests: not root")
-		return 0
+	if code, ok := testbed.MainRequireRoot("e2e tests"); !ok {
+		return code
 	}
 	caps = probe.Run(context.Background())
 	if !caps.Has(probe.Flowtable) && (os.Getenv("HOSTACCEL_REQUIRE_FLOWTABLE") == "1" || os.Getenv("HOSTACCEL_IN_VM") == "1") {
 		fmt.Println("FAIL: this kernel has no flowtable:", caps.Get(probe.Flowtable).Detail)
 		return 1
 	}
-	hostaccel = os.Getenv("HOSTACCEL_BIN")
-	if hostaccel == "" {
-		dir, err := os.MkdirTemp("", "hostaccel-e2e")
-		if err != nil {
-			panic(err)
-		}
-		defer os.RemoveAll(dir)
-		hostaccel = filepath.Join(dir, "hostaccel")
-		out, err := exec.Command("go", "build", "-o", hostaccel, "../../cmd/hostaccel").CombinedOutput()
-		if err != nil {
-			fmt.Printf("build hostaccel: %v\n%s", err, out)
-			return 1
-		}
+	bin, cleanup, ok := testbed.MainBinary()
+	if !ok {
+		return 1
 	}
+	defer cleanup()
+	hostaccel = bin
 	return m.Run()
 }
 

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/hostaccel/hostaccel/internal/k8s"
+	"github.com/hostaccel/hostaccel/internal/k8s/k8stest"
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
@@ -92,8 +93,8 @@ func TestAgentKubernetes(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	createNode(t, newNode("agent-node", []string{"10.244.0.0/24"}, "172.18.0.2"))
-	createNode(t, newNode("peer-1", []string{"10.244.1.0/24"}, "172.18.0.3"))
+	createNode(t, k8stest.Node("agent-node", []string{"10.244.0.0/24"}, "172.18.0.2"))
+	createNode(t, k8stest.Node("peer-1", []string{"10.244.1.0/24"}, "172.18.0.3"))
 	const svcNS = "agent-e2e"
 	createNamespace(t, svcNS)
 	svc, err := admin.CoreV1().Services(svcNS).Create(ctx, &corev1.Service{
@@ -103,8 +104,8 @@ func TestAgentKubernetes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.DiscoveryV1().EndpointSlices(svcNS).Create(ctx, slice(svcNS, "web", "web-1", 8080,
-		endpoint{ip: "10.244.1.20", node: "peer-1", ready: true, serving: true}), metav1.CreateOptions{}); err != nil {
+	if _, err := admin.DiscoveryV1().EndpointSlices(svcNS).Create(ctx, k8stest.EndpointSlice(svcNS, "web", "web-1", "http", 8080,
+		k8stest.Up("10.244.1.20", "peer-1")), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -153,12 +154,12 @@ func TestAgentKubernetes(t *testing.T) {
 		}
 		return out
 	}
-	waitFor(t, "the agent's first sync", 30*time.Second, func() bool { return state().Syncs > 0 })
+	k8stest.WaitFor(t, "the agent's first sync", 30*time.Second, func() bool { return state().Syncs > 0 })
 	nft := func() string {
 		out, _ := ns.Exec("nft", "list", "table", "inet", "hostaccel-lb")
 		return out
 	}
-	waitFor(t, "the Service in the load balancer's table", 10*time.Second, func() bool {
+	k8stest.WaitFor(t, "the Service in the load balancer's table", 10*time.Second, func() bool {
 		return strings.Contains(nft(), svc.Spec.ClusterIP) && strings.Contains(nft(), "10.244.1.20")
 	})
 	if st := state(); !st.Healthy || !slices.Equal(peers(st), []string{"peer-1"}) {
@@ -167,8 +168,8 @@ func TestAgentKubernetes(t *testing.T) {
 
 	// A Node joins: the agent's state has it within a second, through a sync of its own.
 	t0 := time.Now()
-	createNode(t, newNode("peer-2", []string{"10.244.2.0/24"}, "172.18.0.4"))
-	d := waitFor(t, "peer-2 in the agent's state", 5*time.Second, func() bool {
+	createNode(t, k8stest.Node("peer-2", []string{"10.244.2.0/24"}, "172.18.0.4"))
+	d := k8stest.WaitFor(t, "peer-2 in the agent's state", 5*time.Second, func() bool {
 		st := state()
 		return slices.Contains(peers(st), "peer-2") && st.LastSync.After(t0)
 	})
@@ -178,11 +179,11 @@ func TestAgentKubernetes(t *testing.T) {
 	}
 	// An endpoint joins: the kernel's load balancer map has it.
 	t0 = time.Now()
-	if _, err := admin.DiscoveryV1().EndpointSlices(svcNS).Create(ctx, slice(svcNS, "web", "web-2", 8080,
-		endpoint{ip: "10.244.2.20", node: "peer-2", ready: true, serving: true}), metav1.CreateOptions{}); err != nil {
+	if _, err := admin.DiscoveryV1().EndpointSlices(svcNS).Create(ctx, k8stest.EndpointSlice(svcNS, "web", "web-2", "http", 8080,
+		k8stest.Up("10.244.2.20", "peer-2")), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	d = waitFor(t, "the new backend in the kernel", 5*time.Second, func() bool { return strings.Contains(nft(), "10.244.2.20") })
+	d = k8stest.WaitFor(t, "the new backend in the kernel", 5*time.Second, func() bool { return strings.Contains(nft(), "10.244.2.20") })
 	t.Logf("EndpointSlice created -> backend in table inet hostaccel-lb in %s", d.Round(time.Millisecond))
 
 	// The API server goes away: the agent keeps the kernel as it was and says so.
@@ -194,7 +195,7 @@ func TestAgentKubernetes(t *testing.T) {
 			_ = env.StartAPIServer(context.Background())
 		}
 	})
-	waitFor(t, "the agent reports the API server unreachable", 10*time.Second, func() bool {
+	k8stest.WaitFor(t, "the agent reports the API server unreachable", 10*time.Second, func() bool {
 		st := state()
 		return !st.Source.Connected && slices.ContainsFunc(st.Degraded, func(s string) bool { return strings.Contains(s, "unreachable") })
 	})
@@ -205,9 +206,9 @@ func TestAgentKubernetes(t *testing.T) {
 		t.Fatal(err)
 	}
 	restarted = true
-	waitFor(t, "the agent reconnected", 10*time.Second, func() bool { st := state(); return st.Source.Connected && len(st.Degraded) == 0 })
+	k8stest.WaitFor(t, "the agent reconnected", 10*time.Second, func() bool { st := state(); return st.Source.Connected && len(st.Degraded) == 0 })
 	deleteNode(t, "peer-1")
-	waitFor(t, "peer-1 gone after the restart", 60*time.Second, func() bool { return !slices.Contains(peers(state()), "peer-1") })
+	k8stest.WaitFor(t, "peer-1 gone after the restart", 60*time.Second, func() bool { return !slices.Contains(peers(state()), "peer-1") })
 }
 
 var counters = regexp.MustCompile(`counter packets \d+ bytes \d+`)

@@ -15,7 +15,6 @@ import (
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/hostaccel/hostaccel/internal/config"
 	"github.com/hostaccel/hostaccel/internal/k8s"
+	"github.com/hostaccel/hostaccel/internal/k8s/k8stest"
 	"github.com/hostaccel/hostaccel/internal/lb"
 )
 
@@ -52,31 +52,10 @@ func startSource(t *testing.T, c kubernetes.Interface, opts k8s.Options) *k8s.So
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
-	defer wcancel()
 	t0 := time.Now()
-	if err := s.WaitReady(wctx); err != nil {
-		t.Fatal(err)
-	}
+	k8stest.Run(t, s, 30*time.Second)
 	t.Logf("source ready (informers synced, first config derived) in %s", time.Since(t0).Round(time.Millisecond))
 	return s
-}
-
-// waitFor polls cond every 5ms and returns how long it took to hold.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) time.Duration {
-	t.Helper()
-	t0 := time.Now()
-	for !cond() {
-		if time.Since(t0) > timeout {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return time.Since(t0)
 }
 
 func cfg(t *testing.T, s *k8s.Source) *config.Config {
@@ -86,17 +65,6 @@ func cfg(t *testing.T, s *k8s.Source) *config.Config {
 		t.Fatal(err)
 	}
 	return c
-}
-
-func newNode(name string, podCIDRs []string, ips ...string) *corev1.Node {
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{PodCIDRs: podCIDRs}}
-	if len(podCIDRs) > 0 {
-		n.Spec.PodCIDR = podCIDRs[0]
-	}
-	for _, ip := range ips {
-		n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: ip})
-	}
-	return n
 }
 
 // createNode creates a Node (its status too: a Node's create keeps the status) and deletes it
@@ -126,8 +94,8 @@ func percentile(ds []time.Duration, p int) time.Duration {
 // Nodes added and removed: the peer set follows within a second.
 func TestPeersFollowNodes(t *testing.T) {
 	requireEnv(t)
-	createNode(t, newNode("self", []string{"10.244.0.0/24", "fd00:10:244::/64"}, "172.18.0.2", "fc00::2"))
-	createNode(t, newNode("peer-1", []string{"10.244.1.0/24", "fd00:10:244:1::/64"}, "172.18.0.3", "fc00::3"))
+	createNode(t, k8stest.Node("self", []string{"10.244.0.0/24", "fd00:10:244::/64"}, "172.18.0.2", "fc00::2"))
+	createNode(t, k8stest.Node("peer-1", []string{"10.244.1.0/24", "fd00:10:244:1::/64"}, "172.18.0.3", "fc00::3"))
 	s := startSource(t, admin, k8s.Options{})
 	c := cfg(t, s)
 	if !slices.Equal(c.Node.LocalPodCIDRs, []string{"10.244.0.0/24", "fd00:10:244::/64"}) ||
@@ -142,8 +110,8 @@ func TestPeersFollowNodes(t *testing.T) {
 		name := "peer-" + itoa(i)
 		cidr := "10.244." + itoa(i) + ".0/24"
 		t0 := time.Now()
-		createNode(t, newNode(name, []string{cidr}, "172.18.0."+itoa(i+2)))
-		waitFor(t, name+" joins the peer set", 5*time.Second, func() bool { return slices.Contains(cfg(t, s).Node.PeerPodCIDRs, cidr) })
+		createNode(t, k8stest.Node(name, []string{cidr}, "172.18.0."+itoa(i+2)))
+		k8stest.WaitFor(t, name+" joins the peer set", 5*time.Second, func() bool { return slices.Contains(cfg(t, s).Node.PeerPodCIDRs, cidr) })
 		adds = append(adds, time.Since(t0))
 	}
 	for i := 2; i < 12; i++ {
@@ -151,7 +119,7 @@ func TestPeersFollowNodes(t *testing.T) {
 		cidr := "10.244." + itoa(i) + ".0/24"
 		t0 := time.Now()
 		deleteNode(t, name)
-		waitFor(t, name+" leaves the peer set", 5*time.Second, func() bool { return !slices.Contains(cfg(t, s).Node.PeerPodCIDRs, cidr) })
+		k8stest.WaitFor(t, name+" leaves the peer set", 5*time.Second, func() bool { return !slices.Contains(cfg(t, s).Node.PeerPodCIDRs, cidr) })
 		removes = append(removes, time.Since(t0))
 	}
 	t.Logf("API write -> derived peer set: add p50 %s max %s; remove p50 %s max %s (debounce 100ms)",
@@ -167,7 +135,7 @@ func TestPeersFollowNodes(t *testing.T) {
 	}
 
 	// Antrea's hybrid-mode rule: only peers in this node's transport subnet are accelerated.
-	createNode(t, newNode("far", []string{"10.244.99.0/24"}, "192.168.50.7"))
+	createNode(t, k8stest.Node("far", []string{"10.244.99.0/24"}, "192.168.50.7"))
 	hybrid := startSource(t, admin, k8s.Options{Peers: k8s.PeersSameSubnet,
 		PeerSubnets: []netip.Prefix{netip.MustParsePrefix("172.18.0.0/24"), netip.MustParsePrefix("fc00::/64")}})
 	if got := cfg(t, hybrid).Node.PeerPodCIDRs; !slices.Equal(got, []string{"10.244.1.0/24", "fd00:10:244:1::/64"}) {
@@ -179,29 +147,6 @@ func TestPeersFollowNodes(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
-
-type endpoint struct {
-	ip, node                    string
-	ready, serving, terminating bool
-}
-
-func slice(ns, svc, name string, port int32, eps ...endpoint) *discoveryv1.EndpointSlice {
-	pn, proto := "http", corev1.ProtocolTCP
-	es := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{
-			discoveryv1.LabelServiceName: svc, discoveryv1.LabelManagedBy: "hostaccel-test"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: &pn, Port: &port, Protocol: &proto}},
-	}
-	for _, e := range eps {
-		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
-			Addresses:  []string{e.ip},
-			NodeName:   &e.node,
-			Conditions: discoveryv1.EndpointConditions{Ready: &e.ready, Serving: &e.serving, Terminating: &e.terminating},
-		})
-	}
-	return es
-}
 
 func createNamespace(t *testing.T, name string) {
 	t.Helper()
@@ -237,8 +182,8 @@ func lbService(c *config.Config, ns, front string) *lb.Service {
 func TestServicesAndEndpointSlices(t *testing.T) {
 	requireEnv(t)
 	ctx := context.Background()
-	createNode(t, newNode("self", []string{"10.244.0.0/24"}, "172.18.0.2"))
-	createNode(t, newNode("peer-1", []string{"10.244.1.0/24"}, "172.18.0.3"))
+	createNode(t, k8stest.Node("self", []string{"10.244.0.0/24"}, "172.18.0.2"))
+	createNode(t, k8stest.Node("peer-1", []string{"10.244.1.0/24"}, "172.18.0.3"))
 	const ns = "shop"
 	createNamespace(t, ns)
 	s := startSource(t, admin, k8s.Options{Services: k8s.ServicesLabeled})
@@ -270,13 +215,13 @@ func TestServicesAndEndpointSlices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	es := slice(ns, "web", "web-1", 8080,
-		endpoint{ip: "10.244.0.10", node: "self", ready: true, serving: true},
-		endpoint{ip: "10.244.1.10", node: "peer-1", ready: true, serving: true})
+	es := k8stest.EndpointSlice(ns, "web", "web-1", "http", 8080,
+		k8stest.Up("10.244.0.10", "self"),
+		k8stest.Up("10.244.1.10", "peer-1"))
 	if es, err = admin.DiscoveryV1().EndpointSlices(ns).Create(ctx, es, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	es2 := slice(ns, "web", "web-2", 8080, endpoint{ip: "10.244.1.11", node: "peer-1", ready: true, serving: true})
+	es2 := k8stest.EndpointSlice(ns, "web", "web-2", "http", 8080, k8stest.Up("10.244.1.11", "peer-1"))
 	if _, err = admin.DiscoveryV1().EndpointSlices(ns).Create(ctx, es2, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +262,7 @@ func TestServicesAndEndpointSlices(t *testing.T) {
 		y := s.Derived().YAML
 		return string(y)
 	}
-	d := waitFor(t, "the Service's load balancer services", 5*time.Second, func() bool {
+	d := k8stest.WaitFor(t, "the Service's load balancer services", 5*time.Second, func() bool {
 		return matches(want(nil, lb.StateUp, lb.StateUp, lb.StateUp))
 	})
 	t.Logf("Service + EndpointSlices -> 3 load balancer services (cluster, nodeport, external) in %s", d.Round(time.Millisecond))
@@ -331,7 +276,7 @@ func TestServicesAndEndpointSlices(t *testing.T) {
 	if es, err = admin.DiscoveryV1().EndpointSlices(ns).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	d = waitFor(t, "not-ready endpoint drained", 5*time.Second, func() bool {
+	d = k8stest.WaitFor(t, "not-ready endpoint drained", 5*time.Second, func() bool {
 		return matches(want(nil, lb.StateUp, lb.StateDrain, lb.StateUp))
 	})
 	t.Logf("endpoint not ready -> backend drain in %s", d.Round(time.Millisecond))
@@ -342,7 +287,7 @@ func TestServicesAndEndpointSlices(t *testing.T) {
 	if es, err = admin.DiscoveryV1().EndpointSlices(ns).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "terminating endpoint drained", 5*time.Second, func() bool {
+	k8stest.WaitFor(t, "terminating endpoint drained", 5*time.Second, func() bool {
 		return matches(want(nil, lb.StateDrain, lb.StateDrain, lb.StateUp))
 	})
 
@@ -356,7 +301,7 @@ func TestServicesAndEndpointSlices(t *testing.T) {
 	if _, err := admin.CoreV1().Services(ns).Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	d = waitFor(t, "persistence", 5*time.Second, func() bool {
+	d = k8stest.WaitFor(t, "persistence", 5*time.Second, func() bool {
 		return matches(want(lb.D(900*time.Second), lb.StateDrain, lb.StateDrain, lb.StateUp))
 	})
 	t.Logf("sessionAffinity ClientIP -> persistence 15m in %s", d.Round(time.Millisecond))
@@ -365,7 +310,7 @@ func TestServicesAndEndpointSlices(t *testing.T) {
 	if err := admin.DiscoveryV1().EndpointSlices(ns).Delete(ctx, "web-1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "backends of a deleted slice removed", 5*time.Second, func() bool {
+	k8stest.WaitFor(t, "backends of a deleted slice removed", 5*time.Second, func() bool {
 		c := cfg(t, s)
 		f := lbService(c, ns, "cluster")
 		return f != nil && len(f.Backends) == 1 && f.Backends[0].Address == "10.244.1.11"
@@ -376,7 +321,7 @@ func TestServicesAndEndpointSlices(t *testing.T) {
 	if _, err := admin.CoreV1().Services(ns).Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "unlabeled Service no longer balanced", 5*time.Second, func() bool { return len(cfg(t, s).LoadBalancer.Services) == 0 })
+	k8stest.WaitFor(t, "unlabeled Service no longer balanced", 5*time.Second, func() bool { return len(cfg(t, s).LoadBalancer.Services) == 0 })
 	if t.Failed() {
 		t.Log(dump())
 	}
@@ -389,14 +334,14 @@ func ptr[T any](v T) *T { return &v }
 func TestAPIServerRestart(t *testing.T) {
 	requireEnv(t)
 	ctx := context.Background()
-	createNode(t, newNode("self", []string{"10.244.0.0/24"}, "172.18.0.2"))
-	createNode(t, newNode("peer-1", []string{"10.244.1.0/24"}, "172.18.0.3"))
+	createNode(t, k8stest.Node("self", []string{"10.244.0.0/24"}, "172.18.0.2"))
+	createNode(t, k8stest.Node("peer-1", []string{"10.244.1.0/24"}, "172.18.0.3"))
 	s := startSource(t, admin, k8s.Options{})
 	before := cfg(t, s)
-	waitFor(t, "connected", 5*time.Second, func() bool { return s.Status().Connected })
+	k8stest.WaitFor(t, "connected", 5*time.Second, func() bool { return s.Status().Connected })
 
 	env.KillAPIServer()
-	d := waitFor(t, "disconnected", 10*time.Second, func() bool { return !s.Status().Connected })
+	d := k8stest.WaitFor(t, "disconnected", 10*time.Second, func() bool { return !s.Status().Connected })
 	t.Logf("source reports disconnected %s after the stop", d.Round(time.Millisecond))
 	time.Sleep(2 * time.Second) // informers retry meanwhile
 	st := s.Status()
@@ -417,14 +362,14 @@ func TestAPIServerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("kube-apiserver ready again in %s", time.Since(t0).Round(time.Millisecond))
-	d = waitFor(t, "reconnected", 10*time.Second, func() bool { return s.Status().Connected && len(s.Notes()) == 0 })
+	d = k8stest.WaitFor(t, "reconnected", 10*time.Second, func() bool { return s.Status().Connected && len(s.Notes()) == 0 })
 	t.Logf("source reconnected %s after /readyz", d.Round(time.Millisecond))
 
 	// The informers watch again: a change after the restart is followed.
 	t0 = time.Now()
-	createNode(t, newNode("peer-2", []string{"10.244.2.0/24"}, "172.18.0.4"))
+	createNode(t, k8stest.Node("peer-2", []string{"10.244.2.0/24"}, "172.18.0.4"))
 	deleteNode(t, "peer-1")
-	d = waitFor(t, "resync after the restart", 60*time.Second, func() bool {
+	d = k8stest.WaitFor(t, "resync after the restart", 60*time.Second, func() bool {
 		return slices.Equal(cfg(t, s).Node.PeerPodCIDRs, []string{"10.244.2.0/24"})
 	})
 	t.Logf("first change after the restart followed in %s (includes the informers' watch retry backoff)", d.Round(time.Millisecond))
@@ -455,14 +400,14 @@ func TestDeployManifestsRBAC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	createNode(t, newNode("self", []string{"10.244.0.0/24"}, "172.18.0.2"))
-	createNode(t, newNode("peer-1", []string{"10.244.1.0/24"}, "172.18.0.3"))
+	createNode(t, k8stest.Node("self", []string{"10.244.0.0/24"}, "172.18.0.2"))
+	createNode(t, k8stest.Node("peer-1", []string{"10.244.1.0/24"}, "172.18.0.3"))
 	// Every informer (EndpointSlices too: services labeled) and the probe, with the agent's token.
 	s := startSource(t, agent, k8s.Options{Services: k8s.ServicesLabeled})
 	if got := cfg(t, s).Node.PeerPodCIDRs; !slices.Equal(got, []string{"10.244.1.0/24"}) {
 		t.Errorf("peers with the agent's token: %v", got)
 	}
-	waitFor(t, "connected with the agent's token", 5*time.Second, func() bool { return s.Status().Connected })
+	k8stest.WaitFor(t, "connected with the agent's token", 5*time.Second, func() bool { return s.Status().Connected })
 	if st := s.Status(); st.LastAPIError != "" {
 		t.Errorf("API error with the agent's token: %s", st.LastAPIError)
 	}
@@ -495,7 +440,7 @@ func TestDeployManifestsRBAC(t *testing.T) {
 			t.Errorf("list %s allowed: more than the agent needs", r.resource)
 		}
 	}
-	if _, err := agent.CoreV1().Nodes().Create(ctx, newNode("intruder", nil), metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+	if _, err := agent.CoreV1().Nodes().Create(ctx, k8stest.Node("intruder", nil), metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("creating a Node with the agent's token: %v, want Forbidden", err)
 	}
 

@@ -38,27 +38,20 @@ var (
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
 func run(m *testing.M) int {
-	if os.Geteuid() != 0 {
-		if os.Getenv("HOSTACCEL_REQUIRE_ROOT") == "1" {
-			fmt.Println("FAIL: load balancer tests need root")
-			return 1
-		}
-		fmt.Println("skipping load balancer tests: not root")
-		return 0
+	if code, ok := testbed.MainRequireRoot("load balancer tests"); !ok {
+		return code
 	}
+	bin, cleanup, ok := testbed.MainBinary()
+	if !ok {
+		return 1
+	}
+	defer cleanup()
+	hostaccel = bin
 	dir, err := os.MkdirTemp("", "hostaccel-lb")
 	if err != nil {
 		panic(err)
 	}
 	defer os.RemoveAll(dir)
-	hostaccel = os.Getenv("HOSTACCEL_BIN")
-	if hostaccel == "" {
-		hostaccel = filepath.Join(dir, "hostaccel")
-		if out, err := exec.Command("go", "build", "-o", hostaccel, "../../cmd/hostaccel").CombinedOutput(); err != nil {
-			fmt.Printf("build hostaccel: %v\n%s", err, out)
-			return 1
-		}
-	}
 	topo, err = newTopo(dir)
 	if topo != nil {
 		defer topo.close()

@@ -204,7 +204,7 @@ func pemBlock(typ string, der []byte) []byte {
 func (e *Env) startEtcd(ctx context.Context) error {
 	client := "http://127.0.0.1:" + strconv.Itoa(e.etcdPort)
 	peer := "http://127.0.0.1:" + strconv.Itoa(e.etcdPeerPort)
-	cmd, err := e.spawn("etcd",
+	return e.startAndWait(ctx, &e.etcd, "etcd", client+"/health", nil, 30*time.Second,
 		"--name=hostaccel-test",
 		"--data-dir="+e.path("etcd"),
 		"--unsafe-no-fsync",
@@ -213,13 +213,18 @@ func (e *Env) startEtcd(ctx context.Context) error {
 		"--initial-cluster=hostaccel-test="+peer,
 		"--log-level=warn",
 	)
+}
+
+// startAndWait spawns name with args, records it in *slot and waits until url answers.
+func (e *Env) startAndWait(ctx context.Context, slot **exec.Cmd, name, url string, hdr http.Header, timeout time.Duration, args ...string) error {
+	cmd, err := e.spawn(name, args...)
 	if err != nil {
 		return err
 	}
 	e.mu.Lock()
-	e.etcd = cmd
+	*slot = cmd
 	e.mu.Unlock()
-	return e.waitHTTP(ctx, cmd, "etcd", client+"/health", nil, 30*time.Second)
+	return e.waitHTTP(ctx, cmd, name, url, hdr, timeout)
 }
 
 // StartAPIServer starts kube-apiserver (again, after StopAPIServer) on the same address with the
@@ -231,7 +236,8 @@ func (e *Env) StartAPIServer(ctx context.Context) error {
 	if running {
 		return errors.New("kube-apiserver already running")
 	}
-	cmd, err := e.spawn("kube-apiserver",
+	hdr := http.Header{"Authorization": {"Bearer " + e.AdminToken}}
+	return e.startAndWait(ctx, &e.apiserver, "kube-apiserver", e.Host+"/readyz", hdr, 90*time.Second,
 		"--etcd-servers=http://127.0.0.1:"+strconv.Itoa(e.etcdPort),
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
@@ -251,14 +257,6 @@ func (e *Env) StartAPIServer(ctx context.Context) error {
 		"--allow-privileged=true",
 		"--profiling=false",
 	)
-	if err != nil {
-		return err
-	}
-	e.mu.Lock()
-	e.apiserver = cmd
-	e.mu.Unlock()
-	hdr := http.Header{"Authorization": {"Bearer " + e.AdminToken}}
-	return e.waitHTTP(ctx, cmd, "kube-apiserver", e.Host+"/readyz", hdr, 90*time.Second)
 }
 
 // StopAPIServer stops kube-apiserver gracefully (SIGTERM, then SIGKILL after 10s) and leaves
