@@ -322,7 +322,6 @@ func isTo(f []byte, dst netip.Addr) bool {
 	return len(f) >= 54 && f[12] == 0x86 && f[13] == 0xdd && bytes.Equal(f[38:54], dst.AsSlice())
 }
 
-
 func mac(t *testing.T, ns *testbed.NS, dev string) net.HardwareAddr {
 	t.Helper()
 	h, err := ns.Handle()

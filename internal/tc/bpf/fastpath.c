@@ -353,19 +353,89 @@ static __always_inline int finish(struct __sk_buff *skb, struct bpf_fib_lookup *
 	return bpf_redirect_neigh(fib->ifindex, &nh, sizeof(nh), 0);
 }
 
+/* A packet's ends and TTL / hop limit, as both families share them. */
+struct flow {
+	struct endpoint src, dst;
+	__u8 v6;
+	__u8 hops;
+};
+
+/* natted_flow asks conntrack about f (natted), with the tuple of its family. */
+static __always_inline bool natted_flow(struct __sk_buff *skb, struct flow *f)
+{
+	struct bpf_sock_tuple t = {};
+
+	if (f->v6) {
+		__builtin_memcpy(t.ipv6.saddr, f->src.addr, 16);
+		__builtin_memcpy(t.ipv6.daddr, f->dst.addr, 16);
+		t.ipv6.sport = f->src.port;
+		t.ipv6.dport = f->dst.port;
+		return natted(skb, &t, sizeof(t.ipv6), f->src.proto);
+	}
+	__builtin_memcpy(&t.ipv4.saddr, f->src.addr, 4);
+	__builtin_memcpy(&t.ipv4.daddr, f->dst.addr, 4);
+	t.ipv4.sport = f->src.port;
+	t.ipv4.dport = f->dst.port;
+	return natted(skb, &t, sizeof(t.ipv4), f->src.proto);
+}
+
+/* roles looks an address up in its family's trie (an lpm6 key serves both: the IPv4 trie
+ * reads only its prefix length and first 4 bytes). */
+static __always_inline struct addr *roles(struct flow *f, struct endpoint *e)
+{
+	struct lpm6 key = {.prefixlen = f->v6 ? 128 : 32};
+
+	__builtin_memcpy(key.addr, e->addr, 16);
+	return bpf_map_lookup_elem(f->v6 ? (void *)&addrs6 : (void *)&addrs4, &key);
+}
+
+/* decide returns the class of a packet to redirect, with the agent's route for it in
+ * *egress, or -1 to hand it to the stack. */
+static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struct settings *cfg,
+				  struct flow *f, __u32 *egress)
+{
+	struct addr *s, *d;
+	int class;
+
+	if (!(s = roles(f, &f->src)) || !sender(in->role, s->flags))
+		return -1;
+	d = roles(f, &f->dst);
+	class = d ? classify(in->role, s->flags, d->flags) : -1;
+	if (class < 0) {
+		/* To an address of no class (a ClusterIP, the node): the stack may NAT it, and its
+		 * replies come back on a device of the other role. */
+		if (check_nat(cfg, in->role == ROLE_GATEWAY ? ROLE_TRANSPORT : ROLE_GATEWAY))
+			remember(&f->src);
+		return -1;
+	}
+	if (!(cfg->classes & (1U << class)))
+		return -1;
+	if ((s->flags | d->flags) & ADDR_EXCLUDE) {
+		count(STAT_EXCLUDED, skb);
+		return -1;
+	}
+	if (f->hops <= 1) {
+		count(STAT_TTL, skb);
+		return -1;
+	}
+	if (check_nat(cfg, in->role) && bpf_map_lookup_elem(&handed, &f->dst) && natted_flow(skb, f)) {
+		count(STAT_NAT, skb);
+		return -1;
+	}
+	*egress = d->egress;
+	return class;
+}
+
 static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, struct settings *cfg)
 {
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
 	struct iphdr *ip = data + ETH_HLEN;
 	struct bpf_fib_lookup fib = {};
-	struct bpf_sock_tuple t;
-	struct lpm4 key = {32};
-	struct endpoint ep = {};
-	struct addr *s, *d;
+	struct flow f = {};
 	struct iface *out;
+	__u32 egress = 0, sum;
 	__be16 *ports;
 	long how = 0;
-	__u32 sum;
 	int class;
 
 	ports = (void *)(ip + 1);
@@ -375,45 +445,14 @@ static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, str
 		return PASS;
 	if (ip->frag_off & bpf_htons(0x3fff)) /* fragments: no ports to match on */
 		return PASS;
-	__builtin_memcpy(key.addr, &ip->saddr, 4);
-	if (!(s = bpf_map_lookup_elem(&addrs4, &key)) || !sender(in->role, s->flags))
+	__builtin_memcpy(f.src.addr, &ip->saddr, 4);
+	__builtin_memcpy(f.dst.addr, &ip->daddr, 4);
+	f.src.port = ports[0];
+	f.dst.port = ports[1];
+	f.src.proto = f.dst.proto = ip->protocol;
+	f.hops = ip->ttl;
+	if ((class = decide(skb, in, cfg, &f, &egress)) < 0)
 		return PASS;
-	__builtin_memcpy(key.addr, &ip->daddr, 4);
-	d = bpf_map_lookup_elem(&addrs4, &key);
-	class = d ? classify(in->role, s->flags, d->flags) : -1;
-	if (class < 0) {
-		/* To an address of no class (a ClusterIP, the node): the stack may NAT it. */
-		if (check_nat(cfg, in->role == ROLE_GATEWAY ? ROLE_TRANSPORT : ROLE_GATEWAY)) {
-			__builtin_memcpy(ep.addr, &ip->saddr, 4);
-			ep.port = ports[0];
-			ep.proto = ip->protocol;
-			remember(&ep);
-		}
-		return PASS;
-	}
-	if (!(cfg->classes & (1U << class)))
-		return PASS;
-	if ((s->flags | d->flags) & ADDR_EXCLUDE) {
-		count(STAT_EXCLUDED, skb);
-		return PASS;
-	}
-	if (ip->ttl <= 1) {
-		count(STAT_TTL, skb);
-		return PASS;
-	}
-	__builtin_memcpy(ep.addr, &ip->daddr, 4);
-	ep.port = ports[1];
-	ep.proto = ip->protocol;
-	if (check_nat(cfg, in->role) && bpf_map_lookup_elem(&handed, &ep)) {
-		t.ipv4.saddr = ip->saddr;
-		t.ipv4.daddr = ip->daddr;
-		t.ipv4.sport = ports[0];
-		t.ipv4.dport = ports[1];
-		if (natted(skb, &t, sizeof(t.ipv4), ip->protocol)) {
-			count(STAT_NAT, skb);
-			return PASS;
-		}
-	}
 
 	fib.family = AF_INET;
 	fib.tos = ip->tos;
@@ -422,11 +461,10 @@ static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, str
 	fib.ipv4_src = ip->saddr;
 	fib.ipv4_dst = ip->daddr;
 	fib.ifindex = skb->ingress_ifindex;
-	if (!(out = route(skb, &fib, d->egress, &how)))
+	if (!(out = route(skb, &fib, egress, &how)))
 		return PASS;
 
-	/* A router decrements the TTL; the checksum changes by the difference (RFC 1624). The
-	 * helpers above changed no packet data, so the pointers still hold. */
+	/* A router decrements the TTL; the checksum changes by the difference (RFC 1624). */
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
 	ip = data + ETH_HLEN;
@@ -444,11 +482,9 @@ static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, str
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
 	struct ipv6hdr *ip6 = data + ETH_HLEN;
 	struct bpf_fib_lookup fib = {};
-	struct bpf_sock_tuple t;
-	struct lpm6 key = {128};
-	struct endpoint ep = {};
-	struct addr *s, *d;
+	struct flow f = {.v6 = 1};
 	struct iface *out;
+	__u32 egress = 0;
 	__be16 *ports;
 	long how = 0;
 	int class;
@@ -459,44 +495,14 @@ static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, str
 	/* Extension headers (fragments included) take the normal path. */
 	if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP)
 		return PASS;
-	__builtin_memcpy(key.addr, &ip6->saddr, 16);
-	if (!(s = bpf_map_lookup_elem(&addrs6, &key)) || !sender(in->role, s->flags))
+	__builtin_memcpy(f.src.addr, &ip6->saddr, 16);
+	__builtin_memcpy(f.dst.addr, &ip6->daddr, 16);
+	f.src.port = ports[0];
+	f.dst.port = ports[1];
+	f.src.proto = f.dst.proto = ip6->nexthdr;
+	f.hops = ip6->hop_limit;
+	if ((class = decide(skb, in, cfg, &f, &egress)) < 0)
 		return PASS;
-	__builtin_memcpy(key.addr, &ip6->daddr, 16);
-	d = bpf_map_lookup_elem(&addrs6, &key);
-	class = d ? classify(in->role, s->flags, d->flags) : -1;
-	if (class < 0) {
-		if (check_nat(cfg, in->role == ROLE_GATEWAY ? ROLE_TRANSPORT : ROLE_GATEWAY)) {
-			__builtin_memcpy(ep.addr, &ip6->saddr, 16);
-			ep.port = ports[0];
-			ep.proto = ip6->nexthdr;
-			remember(&ep);
-		}
-		return PASS;
-	}
-	if (!(cfg->classes & (1U << class)))
-		return PASS;
-	if ((s->flags | d->flags) & ADDR_EXCLUDE) {
-		count(STAT_EXCLUDED, skb);
-		return PASS;
-	}
-	if (ip6->hop_limit <= 1) {
-		count(STAT_TTL, skb);
-		return PASS;
-	}
-	__builtin_memcpy(ep.addr, &ip6->daddr, 16);
-	ep.port = ports[1];
-	ep.proto = ip6->nexthdr;
-	if (check_nat(cfg, in->role) && bpf_map_lookup_elem(&handed, &ep)) {
-		__builtin_memcpy(t.ipv6.saddr, &ip6->saddr, 16);
-		__builtin_memcpy(t.ipv6.daddr, &ip6->daddr, 16);
-		t.ipv6.sport = ports[0];
-		t.ipv6.dport = ports[1];
-		if (natted(skb, &t, sizeof(t.ipv6), ip6->nexthdr)) {
-			count(STAT_NAT, skb);
-			return PASS;
-		}
-	}
 
 	fib.family = AF_INET6;
 	fib.flowinfo = *(__be32 *)ip6 & bpf_htonl(0x0fffffff);
@@ -505,7 +511,7 @@ static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, str
 	__builtin_memcpy(fib.ipv6_src, &ip6->saddr, 16);
 	__builtin_memcpy(fib.ipv6_dst, &ip6->daddr, 16);
 	fib.ifindex = skb->ingress_ifindex;
-	if (!(out = route(skb, &fib, d->egress, &how)))
+	if (!(out = route(skb, &fib, egress, &how)))
 		return PASS;
 
 	data = (void *)(long)skb->data;
