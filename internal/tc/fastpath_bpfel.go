@@ -37,6 +37,7 @@ type fastpathIface struct {
 	_     structs.HostLayout
 	Role  uint32
 	Flags uint32
+	Mtu   uint32
 }
 
 type fastpathLpm4 struct {
@@ -51,11 +52,31 @@ type fastpathLpm6 struct {
 	Addr      [16]uint8
 }
 
+type fastpathNexthop struct {
+	_          structs.HostLayout
+	Expires    uint64
+	Generation uint32
+	Ifindex    uint32
+	Flags      uint32
+	Mtu        uint32
+	Smac       [6]uint8
+	Dmac       [6]uint8
+	_          [4]byte
+}
+
+type fastpathNexthopKey struct {
+	_       structs.HostLayout
+	Addr    [16]uint8
+	Ingress uint32
+}
+
 type fastpathSettings struct {
-	_        structs.HostLayout
-	Classes  uint32
-	NatCheck uint32
-	Build    uint64
+	_          structs.HostLayout
+	Classes    uint32
+	NatCheck   uint32
+	Flags      uint32
+	Generation uint32
+	Build      uint64
 }
 
 // Names of all BPF objects in the ELF.
@@ -67,6 +88,7 @@ const (
 	fastpathMapConfig          = "config"
 	fastpathMapHanded          = "handed"
 	fastpathMapIfaces          = "ifaces"
+	fastpathMapNexthops        = "nexthops"
 	fastpathMapStats           = "stats"
 	fastpathProgHostaccelFp    = "hostaccel_fp"
 	fastpathVarConntrackKfuncs = "conntrack_kfuncs"
@@ -121,12 +143,13 @@ type fastpathProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fastpathMapSpecs struct {
-	Addrs4 *ebpf.MapSpec `ebpf:"addrs4"`
-	Addrs6 *ebpf.MapSpec `ebpf:"addrs6"`
-	Config *ebpf.MapSpec `ebpf:"config"`
-	Handed *ebpf.MapSpec `ebpf:"handed"`
-	Ifaces *ebpf.MapSpec `ebpf:"ifaces"`
-	Stats  *ebpf.MapSpec `ebpf:"stats"`
+	Addrs4   *ebpf.MapSpec `ebpf:"addrs4"`
+	Addrs6   *ebpf.MapSpec `ebpf:"addrs6"`
+	Config   *ebpf.MapSpec `ebpf:"config"`
+	Handed   *ebpf.MapSpec `ebpf:"handed"`
+	Ifaces   *ebpf.MapSpec `ebpf:"ifaces"`
+	Nexthops *ebpf.MapSpec `ebpf:"nexthops"`
+	Stats    *ebpf.MapSpec `ebpf:"stats"`
 }
 
 // fastpathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -156,12 +179,13 @@ func (o *fastpathObjects) Close() error {
 //
 // It can be passed to loadFastpathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fastpathMaps struct {
-	Addrs4 *ebpf.Map `ebpf:"addrs4"`
-	Addrs6 *ebpf.Map `ebpf:"addrs6"`
-	Config *ebpf.Map `ebpf:"config"`
-	Handed *ebpf.Map `ebpf:"handed"`
-	Ifaces *ebpf.Map `ebpf:"ifaces"`
-	Stats  *ebpf.Map `ebpf:"stats"`
+	Addrs4   *ebpf.Map `ebpf:"addrs4"`
+	Addrs6   *ebpf.Map `ebpf:"addrs6"`
+	Config   *ebpf.Map `ebpf:"config"`
+	Handed   *ebpf.Map `ebpf:"handed"`
+	Ifaces   *ebpf.Map `ebpf:"ifaces"`
+	Nexthops *ebpf.Map `ebpf:"nexthops"`
+	Stats    *ebpf.Map `ebpf:"stats"`
 }
 
 func (m *fastpathMaps) Close() error {
@@ -171,6 +195,7 @@ func (m *fastpathMaps) Close() error {
 		m.Config,
 		m.Handed,
 		m.Ifaces,
+		m.Nexthops,
 		m.Stats,
 	)
 }

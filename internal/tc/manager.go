@@ -76,15 +76,11 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	routes, err := mainRoutes()
+	n, err := o.netState()
 	if err != nil {
 		return res, err
 	}
-	links := map[string]uint32{}
-	for name, l := range o.links {
-		links[name] = uint32(l.Attrs().Index)
-	}
-	w, missing := want(d, links, routes, o.flags(), o.peers())
+	w, missing := want(d, n)
 	res.Missing = missing
 	if len(w.ifaces) == 0 {
 		res.Detached, err = o.detach(o.atts, nil)
@@ -115,6 +111,12 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	cur, err := set.read()
 	if err != nil {
 		return res, err
+	}
+	// Every update voids the next hops the program kept: routes, devices or neighbours may
+	// have changed (the agent updates on link events and every resync period).
+	var live fastpathSettings
+	if set.maps.Config.Lookup(uint32(0), &live) == nil {
+		w.settings.Generation = live.Generation + 1
 	}
 	if mode == ModeClsBPF {
 		if err := ownClsacts(w.ifaces); err != nil {

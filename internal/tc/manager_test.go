@@ -771,6 +771,7 @@ func TestForwardingOn(t *testing.T) {
 			// Larger than the next hop's MTU: the stack sends the ICMP error (the Pod's
 			// socket learns the path MTU).
 			setTransportMTU(t, e.topo, 1280)
+			e.apply() // the agent does on the link event: the kept next hops are void
 			before = e.status()
 			c, err = e.topo.Pod.DialUDP("", netip.AddrPortFrom(a.RemotePod, 9).String())
 			if err != nil {
@@ -795,6 +796,7 @@ func TestForwardingOn(t *testing.T) {
 				t.Errorf("%s TCP over a 1280 MTU: %d bytes redirected, want >= %d", fam(v6), got, 2<<20)
 			}
 			setTransportMTU(t, e.topo, 1500)
+			e.apply()
 
 			// TTL 1: the stack sends time exceeded.
 			before = e.status()
@@ -1001,4 +1003,54 @@ func TestNoDevices(t *testing.T) {
 		t.Errorf("status = %+v", st)
 	}
 	e.do(func() error { return NewManager().Remove(context.Background()) })
+}
+
+// TestNexthopCache: the program keeps the FIB's answers per destination while they depend on
+// the destination alone, and an update voids them; with a policy routing rule it keeps none.
+func TestNexthopCache(t *testing.T) {
+	e := newEnv(t, "")
+	e.apply()
+	if err := udp(e.topo, false, 10); err != nil {
+		t.Fatal(err)
+	}
+	kept := func() (n int, flags, gen uint32) {
+		e.do(func() error {
+			s, err := openSet(e.status().ProgramID)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			var cfg fastpathSettings
+			if err := s.maps.Config.Lookup(uint32(0), &cfg); err != nil {
+				return err
+			}
+			flags = cfg.Flags
+			var k fastpathNexthopKey
+			var v fastpathNexthop
+			for it := s.maps.Nexthops.Iterate(); it.Next(&k, &v); {
+				if v.Generation == cfg.Generation {
+					n++
+				}
+			}
+			return nil
+		})
+		return
+	}
+	if n, flags, _ := kept(); n != 2 || flags&settingsNexthopCache == 0 {
+		t.Errorf("after UDP both ways: %d next hops kept (flags %b), want 2 (one per direction)", n, flags)
+	}
+	e.apply()
+	if n, _, _ := kept(); n != 0 {
+		t.Errorf("after an update: %d next hops of the current generation, want 0", n)
+	}
+	if out, err := e.topo.Node.Exec("ip", "rule", "add", "from", e.topo.V4.Pod.String(), "table", "100"); err != nil {
+		t.Fatal(err, out)
+	}
+	e.apply()
+	if err := udp(e.topo, false, 10); err != nil {
+		t.Fatal(err)
+	}
+	if n, flags, _ := kept(); n != 0 || flags&settingsNexthopCache != 0 {
+		t.Errorf("with a policy routing rule: %d next hops kept (flags %b), want none", n, flags)
+	}
 }

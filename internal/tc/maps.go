@@ -20,6 +20,9 @@ const (
 	addrPeerNode = 1 << 2
 	addrExclude  = 1 << 3
 
+	// settings.flags
+	settingsNexthopCache = 1 << 0
+
 	// settings.nat_check
 	natCheckTowardPods = 1 << 0
 	natCheckFromPods   = 1 << 1
@@ -83,34 +86,52 @@ func contains(a, b netip.Prefix) bool {
 	return a.Addr().BitLen() == b.Addr().BitLen() && a.Bits() <= b.Bits() && a.Contains(b.Addr())
 }
 
-// want computes the maps' contents for d, given the devices present (name -> ifindex), the
-// main table's routes, the flags to keep per ifindex (agent bookkeeping) and the devices that
-// are veths with their peer in another network namespace. Devices of d that are not present
-// are returned as missing, sorted.
-func want(d *Desired, links map[string]uint32, routes []route, keep map[uint32]uint32, peers map[uint32]bool) (contents, []string) {
+// netState is what want needs to know of the namespace: its devices, its main table's routes, the
+// flags to keep per ifindex (agent bookkeeping), and whether the FIB's answers depend on the
+// destination alone (no policy routing, no route MTUs), so that the program may keep them.
+type netState struct {
+	links    map[string]device
+	routes   []route
+	keep     map[uint32]uint32
+	destOnly bool
+}
+
+// device is a link as want needs it.
+type device struct {
+	index uint32
+	mtu   uint32
+	peer  bool // a veth with its peer in another network namespace
+}
+
+// want computes the maps' contents for d on node n. Devices of d that are not present are
+// returned as missing, sorted.
+func want(d *Desired, n netState) (contents, []string) {
 	c := contents{
 		ifaces:   map[uint32]fastpathIface{},
 		addrs:    map[netip.Prefix]fastpathAddr{},
 		settings: fastpathSettings{Classes: classBits(d.Classes), NatCheck: natCheckBits(d.NATCheck)},
 	}
+	if n.destOnly {
+		c.settings.Flags |= settingsNexthopCache
+	}
 	var missing []string
 	for name, role := range d.Devices {
-		idx, ok := links[name]
+		l, ok := n.links[name]
 		if !ok {
 			missing = append(missing, name)
 			continue
 		}
-		f := keep[idx] & flagOwnClsact
-		if peers[idx] {
+		f := n.keep[l.index] & flagOwnClsact
+		if l.peer && usePeer {
 			f |= flagPeer
 		}
-		c.ifaces[idx] = fastpathIface{Role: uint32(role), Flags: f}
+		c.ifaces[l.index] = fastpathIface{Role: uint32(role), Flags: f, Mtu: l.mtu}
 	}
 	slices.Sort(missing)
 	for p, f := range flatten(d) {
 		var e uint32
 		if f&(addrLocalPod|addrPeerPod|addrPeerNode) != 0 {
-			if e = egress(p, routes); c.ifaces[e] == (fastpathIface{}) {
+			if e = egress(p, n.routes); c.ifaces[e] == (fastpathIface{}) {
 				e = 0 // not one of our devices
 			}
 		}

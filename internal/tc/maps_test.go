@@ -42,7 +42,7 @@ func TestWant(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.PeerPod = append(d.PeerPod, netip.MustParsePrefix("10.99.0.0/16"))
-	links := map[string]uint32{"antrea-gw0": 5, "eth0": 7, "lo": 1, "wlan0": 9}
+	links := map[string]device{"antrea-gw0": {5, 1450, true}, "eth0": {7, 1500, false}, "lo": {1, 65536, false}, "wlan0": {9, 1500, false}}
 	routes := []route{
 		{netip.MustParsePrefix("0.0.0.0/0"), 9}, // not one of ours: no fallback route
 		{netip.MustParsePrefix("10.244.1.0/24"), 5},
@@ -53,11 +53,11 @@ func TestWant(t *testing.T) {
 		{netip.MustParsePrefix("fd00:10:244:2::/64"), 7},
 		{netip.MustParsePrefix("fd00:172:18::/64"), 7},
 	}
-	c, missing := want(d, links, routes, map[uint32]uint32{7: flagOwnClsact, 42: flagOwnClsact}, map[uint32]bool{5: true})
+	c, missing := want(d, netState{links: links, routes: routes, keep: map[uint32]uint32{7: flagOwnClsact, 42: flagOwnClsact}, destOnly: true})
 	if !slices.Equal(missing, []string{"eth1"}) {
 		t.Errorf("missing = %v, want [eth1]", missing)
 	}
-	wantIfaces := map[uint32]fastpathIface{5: {Role: uint32(RoleGateway), Flags: flagPeer}, 7: {Role: uint32(RoleTransport), Flags: flagOwnClsact}}
+	wantIfaces := map[uint32]fastpathIface{5: {Role: uint32(RoleGateway), Flags: flagPeer, Mtu: 1450}, 7: {Role: uint32(RoleTransport), Flags: flagOwnClsact, Mtu: 1500}}
 	if !reflect.DeepEqual(c.ifaces, wantIfaces) {
 		t.Errorf("ifaces = %v, want %v", c.ifaces, wantIfaces)
 	}
@@ -77,7 +77,7 @@ func TestWant(t *testing.T) {
 	if !reflect.DeepEqual(c.addrs, wantAddrs) {
 		t.Errorf("addrs =\n%v\nwant\n%v", c.addrs, wantAddrs)
 	}
-	if c.settings.Classes != 0b11 || c.settings.NatCheck != natCheckTowardPods|natCheckFromPods {
+	if c.settings.Classes != 0b11 || c.settings.NatCheck != natCheckTowardPods|natCheckFromPods || c.settings.Flags != settingsNexthopCache {
 		t.Errorf("settings = %+v", c.settings)
 	}
 }

@@ -133,19 +133,19 @@ func (o *observed) flags() map[uint32]uint32 {
 // usePeer is off only in tests of the bpf_redirect path.
 var usePeer = true
 
-// peers returns the devices that are veths whose peer lives in another network namespace (a
-// Pod's): the program moves packets for them into that namespace with bpf_redirect_peer.
-func (o *observed) peers() map[uint32]bool {
-	p := map[uint32]bool{}
-	if !usePeer {
-		return p
+// netState reads what want needs from the namespace.
+func (o *observed) netState() (netState, error) {
+	n := netState{links: map[string]device{}, keep: o.flags()}
+	for name, l := range o.links {
+		_, veth := l.(*netlink.Veth)
+		n.links[name] = device{index: uint32(l.Attrs().Index), mtu: uint32(l.Attrs().MTU), peer: veth && l.Attrs().NetNsID >= 0}
 	}
-	for _, l := range o.links {
-		if _, veth := l.(*netlink.Veth); veth && l.Attrs().NetNsID >= 0 {
-			p[uint32(l.Attrs().Index)] = true
-		}
+	var err error
+	if n.routes, err = mainRoutes(); err != nil {
+		return n, err
 	}
-	return p
+	n.destOnly, err = destinationRouting()
+	return n, err
 }
 
 func sortedNames(links map[string]netlink.Link) []string {

@@ -112,6 +112,8 @@ func (s *progSet) slot(name string) **ebpf.Map {
 		return &s.maps.Stats
 	case fastpathMapHanded:
 		return &s.maps.Handed
+	case fastpathMapNexthops:
+		return &s.maps.Nexthops
 	}
 	return nil
 }
@@ -121,7 +123,7 @@ func (s *progSet) Close() {
 		return
 	}
 	s.prog.Close()
-	for _, m := range []*ebpf.Map{s.maps.Ifaces, s.maps.Addrs4, s.maps.Addrs6, s.maps.Config, s.maps.Stats, s.maps.Handed} {
+	for _, m := range []*ebpf.Map{s.maps.Ifaces, s.maps.Addrs4, s.maps.Addrs6, s.maps.Config, s.maps.Stats, s.maps.Handed, s.maps.Nexthops} {
 		if m != nil {
 			m.Close()
 		}
@@ -130,7 +132,7 @@ func (s *progSet) Close() {
 
 // usable reports whether the set has every map this build uses.
 func (s *progSet) usable() bool {
-	return s.maps.Ifaces != nil && s.maps.Addrs4 != nil && s.maps.Addrs6 != nil && s.maps.Config != nil && s.maps.Stats != nil && s.maps.Handed != nil
+	return s.maps.Ifaces != nil && s.maps.Addrs4 != nil && s.maps.Addrs6 != nil && s.maps.Config != nil && s.maps.Stats != nil && s.maps.Handed != nil && s.maps.Nexthops != nil
 }
 
 // rememberNATed enters the client end of every connection conntrack knows as NAT-ed into the
@@ -196,6 +198,7 @@ func (s *progSet) read() (contents, error) {
 		return c, fmt.Errorf("config: %w", err)
 	}
 	c.settings.Build = 0
+	c.settings.Generation = 0
 	return c, nil
 }
 

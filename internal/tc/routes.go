@@ -43,6 +43,36 @@ func mainRoutes() ([]route, error) {
 	return out, nil
 }
 
+// destinationRouting reports whether the FIB's answers here depend on the destination alone:
+// no routing rules but the kernel's own (local, main, default) and no route with an MTU of its
+// own in the main table. Only then may the program keep an answer for a destination.
+func destinationRouting() (bool, error) {
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rules, err := netlink.RuleList(fam)
+		if err != nil {
+			return false, fmt.Errorf("listing routing rules: %w", err)
+		}
+		for _, r := range rules {
+			if r.Table != unix.RT_TABLE_LOCAL && r.Table != unix.RT_TABLE_MAIN && r.Table != unix.RT_TABLE_DEFAULT {
+				return false, nil
+			}
+			if r.Src != nil || r.Dst != nil || r.IifName != "" || r.OifName != "" || r.Mark != 0 {
+				return false, nil
+			}
+		}
+		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return false, fmt.Errorf("listing routes: %w", err)
+		}
+		for _, r := range rs {
+			if r.MTU != 0 {
+				return false, nil
+			}
+		}
+	}
+	return true, nil
+}
+
 // routeDevice is the single device a unicast route leaves through, or 0.
 func routeDevice(r netlink.Route) uint32 {
 	if r.Type != unix.RTN_UNICAST {

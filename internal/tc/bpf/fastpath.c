@@ -84,6 +84,7 @@ enum stat {
 struct iface {
 	__u32 role;
 	__u32 flags; /* enum iface_flag */
+	__u32 mtu;   /* the device's MTU (the next-hop cache checks packets against it) */
 };
 
 struct lpm4 {
@@ -102,10 +103,19 @@ struct addr {
 		       * when the FIB refuses to route (forwarding off) */
 };
 
+/* settings.flags */
+enum settings_flag {
+	/* The FIB's answers may be kept for a moment (struct nexthop): the agent sets it only
+	 * where they depend on the destination alone (no policy routing rules, no route MTUs). */
+	SETTINGS_NEXTHOP_CACHE = 1 << 0,
+};
+
 struct settings {
-	__u32 classes;   /* bit (1 << class) set: class enabled */
-	__u32 nat_check; /* enum nat_check */
-	__u64 build;     /* hash of the object this program set was loaded from (agent bookkeeping) */
+	__u32 classes;    /* bit (1 << class) set: class enabled */
+	__u32 nat_check;  /* enum nat_check */
+	__u32 flags;      /* enum settings_flag */
+	__u32 generation; /* bumped by every agent update: next-hop answers of older ones are void */
+	__u64 build;      /* hash of the object this program set was loaded from (agent bookkeeping) */
 };
 
 struct counter {
@@ -143,6 +153,33 @@ struct {
 	__type(key, __u32);
 	__type(value, struct settings);
 } config SEC(".maps");
+
+/* The FIB's answer for a destination arriving on a device, kept for NEXTHOP_TTL_NS and until the
+ * agent's next update: a packet that finds it skips bpf_fib_lookup and the output device's
+ * lookup. MACs come only from the FIB's answers. */
+struct nexthop_key {
+	__u8 addr[16];
+	__u32 ingress;
+};
+
+struct nexthop {
+	__u64 expires;    /* bpf_ktime_get_coarse_ns() */
+	__u32 generation; /* settings.generation when filled */
+	__u32 ifindex;    /* output device */
+	__u32 flags;      /* its iface flags */
+	__u32 mtu;        /* its MTU */
+	__u8 smac[ETH_ALEN];
+	__u8 dmac[ETH_ALEN];
+};
+
+#define NEXTHOP_TTL_NS 1000000000ULL
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct nexthop_key);
+	__type(value, struct nexthop);
+} nexthops SEC(".maps");
 
 /* One end of a connection: an address (IPv4 in the first 4 bytes), a port, a protocol. */
 struct endpoint {
@@ -277,22 +314,57 @@ static __always_inline bool fits(struct __sk_buff *skb, __u32 out)
 	return bpf_check_mtu(skb, out, &mtu, 0, BPF_MTU_CHK_SEGS) == BPF_MTU_CHK_RET_SUCCESS;
 }
 
-/* send finishes a packet the FIB answered for: the MACs from its answer, then into the Pod's
- * namespace (bpf_redirect_peer) or out of the device. The caller has decremented the TTL. */
-static __always_inline int send(struct __sk_buff *skb, struct bpf_fib_lookup *fib, struct iface *out)
+/* emit sends a routed packet with its MACs into the Pod's namespace (bpf_redirect_peer) or
+ * out of the device. The caller has decremented the TTL. */
+static __always_inline int emit(struct __sk_buff *skb, __u8 *dmac, __u8 *smac, __u32 ifindex, __u32 flags)
 {
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 
 	if ((void *)(eth + 1) > end)
 		return TC_ACT_SHOT; /* cannot happen: the headers were read from this buffer */
-	__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
-	if (out->flags & IFACE_PEER) {
+	__builtin_memcpy(eth->h_dest, dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, smac, ETH_ALEN);
+	if (flags & IFACE_PEER) {
 		count(STAT_PEER, skb);
-		return bpf_redirect_peer(fib->ifindex, 0);
+		return bpf_redirect_peer(ifindex, 0);
 	}
-	return bpf_redirect(fib->ifindex, 0);
+	return bpf_redirect(ifindex, 0);
+}
+
+/* cached returns the kept FIB answer for the packet, or NULL: none, too old, or the packet
+ * does not fit its device (then the FIB path decides and counts). */
+static __always_inline struct nexthop *cached(struct __sk_buff *skb, struct settings *cfg,
+					      struct nexthop_key *k, __u16 tot_len)
+{
+	struct nexthop *nh;
+
+	if (!(cfg->flags & SETTINGS_NEXTHOP_CACHE) || !(nh = bpf_map_lookup_elem(&nexthops, k)))
+		return NULL;
+	if (nh->generation != cfg->generation || bpf_ktime_get_coarse_ns() > nh->expires)
+		return NULL;
+	if (skb->gso_size ? !fits(skb, nh->ifindex) : tot_len > nh->mtu)
+		return NULL;
+	return nh;
+}
+
+/* keep stores the FIB's answer for the packet's destination. */
+static __always_inline void keep(struct settings *cfg, struct nexthop_key *k,
+				 struct bpf_fib_lookup *fib, struct iface *out)
+{
+	struct nexthop nh = {
+		.expires = bpf_ktime_get_coarse_ns() + NEXTHOP_TTL_NS,
+		.generation = cfg->generation,
+		.ifindex = fib->ifindex,
+		.flags = out->flags,
+		.mtu = out->mtu,
+	};
+
+	if (!(cfg->flags & SETTINGS_NEXTHOP_CACHE))
+		return;
+	__builtin_memcpy(nh.smac, fib->smac, ETH_ALEN);
+	__builtin_memcpy(nh.dmac, fib->dmac, ETH_ALEN);
+	bpf_map_update_elem(&nexthops, k, &nh, BPF_ANY);
 }
 
 /* route looks the packet up in the FIB and returns the output device's iface, or NULL to pass;
@@ -338,7 +410,7 @@ static __always_inline int finish(struct __sk_buff *skb, struct bpf_fib_lookup *
 	struct bpf_redir_neigh nh = {};
 
 	if (how == BPF_FIB_LKUP_RET_SUCCESS)
-		return send(skb, fib, out);
+		return emit(skb, fib->dmac, fib->smac, fib->ifindex, out->flags);
 	if (how == BPF_FIB_LKUP_RET_FWD_DISABLED) {
 		count(STAT_FORWARDING_OFF, skb);
 		return bpf_redirect_neigh(fib->ifindex, NULL, 0, 0);
@@ -426,16 +498,63 @@ static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struc
 	return class;
 }
 
+/* hop decrements the TTL (IPv4, with its checksum changed by the difference: RFC 1624) or the
+ * hop limit, as a router does; false if the headers are out of reach. */
+static __always_inline bool hop(struct __sk_buff *skb, bool v6)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip6 = data + ETH_HLEN;
+	struct iphdr *ip = data + ETH_HLEN;
+	__u32 sum;
+
+	if (v6) {
+		if ((void *)(ip6 + 1) > end)
+			return false;
+		ip6->hop_limit--;
+		return true;
+	}
+	if ((void *)(ip + 1) > end)
+		return false;
+	sum = ip->check + bpf_htons(0x0100);
+	ip->check = (__u16)(sum + (sum >= 0xffff));
+	ip->ttl--;
+	return true;
+}
+
+/* forward routes a packet decide() took: by the kept next hop, else by the FIB. */
+static __always_inline int forward(struct __sk_buff *skb, struct settings *cfg, struct flow *f,
+				   int class, struct bpf_fib_lookup *fib, __u32 egress)
+{
+	struct nexthop_key k = {.ingress = skb->ingress_ifindex};
+	struct nexthop *nh;
+	struct iface *out;
+	long how = 0;
+
+	__builtin_memcpy(k.addr, f->dst.addr, 16);
+	if ((nh = cached(skb, cfg, &k, fib->tot_len))) {
+		if (!hop(skb, f->v6))
+			return PASS;
+		count(class * 2 + f->v6, skb);
+		return emit(skb, nh->dmac, nh->smac, nh->ifindex, nh->flags);
+	}
+	if (!(out = route(skb, fib, egress, &how)))
+		return PASS;
+	if (how == BPF_FIB_LKUP_RET_SUCCESS)
+		keep(cfg, &k, fib, out);
+	if (!hop(skb, f->v6))
+		return PASS;
+	count(class * 2 + f->v6, skb);
+	return finish(skb, fib, out, how);
+}
+
 static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, struct settings *cfg)
 {
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
 	struct iphdr *ip = data + ETH_HLEN;
 	struct bpf_fib_lookup fib = {};
 	struct flow f = {};
-	struct iface *out;
-	__u32 egress = 0, sum;
+	__u32 egress = 0;
 	__be16 *ports;
-	long how = 0;
 	int class;
 
 	ports = (void *)(ip + 1);
@@ -461,20 +580,7 @@ static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, str
 	fib.ipv4_src = ip->saddr;
 	fib.ipv4_dst = ip->daddr;
 	fib.ifindex = skb->ingress_ifindex;
-	if (!(out = route(skb, &fib, egress, &how)))
-		return PASS;
-
-	/* A router decrements the TTL; the checksum changes by the difference (RFC 1624). */
-	data = (void *)(long)skb->data;
-	end = (void *)(long)skb->data_end;
-	ip = data + ETH_HLEN;
-	if ((void *)(ip + 1) > end)
-		return PASS;
-	sum = ip->check + bpf_htons(0x0100);
-	ip->check = (__u16)(sum + (sum >= 0xffff));
-	ip->ttl--;
-	count(class * 2, skb);
-	return finish(skb, &fib, out, how);
+	return forward(skb, cfg, &f, class, &fib, egress);
 }
 
 static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, struct settings *cfg)
@@ -483,10 +589,8 @@ static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, str
 	struct ipv6hdr *ip6 = data + ETH_HLEN;
 	struct bpf_fib_lookup fib = {};
 	struct flow f = {.v6 = 1};
-	struct iface *out;
 	__u32 egress = 0;
 	__be16 *ports;
-	long how = 0;
 	int class;
 
 	ports = (void *)(ip6 + 1);
@@ -511,17 +615,7 @@ static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, str
 	__builtin_memcpy(fib.ipv6_src, &ip6->saddr, 16);
 	__builtin_memcpy(fib.ipv6_dst, &ip6->daddr, 16);
 	fib.ifindex = skb->ingress_ifindex;
-	if (!(out = route(skb, &fib, egress, &how)))
-		return PASS;
-
-	data = (void *)(long)skb->data;
-	end = (void *)(long)skb->data_end;
-	ip6 = data + ETH_HLEN;
-	if ((void *)(ip6 + 1) > end)
-		return PASS;
-	ip6->hop_limit--;
-	count(class * 2 + 1, skb);
-	return finish(skb, &fib, out, how);
+	return forward(skb, cfg, &f, class, &fib, egress);
 }
 
 SEC("tc")
