@@ -14,36 +14,6 @@ import (
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
-// exchange moves 64 KiB each way over TCP and 20 UDP echoes (unless tcpOnly) from a client in
-// from to a server in to listening on listen, dialled as dial (its port is the server's).
-func exchange(from, to *testbed.NS, src netip.Addr, listen, dial netip.AddrPort, tcpOnly bool) error {
-	srv, err := to.ListenTCP(listen.String())
-	if err != nil {
-		return err
-	}
-	defer srv.Close()
-	c, err := from.DialTCP(src.String(), dial.String())
-	if err != nil {
-		return err
-	}
-	err = testbed.Transfer(c, 64<<10, 16<<10)
-	c.Close()
-	if err != nil || tcpOnly {
-		return err
-	}
-	us, err := to.ListenUDP(listen.String())
-	if err != nil {
-		return err
-	}
-	defer us.Close()
-	uc, err := from.DialUDP(src.String(), dial.String())
-	if err != nil {
-		return err
-	}
-	defer uc.Close()
-	return testbed.Transfer(uc, 20*100, 100)
-}
-
 // TestNAT: with the NAT check on, connections this node's stack DNATs work beside the tc
 // datapath (their packets are counted as nat and handed to the stack), pure pod-to-pod flows
 // are still redirected, and no conntrack reference is leaked. With the check narrowed or off,
@@ -127,13 +97,13 @@ func TestNAT(t *testing.T) {
 
 	clusterIPCase := func(v6 bool) error {
 		a := e.topo.Addrs(v6)
-		return exchange(e.topo.Pod, e.topo.Remote, a.Pod,
-			netip.AddrPortFrom(a.RemotePod, testbed.ClusterIPPort), netip.AddrPortFrom(testbed.ClusterIP(v6), testbed.ClusterIPPort), false)
+		return testbed.Exchange(e.topo.Pod, e.topo.Remote, a.Pod,
+			netip.AddrPortFrom(a.RemotePod, testbed.ClusterIPPort), netip.AddrPortFrom(testbed.ClusterIP(v6), testbed.ClusterIPPort), true)
 	}
 	nodePortCase := func(v6 bool) error {
 		a := e.topo.Addrs(v6)
-		return exchange(e.topo.Remote, e.topo.Pod, a.Remote,
-			netip.AddrPortFrom(a.Pod, testbed.NodePort), netip.AddrPortFrom(a.Node, testbed.NodePort), true)
+		return testbed.Exchange(e.topo.Remote, e.topo.Pod, a.Remote,
+			netip.AddrPortFrom(a.Pod, testbed.NodePort), netip.AddrPortFrom(a.Node, testbed.NodePort), false)
 	}
 
 	for _, c := range []struct {

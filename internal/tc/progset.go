@@ -97,42 +97,35 @@ func openSet(id ebpf.ProgramID) (*progSet, error) {
 	return s, nil
 }
 
-// slot is the field of s.maps for the map named name, nil for a name we do not know.
-func (s *progSet) slot(name string) **ebpf.Map {
-	switch name {
-	case fastpathMapIfaces:
-		return &s.maps.Ifaces
-	case fastpathMapAddrs4:
-		return &s.maps.Addrs4
-	case fastpathMapAddrs6:
-		return &s.maps.Addrs6
-	case fastpathMapConfig:
-		return &s.maps.Config
-	case fastpathMapStats:
-		return &s.maps.Stats
-	case fastpathMapHanded:
-		return &s.maps.Handed
-	case fastpathMapNexthops:
-		return &s.maps.Nexthops
+// fields are the set's maps by name.
+func (s *progSet) fields() map[string]**ebpf.Map {
+	m := &s.maps
+	return map[string]**ebpf.Map{
+		fastpathMapIfaces: &m.Ifaces, fastpathMapAddrs4: &m.Addrs4, fastpathMapAddrs6: &m.Addrs6,
+		fastpathMapConfig: &m.Config, fastpathMapStats: &m.Stats, fastpathMapHanded: &m.Handed,
+		fastpathMapNexthops: &m.Nexthops,
 	}
-	return nil
 }
+
+// slot is the field of s.maps for the map named name, nil for a name we do not know.
+func (s *progSet) slot(name string) **ebpf.Map { return s.fields()[name] }
 
 func (s *progSet) Close() {
 	if s == nil {
 		return
 	}
 	s.prog.Close()
-	for _, m := range []*ebpf.Map{s.maps.Ifaces, s.maps.Addrs4, s.maps.Addrs6, s.maps.Config, s.maps.Stats, s.maps.Handed, s.maps.Nexthops} {
-		if m != nil {
-			m.Close()
-		}
-	}
+	s.maps.Close() // nil maps close as no-ops
 }
 
 // usable reports whether the set has every map this build uses.
 func (s *progSet) usable() bool {
-	return s.maps.Ifaces != nil && s.maps.Addrs4 != nil && s.maps.Addrs6 != nil && s.maps.Config != nil && s.maps.Stats != nil && s.maps.Handed != nil && s.maps.Nexthops != nil
+	for _, m := range s.fields() {
+		if *m == nil {
+			return false
+		}
+	}
+	return true
 }
 
 // rememberNATed enters the client end of every connection conntrack knows as NAT-ed into the

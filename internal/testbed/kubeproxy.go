@@ -62,3 +62,34 @@ func (n *NS) NFT(script string) error {
 	_, err = n.Exec("nft", "-f", filepath.Clean(f.Name()))
 	return err
 }
+
+// Exchange moves 64 KiB each way over TCP, and with udp 20 UDP echoes, between a client in from
+// (bound to src) and a server in to listening on listen, dialled as dial: through a ClusterIP
+// or a NodePort of KubeProxyRules, for example.
+func Exchange(from, to *NS, src netip.Addr, listen, dial netip.AddrPort, udp bool) error {
+	srv, err := to.ListenTCP(listen.String())
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	c, err := from.DialTCP(src.String(), dial.String())
+	if err != nil {
+		return err
+	}
+	err = Transfer(c, 64<<10, 16<<10)
+	c.Close()
+	if err != nil || !udp {
+		return err
+	}
+	us, err := to.ListenUDP(listen.String())
+	if err != nil {
+		return err
+	}
+	defer us.Close()
+	uc, err := from.DialUDP(src.String(), dial.String())
+	if err != nil {
+		return err
+	}
+	defer uc.Close()
+	return Transfer(uc, 20*100, 100)
+}

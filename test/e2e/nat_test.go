@@ -33,26 +33,13 @@ func TestAutoOnKubeProxyNode(t *testing.T) {
 	}
 	t.Cleanup(func() { ha(tp.Node.Name, "cleanup") })
 
-	tcpVia := func(client *testbed.NS, src netip.Addr, server *testbed.NS, listen, dial netip.AddrPort) error {
-		srv, err := server.ListenTCP(listen.String())
-		if err != nil {
-			return err
-		}
-		defer srv.Close()
-		c, err := client.DialTCP(src.String(), dial.String())
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		return testbed.Transfer(c, 256<<10, 16<<10)
-	}
 	before := tcStatus(t, tp.Node).TC.Passed["nat"].Packets
 	for _, v6 := range []bool{false, true} {
 		a := tp.Addrs(v6)
-		if err := tcpVia(tp.Pod, a.Pod, tp.Remote, netip.AddrPortFrom(a.RemotePod, testbed.ClusterIPPort), netip.AddrPortFrom(testbed.ClusterIP(v6), testbed.ClusterIPPort)); err != nil {
+		if err := testbed.Exchange(tp.Pod, tp.Remote, a.Pod, netip.AddrPortFrom(a.RemotePod, testbed.ClusterIPPort), netip.AddrPortFrom(testbed.ClusterIP(v6), testbed.ClusterIPPort), false); err != nil {
 			t.Errorf("v6=%v: Pod -> ClusterIP -> remote Pod over TCP: %v", v6, err)
 		}
-		if err := tcpVia(tp.Remote, a.Remote, tp.Pod, netip.AddrPortFrom(a.Pod, testbed.NodePort), netip.AddrPortFrom(a.Node, testbed.NodePort)); err != nil {
+		if err := testbed.Exchange(tp.Remote, tp.Pod, a.Remote, netip.AddrPortFrom(a.Pod, testbed.NodePort), netip.AddrPortFrom(a.Node, testbed.NodePort), false); err != nil {
 			t.Errorf("v6=%v: peer node -> NodePort -> local Pod over TCP: %v", v6, err)
 		}
 	}
