@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/hostaccel/hostaccel/internal/config"
 	"github.com/hostaccel/hostaccel/internal/datapath"
+	"github.com/hostaccel/hostaccel/internal/lb"
 	"github.com/hostaccel/hostaccel/internal/probe"
 )
 
@@ -253,40 +253,36 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 		a.mu.Unlock()
 	}
 
-	// The load balancer first: fastpath rules then see balanced (DNAT-ed) connections.
-	lbErr := a.syncLB(ctx, cfg)
-
-	if a.caps == nil || !a.caps.Has(probe.Flowtable) { // probe again until the kernel has it all
+	// Probe again while the kernel lacks something a datapath could use: a module loaded
+	// later (nf_flow_table, nf_conntrack with its kfuncs) then counts from the next sync on.
+	if a.caps == nil || !a.caps.Has(probe.Flowtable) || !a.caps.Has(probe.ConntrackKfuncs) {
 		caps := a.opts.Probe(ctx)
 		a.caps = &caps
 	}
 	links, err := a.opts.Links()
 	if err != nil {
-		return errors.Join(lbErr, fmt.Errorf("list links: %w", err))
+		return fmt.Errorf("list links: %w", err)
 	}
-	s, warnings, _ := cfg.State(links, false)
-	*degraded = append(*degraded, warnings...)
-	for _, w := range warnings {
+	rt := a.LB()
+	rt.FullEvery = cfg.Agent.ResyncPeriod.Duration * 9 / 10 // each periodic resync repairs drift
+	o, err := Apply(ctx, cfg, Inputs{
+		Links: links, Caps: *a.caps, Mgrs: a.mgrs,
+		LB: func(ctx context.Context, c lb.Config) (string, error) { return "", rt.Sync(ctx, c) },
+	})
+	*degraded = append(*degraded, o.Degraded()...)
+	for _, w := range o.Warnings {
 		log.Warn("interface pruned from the desired state", "warning", w)
 	}
-	plan, planErr := datapath.Choose(s, *a.caps)
 	a.mu.Lock()
-	a.state.Devices = s.Devices()
+	a.state.Devices = o.State.Devices()
 	a.state.Datapath = cfg.Datapath
-	a.state.Plan = plan.Summary()
+	a.state.Plan = o.Plan.Summary()
+	a.state.LastResult = o.Result
 	a.mu.Unlock()
-	if planErr != nil && plan.Flowtable == nil && plan.TC == nil {
-		return errors.Join(lbErr, planErr) // nothing can run: leave the kernel as it is
+	if o.Result.Changed() {
+		log.Info("applied", "plan", o.Plan.Summary(), "flowtable", o.Result.Flowtable, "tc", o.Result.TC, "devices", o.State.Devices())
 	}
-
-	res, err := a.mgrs.Apply(ctx, plan, *a.caps)
-	a.mu.Lock()
-	a.state.LastResult = res
-	a.mu.Unlock()
-	if res.Changed() {
-		log.Info("applied", "plan", plan.Summary(), "flowtable", res.Flowtable, "tc", res.TC, "devices", s.Devices())
-	}
-	return errors.Join(lbErr, planErr, err)
+	return err
 }
 
 // ErrNoFlowtable: the kernel cannot do what was asked; the agent keeps retrying.

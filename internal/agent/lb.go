@@ -2,11 +2,9 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
-	"github.com/hostaccel/hostaccel/internal/config"
 	"github.com/hostaccel/hostaccel/internal/lb"
 )
 
@@ -34,15 +32,4 @@ func (a *Agent) runLB(ctx context.Context) {
 		err := rt.Remove(ctx)
 		a.opts.Log.Info("stopping; removed the load balancer's tables", "err", err)
 	}
-}
-
-// syncLB applies the load balancer part of cfg; it runs inside every sync, before the
-// fastpath, so that balanced connections are offloaded after the balancing decision.
-func (a *Agent) syncLB(ctx context.Context, cfg *config.Config) error {
-	rt := a.LB()
-	rt.FullEvery = cfg.Agent.ResyncPeriod.Duration * 9 / 10 // each periodic resync repairs drift
-	if err := rt.Sync(ctx, cfg.LoadBalancer); err != nil {
-		return fmt.Errorf("load balancer: %w", err)
-	}
-	return nil
 }

@@ -64,13 +64,6 @@ func newRoot() *cobra.Command {
 	return root
 }
 
-// applyLB applies the config's load balancer section (set by lb.go); it returns a line for
-// the user, or "" when there is nothing to say.
-var applyLB = func(context.Context, *config.Config) (string, error) { return "", nil }
-
-// cleanupLB removes the load balancer's tables (set by lb.go).
-var cleanupLB = func(context.Context) error { return nil }
-
 // commands are added by the files that define them (lb.go, bench.go, ...) from init.
 var commands []func(*globals) *cobra.Command
 
@@ -194,30 +187,21 @@ func applyCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, _, err := cfg.State(links, true)
-			if err != nil {
-				return fmt.Errorf("%s: %w", file, err)
-			}
-			caps := probe.Run(ctx)
-			plan, err := datapath.Choose(s, caps)
-			if err != nil {
-				return fmt.Errorf("%w\n(`hostaccel probe` lists what this kernel can do; the README's demo runs the flowtable in a VM on such hosts)", err)
-			}
 			m, err := managers()
 			if err != nil {
 				return err
 			}
-			// The load balancer first: its table must exist before connections it balances
-			// are offloaded.
-			if msg, err := applyLB(ctx, cfg); err != nil {
-				return err
-			} else if msg != "" {
-				fmt.Fprintln(c.OutOrStdout(), msg)
+			o, err := agent.Apply(ctx, cfg, agent.Inputs{Links: links, Strict: true, Caps: probe.Run(ctx), LB: lb.Apply, Mgrs: m})
+			if errors.Is(err, datapath.ErrNoFlowtable) || errors.Is(err, datapath.ErrNoTC) {
+				err = fmt.Errorf("%w\n(`hostaccel probe` lists what this kernel can do; the README's demo runs the flowtable in a VM on such hosts)", err)
 			}
-			res, err := m.Apply(ctx, plan, caps)
+			if o.LBNote != "" {
+				fmt.Fprintln(c.OutOrStdout(), o.LBNote)
+			}
 			if err != nil {
-				return err
+				return fmt.Errorf("%s: %w", file, err)
 			}
+			plan, res := o.Plan, o.Result
 			if plan.Flowtable != nil {
 				what := "no change"
 				if res.Flowtable.Operations > 0 {
@@ -425,7 +409,7 @@ func cleanupCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := errors.Join(m.Remove(c.Context()), cleanupLB(c.Context())); err != nil {
+			if err := agent.Remove(c.Context(), m); err != nil {
 				return err
 			}
 			fmt.Fprintf(c.OutOrStdout(), "removed table inet %s, the tc datapath and the load balancer's tables\n", flowtable.TableName)

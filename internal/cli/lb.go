@@ -21,18 +21,7 @@ import (
 	"github.com/hostaccel/hostaccel/internal/lb"
 )
 
-func init() {
-	commands = append(commands, lbCmd)
-	applyLB = func(ctx context.Context, cfg *config.Config) (string, error) { return lb.Apply(ctx, cfg.LoadBalancer) }
-	cleanupLB = func(ctx context.Context) error {
-		m, err := lb.NewManager()
-		if err != nil {
-			return err
-		}
-		_, err = m.Remove(ctx)
-		return err
-	}
-}
+func init() { commands = append(commands, lbCmd) }
 
 // registerLBMetrics adds the agent's load balancer metrics to reg (for `agent --metrics-address`).
 func registerLBMetrics(reg prometheus.Registerer, a *agent.Agent) {

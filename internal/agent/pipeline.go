@@ -1,0 +1,85 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/hostaccel/hostaccel/internal/config"
+	"github.com/hostaccel/hostaccel/internal/datapath"
+	"github.com/hostaccel/hostaccel/internal/lb"
+	"github.com/hostaccel/hostaccel/internal/model"
+	"github.com/hostaccel/hostaccel/internal/probe"
+)
+
+// Inputs are what one pass of the pipeline works from: the node as it is now.
+type Inputs struct {
+	Links []config.Link
+	// Strict: an interface the config names that does not exist is an error (apply: bad
+	// input); otherwise it is left out with a warning until it appears (agent).
+	Strict bool
+	Caps   probe.Result
+	// LB applies the load balancer part: the agent's runtime (health checks, API) or a
+	// one-shot apply (lb.Apply). It returns a line for the user, or "".
+	LB   func(context.Context, lb.Config) (string, error)
+	Mgrs *datapath.Managers
+}
+
+// Outcome is what one pass did.
+type Outcome struct {
+	State    model.State
+	Warnings []string // interfaces left out
+	Plan     datapath.Plan
+	// PlanErr says what the kernel lacks for the plan; the parts that can run were applied.
+	PlanErr error
+	LBNote  string
+	LBErr   error
+	Result  datapath.Result
+}
+
+// Degraded lists why the node does less than the config asks, besides the errors: the
+// interfaces left out and why auto set a datapath aside.
+func (o Outcome) Degraded() []string {
+	return append(append([]string{}, o.Warnings...), o.Plan.Notes...)
+}
+
+// Apply is the one pipeline that `hostaccel apply` and every agent sync go through: the load
+// balancer first (its tables must exist before the connections it balances are offloaded, so
+// the fastpath sees them after the balancing decision), then the config resolved against the
+// links that exist, the plan for this kernel, and the datapaths. A config the links refuse
+// (Strict) changes nothing; a plan nothing of which can run leaves the kernel's fastpath as it
+// is; with Strict, a plan the kernel cannot run whole changes nothing at all. The error joins
+// the load balancer's, the plan's and the datapaths'.
+func Apply(ctx context.Context, cfg *config.Config, in Inputs) (Outcome, error) {
+	var o Outcome
+	s, warnings, err := cfg.State(in.Links, in.Strict)
+	if err != nil {
+		return o, err
+	}
+	o.State, o.Warnings = s, warnings
+	o.Plan, o.PlanErr = datapath.Choose(s, in.Caps)
+	if in.Strict && o.PlanErr != nil {
+		return o, o.PlanErr // apply: the kernel cannot do all of it, so it does none of it
+	}
+	if in.LB != nil {
+		o.LBNote, o.LBErr = in.LB(ctx, cfg.LoadBalancer)
+		if o.LBErr != nil {
+			o.LBErr = fmt.Errorf("load balancer: %w", o.LBErr)
+		}
+	}
+	if o.PlanErr != nil && o.Plan.Flowtable == nil && o.Plan.TC == nil {
+		return o, errors.Join(o.LBErr, o.PlanErr) // nothing can run: leave the kernel as it is
+	}
+	o.Result, err = in.Mgrs.Apply(ctx, o.Plan, in.Caps)
+	return o, errors.Join(o.LBErr, o.PlanErr, err)
+}
+
+// Remove takes everything hostaccel installed in this network namespace out of the kernel:
+// the datapaths and the load balancer's tables.
+func Remove(ctx context.Context, mgrs *datapath.Managers) error {
+	m, err := lb.NewManager()
+	if err == nil {
+		_, err = m.Remove(ctx)
+	}
+	return errors.Join(mgrs.Remove(ctx), err)
+}
