@@ -51,7 +51,7 @@ func newRoot() *cobra.Command {
 	g := &globals{}
 	root := &cobra.Command{
 		Use:           "hostaccel",
-		Short:         "Accelerate host-network forwarding (nftables flowtable, tc eBPF, sockmap) and load-balance with nftables",
+		Short:         "Accelerate host-network forwarding (nftables flowtable, tc eBPF) and load-balance with nftables",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -282,7 +282,7 @@ func agentCmd(g *globals) *cobra.Command {
 	}
 	c.Flags().StringVarP(&file, "file", "f", "", "config file (required)")
 	c.Flags().StringVar(&metricsAddr, "metrics-address", "", "serve /metrics and /healthz here, e.g. 127.0.0.1:9464 (off when empty)")
-	c.Flags().StringVar(&statePath, "state-file", agent.DefaultStatePath, "where the agent publishes its state for `hostaccel status`")
+	c.Flags().StringVar(&statePath, "state-file", agent.DefaultStatePath, "where the agent publishes its state (read by hostaccel status)")
 	c.Flags().BoolVar(&cleanup, "cleanup-on-exit", false, "remove hostaccel's rules when the agent stops")
 	_ = c.MarkFlagRequired("file")
 	kube = addKubeFlags(c, true)
@@ -308,7 +308,10 @@ func statusCmd(g *globals) *cobra.Command {
 				}{st, lbStatus})
 			}
 			writeStatus(c.OutOrStdout(), st)
-			writeLBStatus(c.Context(), c.OutOrStdout())
+			if lbStatus != nil {
+				fmt.Fprintln(c.OutOrStdout())
+				lb.WriteStatus(c.OutOrStdout(), *lbStatus)
+			}
 			return nil
 		},
 	}
@@ -395,8 +398,8 @@ func writeStatus(out io.Writer, st agent.Status) {
 	for _, f := range st.Offloaded {
 		fmt.Fprintf(out, "  %s\n", f)
 	}
-	for k, v := range st.Errors {
-		fmt.Fprintf(out, "error reading %s: %s\n", k, v)
+	for _, k := range slices.Sorted(maps.Keys(st.Errors)) {
+		fmt.Fprintf(out, "error reading %s: %s\n", k, st.Errors[k])
 	}
 }
 

@@ -43,15 +43,6 @@ func fetchLBStatus(ctx context.Context) *lb.Status {
 	return &st
 }
 
-// writeLBStatus prints the load balancer section of `hostaccel status` (nothing without an
-// agent serving the API).
-func writeLBStatus(ctx context.Context, out io.Writer) {
-	if st := fetchLBStatus(ctx); st != nil {
-		fmt.Fprintln(out)
-		lb.WriteStatus(out, *st)
-	}
-}
-
 type lbFlags struct {
 	socket, address, keyFile string
 	output                   string

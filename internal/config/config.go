@@ -21,7 +21,7 @@ import (
 
 // Config is the file format. See docs/config.md and examples/.
 type Config struct {
-	// Datapath: flowtable, tc, sockmap or auto.
+	// Datapath: flowtable, tc, auto or none.
 	Datapath string `json:"datapath"`
 	Node     Node   `json:"node"`
 	// Classes to accelerate, each on or off. Classes left out are off.
@@ -97,13 +97,10 @@ func (t Transports) MarshalJSON() ([]byte, error) {
 type Agent struct {
 	// ResyncPeriod is how often the agent compares the kernel with the desired state and
 	// repairs drift (default 30s).
-	ResyncPeriod Duration `json:"resyncPeriod"`
+	ResyncPeriod model.Duration `json:"resyncPeriod"`
 	// MinSyncInterval rate-limits syncs triggered by events (default 1s).
-	MinSyncInterval Duration `json:"minSyncInterval"`
+	MinSyncInterval model.Duration `json:"minSyncInterval"`
 }
-
-// Duration is a time.Duration written as "30s" (one type for the whole file).
-type Duration = lb.Duration
 
 // Load reads and validates a config file.
 func Load(path string) (*Config, error) {
@@ -166,9 +163,11 @@ func (c *Config) validate() error {
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 
 	switch c.Datapath {
-	case model.DatapathFlowtable, model.DatapathTC, model.DatapathSockmap, model.DatapathAuto, model.DatapathNone:
+	case model.DatapathFlowtable, model.DatapathTC, model.DatapathAuto, model.DatapathNone:
+	case model.DatapathSockmap:
+		bad("datapath: %q is not built yet; use flowtable, tc, auto or none", c.Datapath)
 	default:
-		bad("datapath: %q is not one of flowtable, tc, sockmap, auto, none", c.Datapath)
+		bad("datapath: %q is not one of flowtable, tc, auto, none", c.Datapath)
 	}
 	fastpath := c.Datapath != model.DatapathNone
 	if fastpath && len(c.Node.Gateways) == 0 {
@@ -176,7 +175,7 @@ func (c *Config) validate() error {
 	}
 	checkNames := func(field string, names []string) {
 		for i, n := range names {
-			if !validIfname(n) {
+			if !model.ValidInterfaceName(n) {
 				bad("%s[%d]: %q is not a valid interface name", field, i, n)
 			}
 		}
@@ -243,11 +242,6 @@ func classList() string {
 		s[i] = string(c)
 	}
 	return strings.Join(s, ", ")
-}
-
-// validIfname follows the kernel's dev_valid_name.
-func validIfname(n string) bool {
-	return n != "" && len(n) < 16 && n != "." && n != ".." && !strings.ContainsAny(n, "/: \t\n")
 }
 
 type field struct {

@@ -49,6 +49,7 @@ func TestParseErrors(t *testing.T) {
 		{"threshold type", good + "packetThreshold: lots\n", "packetThreshold"},
 		{"tc cannot NAT", strings.Replace(good, "{pod-to-pod: true}", "{pod-to-pod: true, external-to-nodeport: true}", 1) + "datapath: tc\n",
 			"classes.external-to-nodeport: datapath tc cannot serve it"},
+		{"sockmap not built", good + "datapath: sockmap\n", `datapath: "sockmap" is not built yet; use flowtable, tc, auto or none`},
 		{"tc nat check", good + "tc: {natCheck: sometimes}\n", `tc.natCheck: "sometimes" is not one of both, toward-pods, off`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

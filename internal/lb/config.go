@@ -8,7 +8,6 @@ package lb
 
 import (
 	"cmp"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
@@ -16,6 +15,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/hostaccel/hostaccel/internal/model"
 )
 
 // Topologies.
@@ -149,26 +150,11 @@ type HealthCheck struct {
 	Fall     int      `json:"fall,omitempty"`     // failures to go down (default 3)
 }
 
-// Duration is a time.Duration written as "30s".
-type Duration struct{ time.Duration }
-
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("want a duration such as \"30s\"")
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return err
-	}
-	d.Duration = v
-	return nil
-}
-
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+// Duration is model.Duration: a time.Duration written as "30s".
+type Duration = model.Duration
 
 // D returns a *Duration (for literals).
-func D(d time.Duration) *Duration { return &Duration{d} }
+func D(d time.Duration) *Duration { return &Duration{Duration: d} }
 
 // InUse reports whether the section asks for anything: services, or an API to add them.
 func (c *Config) InUse() bool {
@@ -385,10 +371,10 @@ func (s *Service) validate(f string) []error {
 	if ingress {
 		if s.Interface == "" {
 			bad("interface: a %s service needs the interface its clients' packets arrive on", topo)
-		} else if !validIfname(s.Interface) {
+		} else if !model.ValidInterfaceName(s.Interface) {
 			bad("interface: %q is not a valid interface name", s.Interface)
 		}
-		if s.BackendInterface != "" && !validIfname(s.BackendInterface) {
+		if s.BackendInterface != "" && !model.ValidInterfaceName(s.BackendInterface) {
 			bad("backendInterface: %q is not a valid interface name", s.BackendInterface)
 		}
 	} else {
@@ -570,6 +556,3 @@ func (h *HealthCheck) rise() int { return cmp.Or(h.Rise, 2) }
 func (h *HealthCheck) fall() int { return cmp.Or(h.Fall, 3) }
 
 // validIfname follows the kernel's dev_valid_name.
-func validIfname(n string) bool {
-	return n != "" && len(n) < 16 && n != "." && n != ".." && !strings.ContainsAny(n, "/: \t\n")
-}

@@ -24,7 +24,7 @@ func TestValidServices(t *testing.T) {
 	multi.Name, multi.Port, multi.Ports, multi.Protocol = "multi", 0, []int{80, 443}, "udp"
 	multi.Backends = []Backend{{Address: "10.0.1.11"}, {Address: "fd00:1::11", Priority: 1, State: StateDrain}}
 	// A timeout above the interval is valid: the next check starts when the previous one ends.
-	multi.HealthCheck = &HealthCheck{Type: "dns", Query: "example.org", Interval: Duration{time.Second}, Timeout: Duration{3 * time.Second}}
+	multi.HealthCheck = &HealthCheck{Type: "dns", Query: "example.org", Interval: Duration{Duration: time.Second}, Timeout: Duration{Duration: 3 * time.Second}}
 	sl := valid()
 	sl.Name, sl.Topology, sl.Interface, sl.BackendInterface, sl.VIPs = "sl", StatelessDNAT, "eth0", "eth1", []string{"192.0.2.12"}
 	sl.Backends, sl.Persistence = []Backend{{Address: "10.0.1.13", Port: 8080}}, D(time.Minute)
@@ -78,12 +78,12 @@ func TestValidationErrors(t *testing.T) {
 			}
 		}},
 		{`services[0].healthCheck.type: "icmp" is not one of tcp, http, https, udp, dns, command, none`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "icmp"} }},
-		{`services[0].healthCheck.timeout: -1s is not between 0 and 1h`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "tcp", Timeout: Duration{-time.Second}} }},
+		{`services[0].healthCheck.timeout: -1s is not between 0 and 1h`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "tcp", Timeout: Duration{Duration: -time.Second}} }},
 		{`services[0].healthCheck.send: a udp check needs a request payload`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "udp"} }},
 		{`services[0].healthCheck.command: a command check needs a command`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "command"} }},
 		{`services[0].healthCheck.path, host, expectStatus: only for http and https checks`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "tcp", Path: "/"} }},
 		{`services[0].healthCheck.interval: 10ms is not between 50ms and 1h`, func(s *Service) {
-			s.HealthCheck = &HealthCheck{Type: "tcp", Interval: Duration{10 * time.Millisecond}, Timeout: Duration{5 * time.Millisecond}}
+			s.HealthCheck = &HealthCheck{Type: "tcp", Interval: Duration{Duration: 10 * time.Millisecond}, Timeout: Duration{Duration: 5 * time.Millisecond}}
 		}},
 	} {
 		s := valid()
@@ -149,7 +149,7 @@ func TestConfigSection(t *testing.T) {
 		t.Errorf("unknown field: %v", err)
 	}
 	var round Config
-	b, _ := yaml.Marshal(Config{Services: []Service{{Name: "x", Persistence: D(time.Minute), HealthCheck: &HealthCheck{Type: "tcp", Interval: Duration{time.Second}}}}})
+	b, _ := yaml.Marshal(Config{Services: []Service{{Name: "x", Persistence: D(time.Minute), HealthCheck: &HealthCheck{Type: "tcp", Interval: Duration{Duration: time.Second}}}}})
 	if err := yaml.UnmarshalStrict(b, &round); err != nil || round.Services[0].Persistence.Duration != time.Minute {
 		t.Errorf("round trip: %v %s", err, b)
 	}

@@ -98,7 +98,7 @@ func TestCheckerRiseFall(t *testing.T) {
 	c := NewChecker(func() { changes <- struct{}{} }, nil)
 	defer c.Stop()
 	svc := Service{Name: "web", VIPs: []string{"192.0.2.1"}, Port: port, Backends: []Backend{{Address: a.String()}},
-		HealthCheck: &HealthCheck{Type: "http", Interval: Duration{50 * time.Millisecond}, Rise: 3, Fall: 2}}
+		HealthCheck: &HealthCheck{Type: "http", Interval: Duration{Duration: 50 * time.Millisecond}, Rise: 3, Fall: 2}}
 	c.Update([]Service{svc})
 	key := HealthKey("web", a.String())
 	wait := func(want HealthState, atLeast, within time.Duration) Health {
@@ -147,7 +147,7 @@ func TestCheckerTimeoutAboveInterval(t *testing.T) {
 	a, port := addrPort(t, srv.Listener.Addr())
 	const interval, timeout = 200 * time.Millisecond, 400 * time.Millisecond
 	svc := Service{Name: "web", VIPs: []string{"192.0.2.1"}, Port: port, Backends: []Backend{{Address: a.String()}},
-		HealthCheck: &HealthCheck{Type: "http", Interval: Duration{interval}, Timeout: Duration{timeout}, Fall: 3}}
+		HealthCheck: &HealthCheck{Type: "http", Interval: Duration{Duration: interval}, Timeout: Duration{Duration: timeout}, Fall: 3}}
 	if errs := ValidateServices([]Service{svc}, fieldByName([]Service{svc})); len(errs) > 0 {
 		t.Fatal(errs)
 	}

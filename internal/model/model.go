@@ -4,8 +4,12 @@
 package model
 
 import (
+	"encoding/json"
+	"errors"
 	"net/netip"
 	"slices"
+	"strings"
+	"time"
 )
 
 // Class is a traffic class that hostaccel can accelerate (seed 000's table, plus
@@ -117,4 +121,27 @@ func ComparePrefix(a, b netip.Prefix) int {
 		return c
 	}
 	return a.Bits() - b.Bits()
+}
+
+// Duration is a time.Duration written as "30s" in configs (one type for every section).
+type Duration struct{ time.Duration }
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return errors.New(`want a duration such as "30s"`)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}
+
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// ValidInterfaceName follows the kernel's dev_valid_name.
+func ValidInterfaceName(n string) bool {
+	return n != "" && len(n) < 16 && n != "." && n != ".." && !strings.ContainsAny(n, "/: \t\n")
 }
