@@ -1,0 +1,389 @@
+package k8s
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/hostaccel/hostaccel/internal/lb"
+)
+
+// ServicePolicy says which Services the load balancer serves. Services always feed the
+// traffic classes (LoadBalancer ingress and external IPs); this is only about balancing.
+type ServicePolicy string
+
+const (
+	// ServicesNone: no Service is balanced by hostaccel (kube-proxy or the CNI does it).
+	ServicesNone ServicePolicy = "none"
+	// ServicesLabeled: only Services labeled service.kubernetes.io/service-proxy-name=<ProxyName>,
+	// the label that tells kube-proxy to leave a Service to another proxy.
+	ServicesLabeled ServicePolicy = "labeled"
+	// ServicesAll: what kube-proxy would serve (Services without a service-proxy-name label)
+	// plus the labeled ones: hostaccel in place of kube-proxy.
+	ServicesAll ServicePolicy = "all"
+)
+
+// LabelServiceProxyName is the well-known label that hands a Service to a named proxy.
+const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
+// AnnotationScheduler on a Service picks the load balancer's scheduler for it.
+const AnnotationScheduler = "lb.hostaccel.io/scheduler"
+
+// DefaultProxyName is the service-proxy-name hostaccel answers to under ServicesLabeled.
+const DefaultProxyName = "hostaccel"
+
+// externalAddresses lists the addresses that Services make this node answer for from outside:
+// LoadBalancer ingress IPs (unless ipMode Proxy: then the load balancer sends traffic to node
+// or Pod addresses, never to the VIP) and spec.externalIPs.
+func externalAddresses(svcs []*corev1.Service) []string {
+	var out []string
+	add := func(s string) {
+		if ip, err := netip.ParseAddr(s); err == nil {
+			out = append(out, ip.String())
+		}
+	}
+	for _, s := range svcs {
+		for _, ip := range s.Spec.ExternalIPs {
+			add(ip)
+		}
+		if s.Spec.Type != corev1.ServiceTypeLoadBalancer {
+			continue
+		}
+		for _, ing := range s.Status.LoadBalancer.Ingress {
+			if ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy {
+				continue
+			}
+			add(ing.IP)
+		}
+	}
+	slices.SortFunc(out, func(a, b string) int { return netip.MustParseAddr(a).Compare(netip.MustParseAddr(b)) })
+	return slices.Compact(out)
+}
+
+// LBFront is one (Service port, front, IP family) the load balancer serves, with its backends.
+type LBFront struct {
+	// Name is namespace/service:port/front[/ipv6], unique within a derivation.
+	Name string `json:"name"`
+	// LBName is the load balancer service's name (loadBalancer.services[].name): a readable
+	// prefix of Name and a hash of it, within the load balancer's 32 characters.
+	LBName    string `json:"lbName"`
+	Namespace string `json:"namespace"`
+	Service   string `json:"service"`
+	Port      string `json:"port"` // the Service port's name, or its number when unnamed
+	// Front: cluster (ClusterIPs), nodeport (this node's IPs at the NodePort) or external
+	// (LoadBalancer ingress IPs and externalIPs).
+	Front    string   `json:"front"`
+	VIPs     []string `json:"vips"`
+	VIPPort  int32    `json:"vipPort"`
+	Protocol string   `json:"protocol"` // tcp, udp or sctp
+	// Topology: dnat, or snat for the node and external fronts of externalTrafficPolicy
+	// Cluster (kube-proxy masquerades those, so that replies from other nodes come back).
+	Topology string `json:"topology"`
+	// Scheduler is the Service's lb.hostaccel.io/scheduler annotation ("" for the default).
+	Scheduler string `json:"scheduler,omitempty"`
+	// Persistence is sessionAffinity: ClientIP's timeout (0: no persistence).
+	Persistence time.Duration `json:"persistence,omitempty"`
+	Backends    []LBBackend   `json:"backends"`
+	// Skipped says why the front is not given to the load balancer (no endpoints).
+	Skipped string `json:"skipped,omitempty"`
+}
+
+// LBBackend is one endpoint of a front.
+type LBBackend struct {
+	Address string `json:"address"`
+	Port    int32  `json:"port"`
+	// State is up (ready) or drain (not ready: established connections finish, no new ones).
+	State    string `json:"state"`
+	NodeName string `json:"nodeName,omitempty"`
+}
+
+// Backend states, as the load balancer names them.
+const (
+	StateUp    = lb.StateUp
+	StateDrain = lb.StateDrain
+)
+
+// schedulers the lb.hostaccel.io/scheduler annotation may name.
+var schedulers = []string{lb.RoundRobin, lb.Weighted, lb.Hash, lb.SymHash}
+
+// Front kinds.
+const (
+	FrontCluster  = "cluster"
+	FrontNodePort = "nodeport"
+	FrontExternal = "external"
+)
+
+// DefaultAffinityTimeout is Kubernetes' default sessionAffinityConfig.clientIP.timeoutSeconds.
+const DefaultAffinityTimeout = 10800 * time.Second
+
+// balance turns the selected Services and their EndpointSlices into load balancer fronts.
+func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn func(string, ...any)) []LBFront {
+	if p.Services == ServicesNone {
+		return nil
+	}
+	slicesOf := map[string][]*discoveryv1.EndpointSlice{} // namespace/service
+	for _, es := range snap.EndpointSlices {
+		if name := es.Labels[discoveryv1.LabelServiceName]; name != "" {
+			k := es.Namespace + "/" + name
+			slicesOf[k] = append(slicesOf[k], es)
+		}
+	}
+	svcs := slices.Clone(snap.Services)
+	slices.SortFunc(svcs, func(a, b *corev1.Service) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	var out []LBFront
+	for _, s := range svcs {
+		if !selected(s, p) || s.Spec.Type == corev1.ServiceTypeExternalName {
+			continue
+		}
+		eps := slicesOf[s.Namespace+"/"+s.Name]
+		var persistence time.Duration
+		if s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+			persistence = DefaultAffinityTimeout
+			if c := s.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+				persistence = time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
+			}
+		}
+		internalLocal := s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
+		externalLocal := s.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+		var clusterIPs []string
+		for _, ip := range s.Spec.ClusterIPs {
+			if ip != corev1.ClusterIPNone && ip != "" {
+				clusterIPs = append(clusterIPs, ip)
+			}
+		}
+		if len(clusterIPs) == 0 && s.Spec.ClusterIP != "" && s.Spec.ClusterIP != corev1.ClusterIPNone {
+			clusterIPs = []string{s.Spec.ClusterIP}
+		}
+		external := externalAddresses([]*corev1.Service{s})
+		scheduler := s.Annotations[AnnotationScheduler]
+		if scheduler != "" && !slices.Contains(schedulers, scheduler) {
+			warn("service %s/%s: %s %q is not one of %v; using the default", s.Namespace, s.Name, AnnotationScheduler, scheduler, schedulers)
+			scheduler = ""
+		}
+
+		for _, sp := range s.Spec.Ports {
+			proto := strings.ToLower(string(sp.Protocol))
+			if proto == "" {
+				proto = "tcp"
+			}
+			if proto != "tcp" && proto != "udp" && proto != "sctp" {
+				warn("service %s/%s port %s: protocol %s is not balanced", s.Namespace, s.Name, portName(sp), sp.Protocol)
+				continue
+			}
+			all := backends(eps, sp)
+			local := filterLocal(all, self.Name)
+			mk := func(front string, vips []string, port int32, bes []LBBackend) {
+				if len(vips) == 0 || port == 0 {
+					return
+				}
+				topology := lb.DNAT
+				if front != FrontCluster && !externalLocal {
+					topology = lb.SNAT
+				}
+				for _, fam := range splitFamilies(vips) {
+					f := LBFront{
+						Name:      s.Namespace + "/" + s.Name + ":" + portName(sp) + "/" + front,
+						Namespace: s.Namespace, Service: s.Name, Port: portName(sp), Front: front,
+						VIPs: fam, VIPPort: port, Protocol: proto, Topology: topology,
+						Scheduler: scheduler, Persistence: persistence,
+						Backends: sameFamily(bes, netip.MustParseAddr(fam[0]).Is4()),
+					}
+					if !netip.MustParseAddr(fam[0]).Is4() {
+						f.Name += "/ipv6"
+					}
+					f.LBName = lbName(f.Name)
+					if len(f.Backends) == 0 {
+						f.Skipped = "no endpoints"
+					}
+					out = append(out, f)
+				}
+			}
+			pick := func(localOnly bool) []LBBackend {
+				if localOnly {
+					return local
+				}
+				return all
+			}
+			mk(FrontCluster, clusterIPs, sp.Port, pick(internalLocal))
+			if s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer {
+				mk(FrontNodePort, sameFamilies(nodeIPs, clusterIPs), sp.NodePort, pick(externalLocal))
+			}
+			mk(FrontExternal, external, sp.Port, pick(externalLocal))
+		}
+	}
+	return out
+}
+
+func selected(s *corev1.Service, p Params) bool {
+	name, labeled := s.Labels[LabelServiceProxyName]
+	switch p.Services {
+	case ServicesLabeled:
+		return labeled && name == p.ProxyName
+	case ServicesAll:
+		return !labeled || name == p.ProxyName
+	}
+	return false
+}
+
+func portName(sp corev1.ServicePort) string {
+	if sp.Name != "" {
+		return sp.Name
+	}
+	return strconv.Itoa(int(sp.Port))
+}
+
+// backends collects a Service port's endpoints from its EndpointSlices:
+//
+//   - ready -> up
+//   - not ready -> drain (established connections finish; kube-proxy does not cut them either)
+//   - but when no endpoint is ready, serving terminating ones are up: kube-proxy's fallback
+//     that lets a rolling update finish without refusing new connections.
+//
+// An address listed by several slices (while the controller moves it) counts once, at its best
+// state.
+func backends(eps []*discoveryv1.EndpointSlice, sp corev1.ServicePort) []LBBackend {
+	type cand struct {
+		LBBackend
+		ready, serving bool
+	}
+	byAddr := map[string]*cand{}
+	for _, es := range eps {
+		if es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6 {
+			continue
+		}
+		var port int32
+		found := false
+		for _, ep := range es.Ports {
+			name := ""
+			if ep.Name != nil {
+				name = *ep.Name
+			}
+			proto := corev1.ProtocolTCP
+			if ep.Protocol != nil {
+				proto = *ep.Protocol
+			}
+			if name == sp.Name && proto == cmp.Or(sp.Protocol, corev1.ProtocolTCP) && ep.Port != nil {
+				port, found = *ep.Port, true
+				break
+			}
+		}
+		if !found {
+			continue
+		}
+		for _, e := range es.Endpoints {
+			ready := e.Conditions.Ready == nil || *e.Conditions.Ready
+			serving := ready
+			if e.Conditions.Serving != nil {
+				serving = *e.Conditions.Serving
+			}
+			node := ""
+			if e.NodeName != nil {
+				node = *e.NodeName
+			}
+			for _, a := range e.Addresses {
+				ip, err := netip.ParseAddr(a)
+				if err != nil {
+					continue
+				}
+				k := netip.AddrPortFrom(ip, uint16(port)).String()
+				c := byAddr[k]
+				if c == nil {
+					c = &cand{LBBackend: LBBackend{Address: ip.String(), Port: port, NodeName: node}}
+					byAddr[k] = c
+				}
+				c.ready = c.ready || ready
+				c.serving = c.serving || serving
+			}
+		}
+	}
+	anyReady := false
+	for _, c := range byAddr {
+		anyReady = anyReady || c.ready
+	}
+	out := make([]LBBackend, 0, len(byAddr))
+	for _, c := range byAddr {
+		b := c.LBBackend
+		b.State = StateDrain
+		if c.ready || (!anyReady && c.serving) {
+			b.State = StateUp
+		}
+		out = append(out, b)
+	}
+	slices.SortFunc(out, func(a, b LBBackend) int {
+		return cmp.Or(netip.MustParseAddr(a.Address).Compare(netip.MustParseAddr(b.Address)), cmp.Compare(a.Port, b.Port))
+	})
+	return out
+}
+
+func filterLocal(bes []LBBackend, node string) []LBBackend {
+	var out []LBBackend
+	for _, b := range bes {
+		if b.NodeName == node {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+func sameFamily(bes []LBBackend, is4 bool) []LBBackend {
+	out := []LBBackend{}
+	for _, b := range bes {
+		if netip.MustParseAddr(b.Address).Is4() == is4 {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// sameFamilies keeps the addresses of the families that ref has (a NodePort serves the
+// Service's IP families only); all of them when ref is empty.
+func sameFamilies(addrs, ref []string) []string {
+	if len(ref) == 0 {
+		return addrs
+	}
+	var v4, v6 bool
+	for _, r := range ref {
+		if ip, err := netip.ParseAddr(r); err == nil {
+			v4, v6 = v4 || ip.Is4(), v6 || ip.Is6()
+		}
+	}
+	var out []string
+	for _, a := range addrs {
+		if ip, err := netip.ParseAddr(a); err == nil && (ip.Is4() && v4 || ip.Is6() && v6) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// splitFamilies groups addresses by IP family, IPv4 first; each group is sorted.
+func splitFamilies(ips []string) [][]string {
+	var v4, v6 []string
+	for _, s := range ips {
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			continue
+		}
+		if ip.Is4() {
+			v4 = append(v4, ip.String())
+		} else {
+			v6 = append(v6, ip.String())
+		}
+	}
+	var out [][]string
+	for _, g := range [][]string{v4, v6} {
+		if len(g) > 0 {
+			slices.SortFunc(g, func(a, b string) int { return netip.MustParseAddr(a).Compare(netip.MustParseAddr(b)) })
+			out = append(out, slices.Compact(g))
+		}
+	}
+	return out
+}
