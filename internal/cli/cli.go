@@ -351,21 +351,17 @@ func writeStatus(out io.Writer, st agent.Status) {
 	}
 	if len(st.Classes) > 0 {
 		fmt.Fprintln(out, "\nclasses (packets that took the normal path before offload):")
-		tw := tabwriter.NewWriter(out, 2, 8, 2, ' ', 0)
-		fmt.Fprintln(tw, "  CLASS\tRULES\tPACKETS\tBYTES")
-		for _, c := range st.Classes {
-			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\n", c.Class, c.Rules, c.Packets, c.Bytes)
-		}
-		tw.Flush()
+		table(out, "CLASS\tRULES\tPACKETS\tBYTES", len(st.Classes), func(i int) []any {
+			c := st.Classes[i]
+			return []any{c.Class, c.Rules, c.Packets, c.Bytes}
+		})
 	}
 	if len(st.Rules) > 0 {
 		fmt.Fprintln(out, "\nrules:")
-		tw := tabwriter.NewWriter(out, 2, 8, 2, ' ', 0)
-		fmt.Fprintln(tw, "  PACKETS\tBYTES\tRULE")
-		for _, r := range st.Rules {
-			fmt.Fprintf(tw, "  %d\t%d\t%s\n", r.Packets, r.Bytes, r.Comment)
-		}
-		tw.Flush()
+		table(out, "PACKETS\tBYTES\tRULE", len(st.Rules), func(i int) []any {
+			r := st.Rules[i]
+			return []any{r.Packets, r.Bytes, r.Comment}
+		})
 	}
 	if t := st.TC; t != nil {
 		fmt.Fprintf(out, "\ntc datapath: %s, program %d, devices:", t.Mode, t.ProgramID)
@@ -378,12 +374,10 @@ func writeStatus(out io.Writer, st agent.Status) {
 		}
 		fmt.Fprintf(out, "\n  NAT check (conntrack): %s\n", t.NATCheck)
 		fmt.Fprintln(out, "  redirected past the host stack:")
-		tw := tabwriter.NewWriter(out, 2, 8, 2, ' ', 0)
-		fmt.Fprintln(tw, "  CLASS\tFAMILY\tPACKETS\tBYTES")
-		for _, c := range t.Classes {
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\n", c.Class, c.Family, c.Packets, c.Bytes)
-		}
-		tw.Flush()
+		table(out, "CLASS\tFAMILY\tPACKETS\tBYTES", len(t.Classes), func(i int) []any {
+			c := t.Classes[i]
+			return []any{c.Class, c.Family, c.Packets, c.Bytes}
+		})
 		fmt.Fprint(out, "  of those, sent by:")
 		for _, k := range slices.Sorted(maps.Keys(t.Via)) {
 			fmt.Fprintf(out, " %s=%d", k, t.Via[k].Packets)
@@ -401,6 +395,20 @@ func writeStatus(out io.Writer, st agent.Status) {
 	for _, k := range slices.Sorted(maps.Keys(st.Errors)) {
 		fmt.Fprintf(out, "error reading %s: %s\n", k, st.Errors[k])
 	}
+}
+
+// table writes an indented, aligned table: the header's tab-separated columns, then n rows.
+func table(out io.Writer, header string, n int, row func(int) []any) {
+	tw := tabwriter.NewWriter(out, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "  "+header)
+	for i := range n {
+		cells := make([]string, 0, 4)
+		for _, c := range row(i) {
+			cells = append(cells, fmt.Sprint(c))
+		}
+		fmt.Fprintln(tw, "  "+strings.Join(cells, "\t"))
+	}
+	tw.Flush()
 }
 
 func cleanupCmd() *cobra.Command {

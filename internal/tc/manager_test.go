@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"slices"
@@ -322,24 +323,11 @@ func isTo(f []byte, dst netip.Addr) bool {
 	return len(f) >= 54 && f[12] == 0x86 && f[13] == 0xdd && bytes.Equal(f[38:54], dst.AsSlice())
 }
 
-func mac(t *testing.T, ns *testbed.NS, dev string) net.HardwareAddr {
-	t.Helper()
-	h, err := ns.Handle()
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := h.LinkByName(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l.Attrs().HardwareAddr
-}
-
 // onTheWire checks the TTL / hop limit the remote Pod sees (64 - 1: one router) and the
 // frame's MACs: Node eth0 -> Remote eth0, received as PACKET_HOST.
 func onTheWire(t *testing.T, e *env) {
 	t.Helper()
-	src, dst := mac(t, e.topo.Node, e.topo.TransportName), mac(t, e.topo.Remote, "eth0")
+	src, dst := testbed.LinkT(t, e.topo.Node, e.topo.TransportName).HardwareAddr, testbed.LinkT(t, e.topo.Remote, "eth0").HardwareAddr
 	for _, v6 := range []bool{false, true} {
 		before := e.status().family(model.PodToPod, fam(v6))
 		ttl, f, pkttype := sendProbe(t, e.topo, v6)
@@ -487,7 +475,7 @@ func TestForwardingOff(t *testing.T) {
 
 			// The transport is deleted and re-created: apply skips it meanwhile, then
 			// attaches to the new device.
-			oldIndex := linkIndex(t, e.topo.Node, "eth0")
+			oldIndex := testbed.LinkT(t, e.topo.Node, "eth0").Index
 			h, _ := e.topo.Node.Handle()
 			l, _ := h.LinkByName("eth0")
 			if err := h.LinkDel(l); err != nil {
@@ -595,47 +583,27 @@ func removeAndCheck(t *testing.T, e *env, ownClsact bool) {
 func waitGone(t *testing.T, progs []ebpf.ProgramID, maps []ebpf.MapID) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	for _, id := range progs {
+	gone := func(what string, open func() (io.Closer, error)) {
+		t.Helper()
 		for {
-			p, err := ebpf.NewProgramFromID(id)
+			c, err := open()
 			if err != nil {
-				break
+				return
 			}
-			p.Close()
+			c.Close()
 			if time.Now().After(deadline) {
-				t.Errorf("program %d still exists", id)
-				break
+				t.Errorf("%s still exists", what)
+				return
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
+	}
+	for _, id := range progs {
+		gone(fmt.Sprintf("program %d", id), func() (io.Closer, error) { return ebpf.NewProgramFromID(id) })
 	}
 	for _, id := range maps {
-		for {
-			m, err := ebpf.NewMapFromID(id)
-			if err != nil {
-				break
-			}
-			m.Close()
-			if time.Now().After(deadline) {
-				t.Errorf("map %d still exists", id)
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		gone(fmt.Sprintf("map %d", id), func() (io.Closer, error) { return ebpf.NewMapFromID(id) })
 	}
-}
-
-func linkIndex(t *testing.T, ns *testbed.NS, dev string) int {
-	t.Helper()
-	h, err := ns.Handle()
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := h.LinkByName(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l.Attrs().Index
 }
 
 // recreateTransport re-creates the Node <-> Remote link with its addresses and routes.
@@ -949,7 +917,7 @@ func TestExclude(t *testing.T) {
 func TestModeSwitch(t *testing.T) {
 	needMode(t, ModeTCX)
 	e := newEnv(t, ModeClsBPF)
-	e.do(func() error { _, err := ensureClsact(linkIndex(t, e.topo.Node, e.topo.GatewayName)); return err }) // not ours
+	e.do(func() error { _, err := ensureClsact(testbed.LinkT(t, e.topo.Node, e.topo.GatewayName).Index); return err }) // not ours
 	e.forwarding(false)
 	e.apply()
 	if got := attachedTo(e.status()); !slices.Equal(got, []string{"eth0/cls_bpf", "gw/cls_bpf"}) {
