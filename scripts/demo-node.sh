@@ -56,23 +56,27 @@ fi
 ns remote iperf3 -s -D -B 10.244.2.2 -p 5201 -I /run/hademo-iperf4.pid
 ns remote iperf3 -s -D -B fd00:10:244:2::2 -p 5202 -I /run/hademo-iperf6.pid
 sleep 1
-echo "== traffic: iperf3 TCP v4, TCP v6 and UDP v4 from the Pod to the remote Pod (4 s each, in parallel)"
+echo "== traffic: iperf3 TCP v4, TCP v6 and UDP v4 from the Pod to the remote Pod (6 s each, in parallel)"
 ns pod iperf3 -c 10.244.2.2 -p 5201 -t 6 -f m >/tmp/hademo-tcp4 2>&1 &
 ns pod iperf3 -c fd00:10:244:2::2 -p 5202 -t 6 -f m >/tmp/hademo-tcp6 2>&1 &
-# The demo shows what it claims: both TCP connections offloaded (flowtable), or redirected by
-# the program (tc), while they run; it fails if that does not happen within 4 s.
+# The demo shows what it claims: the status it prints, taken while the transfer runs, shows
+# both TCP connections offloaded (flowtable) or redirected by the program (tc); it fails if no
+# status within 4 s does.
 accelerated() {
 	if [ "$DATAPATH" = tc ]; then
-		ns node "$HA" status -o json | grep -A3 '"class": "pod-to-pod"' | grep -q '"packets": [1-9]'
+		grep -A6 'redirected past the host stack' <<<"$1" | grep -qE '^  pod-to-pod +ipv4 +[1-9]'
 	else
-		[ "$(ns node "$HA" status -o json | grep -c '"tcp.*OFFLOAD')" -ge 2 ]
+		[ "$(grep -c '^  tcp .*\[OFFLOAD\]' <<<"$1")" -ge 2 ]
 	fi
 }
-for _ in $(seq 40); do accelerated && break; sleep 0.1; done
-accelerated || { echo "the transfer was not accelerated within 4 s:"; ns node "$HA" status; exit 1; }
-[ -n "${DEMO_DEBUG:-}" ] && ns node "$HA" status -o json | grep OFFLOAD
+for _ in $(seq 40); do
+	st=$(ns node "$HA" status)
+	accelerated "$st" && break
+	sleep 0.1
+done
+accelerated "$st" || { echo "the transfer was not accelerated within 4 s:"; echo "$st"; exit 1; }
 echo "== hostaccel status (during the transfer)"
-ns node "$HA" status
+echo "$st"
 wait
 grep -h receiver /tmp/hademo-tcp4 /tmp/hademo-tcp6 | sed 's/^/iperf3: /'
 ns pod iperf3 -c 10.244.2.2 -p 5201 -u -b 50M -t 3 -f m >/tmp/hademo-udp 2>&1 &
