@@ -1,0 +1,246 @@
+package tc
+
+import (
+	"encoding/binary"
+	"math"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/hostaccel/hostaccel/internal/testbed"
+)
+
+// The program's decisions, run with BPF_PROG_RUN on crafted frames: no namespace, no device,
+// no traffic. The test run does not perform redirects; the return code says which one the
+// program chose, and the frame it returns shows what it wrote. Routing is taken from the
+// next-hop cache, filled here as the program would from the FIB.
+
+const (
+	actUnspec   = math.MaxUint32 // TC_ACT_UNSPEC (-1): handed on
+	actRedirect = 7              // TC_ACT_REDIRECT
+	lo          = 1              // the ingress device the test run reports (loopback)
+)
+
+var (
+	localPod  = netip.MustParsePrefix("10.244.1.0/24")
+	peerPod   = netip.MustParsePrefix("10.244.2.0/24")
+	localPod6 = netip.MustParsePrefix("fd00:10:244:1::/64")
+	peerPod6  = netip.MustParsePrefix("fd00:10:244:2::/64")
+	nhSrcMAC  = [6]byte{0x02, 0, 0, 0, 0, 0x01}
+	nhDstMAC  = [6]byte{0x02, 0, 0, 0, 0, 0x02}
+)
+
+// skbCtx is struct __sk_buff as BPF_PROG_RUN takes it: the fields the test sets, the rest
+// zero (192 bytes in all).
+type skbCtx struct {
+	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto, Priority uint32
+	IngressIfindex, Ifindex                                                              uint32
+	_                                                                                    [37]uint32
+}
+
+// frame builds an Ethernet frame (to the all-zero MAC: loopback's, so the test run sees it as
+// PACKET_HOST) with a UDP datagram from src:1000 to dst:2000.
+func frame(src, dst netip.Addr, ttl uint8) []byte {
+	payload := make([]byte, 8+18) // UDP header + data
+	binary.BigEndian.PutUint16(payload[0:], 1000)
+	binary.BigEndian.PutUint16(payload[2:], 2000)
+	binary.BigEndian.PutUint16(payload[4:], uint16(len(payload)))
+	f := make([]byte, 14, 14+40+len(payload))
+	if src.Is4() {
+		binary.BigEndian.PutUint16(f[12:], 0x0800)
+		ip := make([]byte, 20)
+		ip[0], ip[8], ip[9] = 0x45, ttl, 17
+		binary.BigEndian.PutUint16(ip[2:], uint16(20+len(payload)))
+		copy(ip[12:], src.AsSlice())
+		copy(ip[16:], dst.AsSlice())
+		binary.BigEndian.PutUint16(ip[10:], ipChecksum(ip))
+		f = append(f, ip...)
+	} else {
+		binary.BigEndian.PutUint16(f[12:], 0x86dd)
+		ip := make([]byte, 40)
+		ip[0], ip[6], ip[7] = 0x60, 17, ttl
+		binary.BigEndian.PutUint16(ip[4:], uint16(len(payload)))
+		copy(ip[8:], src.AsSlice())
+		copy(ip[24:], dst.AsSlice())
+		f = append(f, ip...)
+	}
+	return append(f, payload...)
+}
+
+func ipChecksum(h []byte) uint16 {
+	var sum uint32
+	for i := 0; i < len(h); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(h[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum>>16 + sum&0xffff
+	}
+	return ^uint16(sum)
+}
+
+// progEnv is a program set loaded for test runs, its maps filled as for a node whose gateway
+// is loopback.
+type progEnv struct {
+	t   *testing.T
+	set *progSet
+}
+
+func newProgEnv(t *testing.T) *progEnv {
+	testbed.RequireRoot(t)
+	set, err := loadSet(haveConntrackKfuncs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(set.Close)
+	p := &progEnv{t, set}
+	p.must(set.putIface(lo, fastpathIface{Role: uint32(RoleGateway), Mtu: 1500}))
+	for _, pr := range []netip.Prefix{localPod, localPod6} {
+		p.must(set.putAddr(pr, fastpathAddr{Flags: addrLocalPod}))
+	}
+	for _, pr := range []netip.Prefix{peerPod, peerPod6} {
+		p.must(set.putAddr(pr, fastpathAddr{Flags: addrPeerPod}))
+	}
+	p.settings(0b11)
+	return p
+}
+
+func (p *progEnv) must(err error) {
+	p.t.Helper()
+	if err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+func (p *progEnv) settings(classes uint32) {
+	p.must(p.set.setSettings(fastpathSettings{Classes: classes, NatCheck: natCheckTowardPods | natCheckFromPods, Flags: settingsNexthopCache, Generation: 7}))
+}
+
+// route fills the next-hop cache for dst as the program does on a FIB answer.
+func (p *progEnv) route(dst netip.Addr, flags uint32) {
+	k := fastpathNexthopKey{Ingress: lo}
+	copy(k.Addr[:], dst.AsSlice())
+	p.must(p.set.maps.Nexthops.Put(k, fastpathNexthop{Expires: math.MaxUint64, Generation: 7, Ifindex: lo, Flags: flags, Mtu: 1500, Smac: nhSrcMAC, Dmac: nhDstMAC}))
+}
+
+func (p *progEnv) run(f []byte) (uint32, []byte) {
+	p.t.Helper()
+	out := make([]byte, len(f)+64)
+	ctx := skbCtx{IngressIfindex: lo, Ifindex: lo}
+	ret, err := p.set.prog.Run(&ebpf.RunOptions{Data: f, DataOut: out, Context: ctx})
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return ret, out[:len(f)]
+}
+
+func (p *progEnv) counters() []Counter {
+	p.t.Helper()
+	n, err := p.set.counters()
+	p.must(err)
+	return n
+}
+
+func stat(name string) int {
+	for i, s := range stats {
+		if s.name == name {
+			return len(Supported)*2 + i
+		}
+	}
+	panic(name)
+}
+
+func TestProgramDecisions(t *testing.T) {
+	p := newProgEnv(t)
+	pod, remote := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.2.2")
+	pod6, remote6 := netip.MustParseAddr("fd00:10:244:1::2"), netip.MustParseAddr("fd00:10:244:2::2")
+	p.route(remote, 0)
+	p.route(remote6, flagPeer)
+
+	t.Run("RedirectIPv4", func(t *testing.T) {
+		before := p.counters()
+		ret, out := p.run(frame(pod, remote, 64))
+		if ret != actRedirect {
+			t.Fatalf("return %d, want TC_ACT_REDIRECT", int32(ret))
+		}
+		if [6]byte(out[0:6]) != nhDstMAC || [6]byte(out[6:12]) != nhSrcMAC {
+			t.Errorf("MACs %x -> %x, want the next hop's %x -> %x", out[6:12], out[0:6], nhSrcMAC, nhDstMAC)
+		}
+		if out[14+8] != 63 || ipChecksum(out[14:34]) != 0 {
+			t.Errorf("TTL %d, header checksum %s; want 63 and valid", out[14+8], map[bool]string{true: "valid", false: "invalid"}[ipChecksum(out[14:34]) == 0])
+		}
+		after := p.counters()
+		if after[0].Packets != before[0].Packets+1 || after[stat(ViaPeer)] != before[stat(ViaPeer)] {
+			t.Errorf("pod-to-pod ipv4 %d -> %d, peer %d -> %d; want +1 and unchanged", before[0].Packets, after[0].Packets, before[stat(ViaPeer)].Packets, after[stat(ViaPeer)].Packets)
+		}
+	})
+	t.Run("RedirectPeerIPv6", func(t *testing.T) {
+		before := p.counters()
+		ret, out := p.run(frame(pod6, remote6, 64))
+		if ret != actRedirect || out[14+7] != 63 {
+			t.Fatalf("return %d, hop limit %d; want TC_ACT_REDIRECT and 63", int32(ret), out[14+7])
+		}
+		if after := p.counters(); after[1].Packets != before[1].Packets+1 || after[stat(ViaPeer)].Packets != before[stat(ViaPeer)].Packets+1 {
+			t.Errorf("pod-to-pod ipv6 +%d, peer +%d; want +1 and +1", after[1].Packets-before[1].Packets, after[stat(ViaPeer)].Packets-before[stat(ViaPeer)].Packets)
+		}
+	})
+
+	pass := func(name string, f []byte, counter string) {
+		t.Run(name, func(t *testing.T) {
+			before := p.counters()
+			ret, out := p.run(f)
+			if ret != actUnspec {
+				t.Errorf("return %d, want TC_ACT_UNSPEC", int32(ret))
+			}
+			if string(out) != string(f) {
+				t.Errorf("a packet handed on was changed")
+			}
+			after := p.counters()
+			for i := range after {
+				want := before[i].Packets
+				if counter != "" && i == stat(counter) {
+					want++
+				}
+				if after[i].Packets != want {
+					t.Errorf("counter %d: %d -> %d, want %d", i, before[i].Packets, after[i].Packets, want)
+				}
+			}
+		})
+	}
+	arp := frame(pod, remote, 64)
+	binary.BigEndian.PutUint16(arp[12:], 0x0806)
+	pass("NotIP", arp, "")
+	pass("TTL1", frame(pod, remote, 1), PassTTL)
+	pass("NotAPeer", frame(pod, netip.MustParseAddr("192.0.2.1"), 64), "")
+	pass("FromAPeerOnTheGateway", frame(remote, pod, 64), "")
+	icmp := frame(pod, remote, 64)
+	icmp[14+9] = 1
+	pass("ICMP", icmp, "")
+
+	p.must(p.set.putAddr(netip.MustParsePrefix("10.244.2.2/32"), fastpathAddr{Flags: addrPeerPod | addrExclude}))
+	pass("Excluded", frame(pod, remote, 64), PassExcluded)
+	p.must(p.set.deleteAddr(netip.MustParsePrefix("10.244.2.2/32")))
+
+	p.settings(0b10) // pod-to-pod off
+	pass("ClassOff", frame(pod, remote, 64), "")
+	p.settings(0b11)
+
+	p.must(p.set.deleteIface(lo))
+	pass("NotOurDevice", frame(pod, remote, 64), "")
+	p.must(p.set.putIface(lo, fastpathIface{Role: uint32(RoleGateway), Mtu: 1500}))
+
+	// A Pod's packet to an address of no class (a ClusterIP) goes to the stack, and its client
+	// end is remembered: the NAT check will ask conntrack about the replies.
+	t.Run("Handed", func(t *testing.T) {
+		vip := netip.MustParseAddr("10.96.0.10")
+		if ret, _ := p.run(frame(pod, vip, 64)); ret != actUnspec {
+			t.Fatalf("to a ClusterIP: return %d, want TC_ACT_UNSPEC", int32(ret))
+		}
+		e := fastpathEndpoint{Port: htons(1000), Proto: 17}
+		copy(e.Addr[:], pod.AsSlice())
+		var v uint32
+		if err := p.set.maps.Handed.Lookup(e, &v); err != nil {
+			t.Errorf("client end %s:1000 not remembered: %v", pod, err)
+		}
+	})
+}
