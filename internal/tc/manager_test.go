@@ -917,7 +917,10 @@ func TestExclude(t *testing.T) {
 func TestModeSwitch(t *testing.T) {
 	needMode(t, ModeTCX)
 	e := newEnv(t, ModeClsBPF)
-	e.do(func() error { _, err := ensureClsact(testbed.LinkT(t, e.topo.Node, e.topo.GatewayName).Index); return err }) // not ours
+	e.do(func() error {
+		_, err := ensureClsact(testbed.LinkT(t, e.topo.Node, e.topo.GatewayName).Index)
+		return err
+	}) // not ours
 	e.forwarding(false)
 	e.apply()
 	if got := attachedTo(e.status()); !slices.Equal(got, []string{"eth0/cls_bpf", "gw/cls_bpf"}) {

@@ -35,8 +35,8 @@ var (
 // zero (192 bytes in all).
 type skbCtx struct {
 	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto, Priority uint32
-	IngressIfindex, Ifindex                                                              uint32
-	_                                                                                    [37]uint32
+	IngressIfindex, Ifindex                                                               uint32
+	_                                                                                     [37]uint32
 }
 
 // frame builds an Ethernet frame (to the all-zero MAC: loopback's, so the test run sees it as
