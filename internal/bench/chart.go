@@ -108,15 +108,20 @@ func (rep *Report) Chart() ([]byte, error) {
 		}
 		if d := r.PktgenCell(VariantDirect); d != nil && d.Stats.N > 0 {
 			p := panel{title: fmt.Sprintf("pktgen %dB: pps vs direct link", r.PktgenSize), line: 1, line2: rep.Target, ylabel: "x direct"}
-			g := group{label: "through one node"}
-			for _, c := range r.PktgenCells {
-				if c.Stats.N == 0 {
-					continue
+			for _, dir := range PktgenDirs {
+				g := group{label: map[string]string{DirOut: "Pod -> remote", DirIn: "remote -> Pod"}[dir]}
+				d := r.PktgenCellIn(VariantDirect, dir)
+				for _, c := range r.PktgenCells {
+					if c.Direction != dir || c.Stats.N == 0 || d == nil || d.Stats.N == 0 {
+						continue
+					}
+					m := d.Stats.Median
+					g.bars = append(g.bars, bar{label: c.Variant, value: c.Stats.Median / m, lo: c.Stats.Min / m, hi: c.Stats.Max / m, color: colors[c.Variant]})
 				}
-				m := d.Stats.Median
-				g.bars = append(g.bars, bar{label: c.Variant, value: c.Stats.Median / m, lo: c.Stats.Min / m, hi: c.Stats.Max / m, color: colors[c.Variant]})
+				if len(g.bars) > 0 {
+					p.groups = append(p.groups, g)
+				}
 			}
-			p.groups = append(p.groups, g)
 			row = append(row, p)
 		}
 		if len(row) > 0 {

@@ -105,14 +105,18 @@ func (rep *Report) summaryLines() []string {
 		if len(r.PktgenCells) == 0 {
 			continue
 		}
-		var parts []string
-		for _, c := range r.PktgenCells {
-			if c.Variant == VariantDirect || c.VsDirect < 0 {
-				continue
+		for _, dir := range PktgenDirs {
+			var parts []string
+			for _, c := range r.PktgenCells {
+				if c.Direction != dir || c.Variant == VariantDirect || c.VsDirect < 0 {
+					continue
+				}
+				parts = append(parts, fmt.Sprintf("%s %.2f", title(r, c.Variant), c.VsDirect))
 			}
-			parts = append(parts, fmt.Sprintf("%s %.2f", title(r, c.Variant), c.VsDirect))
+			if len(parts) > 0 {
+				out = append(out, fmt.Sprintf("Per packet (%s), %s, share of the direct link's packets/s: %s. Target for hostaccel: %.2f.", r.Label, DirTitle(dir), strings.Join(parts, ", "), rep.Target))
+			}
 		}
-		out = append(out, fmt.Sprintf("Per packet (%s), share of the direct link's packets/s: %s. Target for hostaccel: %.2f.", r.Label, strings.Join(parts, ", "), rep.Target))
 	}
 	for _, r := range rep.Runs {
 		var skipped []string
@@ -143,17 +147,39 @@ func (rep *Report) pktgenSection(b *strings.Builder, r *Run) {
 	w := func(format string, a ...any) { fmt.Fprintf(b, format+"\n", a...) }
 	w("## Per-packet forwarding cost: pktgen, %s", r.Label)
 	w("")
-	w("%d-byte UDP packets of one flow from pktgen in a generator Pod, through one node (its gateway in, its transport out) to a sink that counts and drops them at its ingress; the direct link sends over one veth instead. Packets/s at the sink, in the kernel's clock; %d rounds per variant, interleaved; a round where packets sent != packets received is discarded. The flow is made ESTABLISHED (one packet back on the reverse tuple) and warmed up before each round, so that UDP is offloaded where a ruleset offloads it.", r.PktgenSize, r.Reps)
+	w("%d-byte UDP packets of one flow from pktgen, through one node to a receiver that counts and drops them at its ingress, in both directions: from a generator Pod behind the node's gateway to a sink beyond its transport, and back from that side to the Pod; the direct link sends over one veth instead, the same ways. Packets/s at the receiver, in the kernel's clock; %d rounds per variant and direction, interleaved; a round where packets sent != packets received is discarded. The flow is made ESTABLISHED (one packet back on the reverse tuple) and warmed up before each round, so that UDP is offloaded where a ruleset offloads it.", r.PktgenSize, r.Reps)
 	w("")
-	w("| Variant | packets/s at the sink | vs direct link | vs Default | slow-path packets per round | rounds kept (discarded) |")
+	for _, dir := range PktgenDirs {
+		if slices.IndexFunc(r.PktgenCells, func(c PktgenCell) bool { return c.Direction == dir }) >= 0 {
+			rep.pktgenTable(w, r, dir)
+		}
+	}
+}
+
+// pktgenTable is the per-packet table of one direction, with its verdicts.
+func (rep *Report) pktgenTable(w func(string, ...any), r *Run, dir string) {
+	w("### %s", DirTitle(dir))
+	w("")
+	w("| Variant | packets/s at the receiver | vs direct link | vs Default | slow-path packets per round | rounds kept (discarded) |")
 	w("| --- | --- | --- | --- | --- | --- |")
+	var cells []PktgenCell
 	best := -1.0
 	for _, c := range r.PktgenCells {
+		if c.Direction != dir {
+			continue
+		}
+		cells = append(cells, c)
 		if c.Variant != VariantDirect && c.Stats.N > 0 {
 			best = math.Max(best, c.Stats.Median)
 		}
 	}
-	for _, c := range r.PktgenCells {
+	ratio := func(x float64) string {
+		if x < 0 {
+			return ""
+		}
+		return fmt.Sprintf("%.2f", x)
+	}
+	for _, c := range cells {
 		val := "no round kept"
 		if c.Stats.N > 0 {
 			val = fmt.Sprintf("%.0f ±%.2f%%", c.Stats.Median, 100*c.Stats.Spread)
@@ -161,15 +187,9 @@ func (rep *Report) pktgenSection(b *strings.Builder, r *Run) {
 				val = fmt.Sprintf("**%.0f** ±%.2f%%", c.Stats.Median, 100*c.Stats.Spread)
 			}
 		}
-		ratio := func(x float64) string {
-			if x < 0 {
-				return ""
-			}
-			return fmt.Sprintf("%.2f", x)
-		}
 		var slow []float64
 		for _, s := range r.Pktgen {
-			if s.Variant == c.Variant && s.Kept {
+			if s.Variant == c.Variant && s.Direction == dir && s.Kept {
 				slow = append(slow, float64(s.SlowPathPackets))
 			}
 		}
@@ -181,7 +201,7 @@ func (rep *Report) pktgenSection(b *strings.Builder, r *Run) {
 	}
 	w("")
 	var verdicts []string
-	for _, c := range r.PktgenCells {
+	for _, c := range cells {
 		if !strings.HasPrefix(c.Variant, "hostaccel") || c.VsDirect < 0 {
 			continue
 		}

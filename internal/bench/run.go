@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"slices"
@@ -69,9 +70,27 @@ type Cell struct {
 	SlowShare float64 `json:"slowPathShare"`
 }
 
+// Per-packet directions through the node.
+const (
+	DirOut = ""   // local Pod -> node (gateway in, transport out) -> remote
+	DirIn  = "in" // remote -> node (transport in, gateway out) -> local Pod
+)
+
+// PktgenDirs are the directions measured, in report order.
+var PktgenDirs = []string{DirOut, DirIn}
+
+// DirTitle names a direction.
+func DirTitle(dir string) string {
+	if dir == DirIn {
+		return "remote -> node -> local Pod (transport in, gateway out)"
+	}
+	return "local Pod -> node -> remote (gateway in, transport out)"
+}
+
 // PktgenSample is one pktgen round.
 type PktgenSample struct {
-	Variant  string  `json:"variant"`
+	Variant   string `json:"variant"`
+	Direction string `json:"direction,omitempty"` // DirOut or DirIn`
 	Rep      int     `json:"rep"`
 	Sent     uint64  `json:"sent"`
 	Received uint64  `json:"received"`
@@ -83,9 +102,10 @@ type PktgenSample struct {
 	Reason          string `json:"reason,omitempty"` // why it was discarded
 }
 
-// PktgenCell summarises the kept rounds of one variant.
+// PktgenCell summarises the kept rounds of one variant in one direction.
 type PktgenCell struct {
 	Variant   string  `json:"variant"`
+	Direction string  `json:"direction,omitempty"`
 	Stats     Stats   `json:"stats"` // packets/s at the sink
 	Discarded int     `json:"discarded"`
 	VsDirect  float64 `json:"vsDirect"`  // median / direct's median
@@ -518,27 +538,37 @@ func (r *Run) pktgen(ctx context.Context, o Options, variants []Variant, caps pr
 		r.DefaultRuleset = DefaultRuleset(nodes[0].NodeSpec, o.Rules)
 	}
 	r.recordRulesets(variants, nodes[0])
-	for _, role := range []string{RoleSink, RoleDirectSink} {
-		if _, err := b.NS(role).Output(ctx, SinkRuleset("eth0", pktgenPort), "nft", "-f", "-"); err != nil {
+	// Each direction's receiver counts and drops its flow's port at its ingress.
+	for role, port := range map[string]uint16{RoleSink: pktgenPort, RoleDirectSink: pktgenPort, RoleGen: pktgenPortIn, RoleDirectGen: pktgenPortIn} {
+		if _, err := b.NS(role).Output(ctx, SinkRuleset("eth0", port), "nft", "-f", "-"); err != nil {
 			return err
 		}
 	}
-	gwMAC, err := linkMAC(b.NS(RolePktNode), GatewayName)
-	if err != nil {
-		return err
+	mac := func(role, dev string) net.HardwareAddr {
+		if err == nil {
+			var m net.HardwareAddr
+			m, err = linkMAC(b.NS(role), dev)
+			return m
+		}
+		return nil
 	}
-	dMAC, err := linkMAC(b.NS(RoleDirectSink), "eth0")
+	gwMAC, trMAC, dMAC, dgMAC := mac(RolePktNode, GatewayName), mac(RolePktNode, TransportName), mac(RoleDirectSink, "eth0"), mac(RoleDirectGen, "eth0")
 	if err != nil {
 		return err
 	}
 	thread := max(r.Pin.CPU, 0)
-	flows := map[bool]struct {
-		gen, sink string
-		pg        Pktgen
-		cfg       PktgenConfig
-	}{
-		false: {RoleGen, RoleSink, Pktgen{NS: b.NS(RoleGen), Dev: "eth0", Thread: thread}, PktgenConfig{Size: o.PktgenSize, Src: GenIP, Dst: SinkIP, DstMAC: gwMAC, Port: pktgenPort}},
-		true:  {RoleDirectGen, RoleDirectSink, Pktgen{NS: b.NS(RoleDirectGen), Dev: "eth0", Thread: thread}, PktgenConfig{Size: o.PktgenSize, Src: DirectClient, Dst: DirectServer, DstMAC: dMAC, Port: pktgenPort}},
+	type flowKey struct {
+		direct bool
+		dir    string
+	}
+	flow := func(gen, sink string, src, dst netip.Addr, dstMAC net.HardwareAddr, port uint16) pktgenFlow {
+		return pktgenFlow{gen, sink, Pktgen{NS: b.NS(gen), Dev: "eth0", Thread: thread}, PktgenConfig{Size: o.PktgenSize, Src: src, Dst: dst, DstMAC: dstMAC, Port: port}}
+	}
+	flows := map[flowKey]pktgenFlow{
+		{false, DirOut}: flow(RoleGen, RoleSink, GenIP, SinkIP, gwMAC, pktgenPort),
+		{true, DirOut}:  flow(RoleDirectGen, RoleDirectSink, DirectClient, DirectServer, dMAC, pktgenPort),
+		{false, DirIn}:  flow(RoleSink, RoleGen, SinkIP, GenIP, trMAC, pktgenPortIn),
+		{true, DirIn}:   flow(RoleDirectSink, RoleDirectGen, DirectServer, DirectClient, dgMAC, pktgenPortIn),
 	}
 	defer func() {
 		for _, f := range flows {
@@ -551,15 +581,23 @@ func (r *Run) pktgen(ctx context.Context, o Options, variants []Variant, caps pr
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			f := flows[v.Direct]
 			label := fmt.Sprintf("%s pktgen %s rep %d/%d", r.Env, v.Name, rep, o.Reps)
 			prog.Status(label)
 			if err := setupAll(ctx, v, nodes); err != nil {
 				return errors.Join(err, teardownAll(v, nodes))
 			}
-			s, err := r.pktgenRound(ctx, b, nodes, v, f.gen, f.sink, f.pg, f.cfg, o.PktgenDuration, counts)
-			for i := range s {
-				s[i].Rep = rep
+			var samples []PktgenSample
+			for _, dir := range PktgenDirs {
+				f := flows[flowKey{v.Direct, dir}]
+				var s []PktgenSample
+				s, err = r.pktgenRound(ctx, b, nodes, v, f, o.PktgenDuration, counts)
+				for i := range s {
+					s[i].Rep, s[i].Direction = rep, dir
+				}
+				samples = append(samples, s...)
+				if err != nil {
+					break
+				}
 			}
 			if terr := teardownAll(v, nodes); terr != nil {
 				err = errors.Join(err, terr)
@@ -567,19 +605,23 @@ func (r *Run) pktgen(ctx context.Context, o Options, variants []Variant, caps pr
 			if err != nil {
 				return fmt.Errorf("%s: %w", label, err)
 			}
-			r.Pktgen = append(r.Pktgen, s...)
-			last := s[len(s)-1]
-			if last.Kept {
-				prog.Done(fmt.Sprintf("%s: %.0f pps", label, last.PPS))
-			} else {
-				prog.Done(fmt.Sprintf("%s: no round kept (%s)", label, last.Reason))
+			r.Pktgen = append(r.Pktgen, samples...)
+			var done []string
+			for _, s := range samples {
+				if s.Kept {
+					done = append(done, fmt.Sprintf("%.0f pps %s", s.PPS, map[string]string{DirOut: "out", DirIn: "in"}[s.Direction]))
+				}
 			}
+			prog.Done(fmt.Sprintf("%s: %s", label, strings.Join(done, ", ")))
 		}
 	}
 	return nil
 }
 
-const pktgenPort = 9
+const (
+	pktgenPort   = 9  // DirOut's flow
+	pktgenPortIn = 10 // DirIn's flow
+)
 
 func linkMAC(n *testbed.NS, dev string) (net.HardwareAddr, error) {
 	l, err := n.Link(dev)
@@ -592,7 +634,15 @@ func linkMAC(n *testbed.NS, dev string) (net.HardwareAddr, error) {
 // pktgenRound establishes the flow, warms it up (so that Kindnet's threshold is passed and
 // the flow offloaded), sizes the round to last about d, and measures; a round whose sink did
 // not receive every packet sent is discarded and tried again (up to three times).
-func (r *Run) pktgenRound(ctx context.Context, b *Bed, nodes []*Node, v Variant, gen, sink string, pg Pktgen, cfg PktgenConfig, d time.Duration, counts map[string]uint64) ([]PktgenSample, error) {
+// pktgenFlow is one generator -> receiver flow of the pktgen bed.
+type pktgenFlow struct {
+	gen, sink string
+	pg        Pktgen
+	cfg       PktgenConfig
+}
+
+func (r *Run) pktgenRound(ctx context.Context, b *Bed, nodes []*Node, v Variant, f pktgenFlow, d time.Duration, counts map[string]uint64) ([]PktgenSample, error) {
+	gen, sink, pg, cfg := f.gen, f.sink, f.pg, f.cfg
 	if err := flushConntrack(ctx, nodes); err != nil {
 		return nil, err
 	}
@@ -609,7 +659,8 @@ func (r *Run) pktgenRound(ctx context.Context, b *Bed, nodes []*Node, v Variant,
 	}
 	// The count follows from the first warm-up of each variant, so that every round of a
 	// variant sends the same number of packets.
-	n := counts[v.Name]
+	key := v.Name + "/" + cfg.Src.String()
+	n := counts[key]
 	if n == 0 {
 		pps := warm.PPS
 		if pps <= 0 && warm.USec > 0 {
@@ -617,7 +668,7 @@ func (r *Run) pktgenRound(ctx context.Context, b *Bed, nodes []*Node, v Variant,
 		}
 		n = uint64(max(pps*d.Seconds(), 1000))
 		n = (n + 999) / 1000 * 1000
-		counts[v.Name] = n
+		counts[key] = n
 	}
 	if err := pg.SetCount(n); err != nil {
 		return nil, err

@@ -128,9 +128,11 @@ func TestSmoke(t *testing.T) {
 	}
 	if o.Pktgen {
 		for _, name := range variants {
-			c := r.PktgenCell(name)
-			if c == nil || c.Stats.N == 0 || c.Stats.Median <= 0 {
-				t.Errorf("pktgen %s: no kept round: %+v", name, c)
+			for _, dir := range PktgenDirs {
+				c := r.PktgenCellIn(name, dir)
+				if c == nil || c.Stats.N == 0 || c.Stats.Median <= 0 {
+					t.Errorf("pktgen %s, %s: no kept round: %+v", name, DirTitle(dir), c)
+				}
 			}
 		}
 		if d, def := r.PktgenCell(VariantDirect), r.PktgenCell(VariantDefault); d != nil && def != nil && d.Stats.Median <= def.Stats.Median {

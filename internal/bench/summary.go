@@ -40,27 +40,29 @@ func (r *Run) summarize() {
 		}
 	}
 	r.PktgenCells = nil
-	for _, vi := range r.Variants {
-		var vals []float64
-		discarded, n := 0, 0
-		for _, s := range r.Pktgen {
-			if s.Variant != vi.Name {
-				continue
+	for _, dir := range PktgenDirs {
+		for _, vi := range r.Variants {
+			var vals []float64
+			discarded, n := 0, 0
+			for _, s := range r.Pktgen {
+				if s.Variant != vi.Name || s.Direction != dir {
+					continue
+				}
+				n++
+				if s.Kept {
+					vals = append(vals, s.PPS)
+				} else {
+					discarded++
+				}
 			}
-			n++
-			if s.Kept {
-				vals = append(vals, s.PPS)
-			} else {
-				discarded++
+			if n > 0 {
+				r.PktgenCells = append(r.PktgenCells, PktgenCell{Variant: vi.Name, Direction: dir, Stats: Summarize(vals), Discarded: discarded})
 			}
-		}
-		if n > 0 {
-			r.PktgenCells = append(r.PktgenCells, PktgenCell{Variant: vi.Name, Stats: Summarize(vals), Discarded: discarded})
 		}
 	}
-	direct, def := r.PktgenCell(VariantDirect), r.PktgenCell(VariantDefault)
 	for i := range r.PktgenCells {
 		c := &r.PktgenCells[i]
+		direct, def := r.PktgenCellIn(VariantDirect, c.Direction), r.PktgenCellIn(VariantDefault, c.Direction)
 		c.VsDirect, c.VsDefault = -1, -1
 		if direct != nil && direct.Stats.N > 0 && c.Stats.N > 0 {
 			c.VsDirect = c.Stats.Median / direct.Stats.Median
@@ -82,10 +84,13 @@ func (r *Run) Cell(variant string, t Traffic, test string) *Cell {
 	return nil
 }
 
-// PktgenCell returns the pktgen cell of a variant (nil if absent).
-func (r *Run) PktgenCell(variant string) *PktgenCell {
+// PktgenCell returns the pktgen cell of a variant in the DirOut direction (nil if absent).
+func (r *Run) PktgenCell(variant string) *PktgenCell { return r.PktgenCellIn(variant, DirOut) }
+
+// PktgenCellIn returns the pktgen cell of a variant in a direction (nil if absent).
+func (r *Run) PktgenCellIn(variant, dir string) *PktgenCell {
 	for i := range r.PktgenCells {
-		if r.PktgenCells[i].Variant == variant {
+		if r.PktgenCells[i].Variant == variant && r.PktgenCells[i].Direction == dir {
 			return &r.PktgenCells[i]
 		}
 	}
