@@ -89,13 +89,13 @@ func DirTitle(dir string) string {
 
 // PktgenSample is one pktgen round.
 type PktgenSample struct {
-	Variant   string `json:"variant"`
-	Direction string `json:"direction,omitempty"` // DirOut or DirIn`
-	Rep      int     `json:"rep"`
-	Sent     uint64  `json:"sent"`
-	Received uint64  `json:"received"`
-	USec     uint64  `json:"usec"`
-	PPS      float64 `json:"pps"` // received per second of the generator's run
+	Variant   string  `json:"variant"`
+	Direction string  `json:"direction,omitempty"` // DirOut or DirIn`
+	Rep       int     `json:"rep"`
+	Sent      uint64  `json:"sent"`
+	Received  uint64  `json:"received"`
+	USec      uint64  `json:"usec"`
+	PPS       float64 `json:"pps"` // received per second of the generator's run
 	// SlowPathPackets went through the node's forward hook during the round.
 	SlowPathPackets uint64 `json:"slowPathPackets"`
 	Kept            bool   `json:"kept"`
