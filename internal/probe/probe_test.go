@@ -102,7 +102,7 @@ func ruleset(t *testing.T) []byte {
 }
 
 var allFeatures = []string{NFTables, Flowtable, FlowtableCounter, NetdevFwd, Conntrack,
-	ClsBPF, ClsFlower, TCX, RedirectNeigh, RedirectPeer, SockMap}
+	ClsBPF, ClsFlower, TCX, RedirectNeigh, RedirectPeer, ConntrackKfuncs, SockMap}
 
 // checkShape checks that r has every feature once, in order, and a reason for each missing one.
 func checkShape(t *testing.T, r Result) {
@@ -170,6 +170,7 @@ func TestRunHost(t *testing.T) {
 			want[ClsFlower] = false
 			want[TCX] = true
 			want[RedirectPeer] = true
+			want[ConntrackKfuncs] = true // nf_conntrack built in, with BTF
 		}
 	}
 	for name, avail := range want {
