@@ -199,8 +199,9 @@ struct endpoint {
  * way from the Pods' side (a local Pod to a ClusterIP; a peer to a NodePort or the node): only
  * those connections can have been NAT-ed by the stack, so conntrack is asked only about packets
  * to such an end, their replies. Pure pod-to-pod flows never enter it and cost one lookup that
- * misses instead of a conntrack lookup. Every packet handed on refreshes its entry; an entry is
- * forgotten only when more than max_entries client ends are newer (LRU). */
+ * misses instead of a conntrack lookup. A TCP connection is entered by its SYN, UDP by every
+ * datagram; every reply's lookup keeps the entry fresh, so an entry is forgotten only when more
+ * than max_entries client ends were used more recently (LRU). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 131072);
@@ -436,7 +437,23 @@ struct flow {
 	struct endpoint src, dst;
 	__u8 v6;
 	__u8 hops;
+	__u8 opens; /* a connection's first packet: UDP (no way to tell), or a TCP SYN */
 };
+
+#define TCP_FLAGS_OFF 13 /* in the TCP header */
+#define TCP_SYN 0x02
+#define TCP_ACK 0x10
+
+/* opens reports whether a packet may start a connection: any UDP datagram, a TCP SYN without
+ * ACK. l4 points at the ports; end bounds the packet. */
+static __always_inline __u8 opens(__u8 proto, __u8 *l4, void *end)
+{
+	if (proto != IPPROTO_TCP)
+		return 1;
+	if ((void *)(l4 + TCP_FLAGS_OFF + 1) > end)
+		return 1; /* cannot tell: remember it */
+	return (l4[TCP_FLAGS_OFF] & (TCP_SYN | TCP_ACK)) == TCP_SYN;
+}
 
 /* natted_flow asks conntrack about f (natted), with the tuple of its family. */
 static __always_inline bool natted_flow(struct __sk_buff *skb, struct flow *f)
@@ -482,8 +499,9 @@ static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struc
 	if (class < 0) {
 		/* To an address of no class (a ClusterIP, the node): the stack may NAT it, and its
 		 * replies come back on a device of the other role. Where the agent knows the
-		 * addresses the stack NATs for, only packets to those are remembered. */
-		if (check_nat(cfg, in->role == ROLE_GATEWAY ? ROLE_TRANSPORT : ROLE_GATEWAY) &&
+		 * addresses the stack NATs for, only packets to those are remembered; of a TCP
+		 * connection only the SYN (every reply's lookup keeps the entry fresh). */
+		if (f->opens && check_nat(cfg, in->role == ROLE_GATEWAY ? ROLE_TRANSPORT : ROLE_GATEWAY) &&
 		    (!(cfg->flags & SETTINGS_NAT_TARGETS) || (d && (d->flags & ADDR_NAT_TARGET))))
 			remember(&f->src);
 		return -1;
@@ -578,6 +596,7 @@ static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, str
 	f.dst.port = ports[1];
 	f.src.proto = f.dst.proto = ip->protocol;
 	f.hops = ip->ttl;
+	f.opens = opens(ip->protocol, (void *)ports, end);
 	if ((class = decide(skb, in, cfg, &f, &egress)) < 0)
 		return PASS;
 
@@ -613,6 +632,7 @@ static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, str
 	f.dst.port = ports[1];
 	f.src.proto = f.dst.proto = ip6->nexthdr;
 	f.hops = ip6->hop_limit;
+	f.opens = opens(ip6->nexthdr, (void *)ports, end);
 	if ((class = decide(skb, in, cfg, &f, &egress)) < 0)
 		return PASS;
 
