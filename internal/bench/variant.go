@@ -125,7 +125,7 @@ func init() {
 	})
 	Register(tcVariant)
 	Register(Variant{
-		Name: VariantAuto, Title: "hostaccel auto",
+		Name: VariantAuto, Title: "hostaccel auto", Default: true,
 		Setup: func(ctx context.Context, n *Node) error {
 			_, err := applyPlan(ctx, n, flowtableState(n, model.DatapathAuto))
 			return err
