@@ -277,6 +277,7 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 	a.state.Devices = o.State.Devices()
 	a.state.Datapath = cfg.Datapath
 	a.state.Plan = o.Plan.Summary()
+	a.state.PlanNotes = o.Plan.Notes
 	a.state.LastResult = o.Result
 	a.mu.Unlock()
 	if o.Result.Changed() {

@@ -99,3 +99,26 @@ func TestNoFlowtableIsAnErrorNotANoop(t *testing.T) {
 		t.Errorf("state: %+v", st)
 	}
 }
+
+// auto on a kernel that runs tc but has no conntrack kfuncs keeps pod-to-pod on the flowtable:
+// a choice, said in the state, not a degradation.
+func TestAutoWithoutNATCheckIsHealthy(t *testing.T) {
+	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}, {Name: "eth1", Up: true}}
+	a, path := newTestAgent(t, true, &links)
+	if err := os.WriteFile(path, []byte(cfgText+"datapath: auto\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a.opts.Probe = func(context.Context) probe.Result {
+		r := caps(true)(context.Background())
+		r.Features = append(r.Features, probe.Feature{Name: probe.TCX, Available: true}, probe.Feature{Name: probe.RedirectNeigh, Available: true},
+			probe.Feature{Name: probe.ConntrackKfuncs, Detail: "test kernel"})
+		return r
+	}
+	if err := a.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	st := a.State()
+	if !st.Healthy || st.Plan != "flowtable: [pod-to-pod]" || len(st.PlanNotes) != 1 || !strings.Contains(st.PlanNotes[0], "bpf_skb_ct_lookup") {
+		t.Errorf("state: healthy %v, plan %q, notes %q; want healthy, the flowtable, one note naming bpf_skb_ct_lookup", st.Healthy, st.Plan, st.PlanNotes)
+	}
+}

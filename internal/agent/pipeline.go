@@ -38,10 +38,9 @@ type Outcome struct {
 }
 
 // Degraded lists why the node does less than the config asks, besides the errors: the
-// interfaces left out and why auto set a datapath aside.
-func (o Outcome) Degraded() []string {
-	return append(append([]string{}, o.Warnings...), o.Plan.Notes...)
-}
+// interfaces left out. (Why auto set a datapath aside is a choice, not a degradation:
+// Plan.Notes.)
+func (o Outcome) Degraded() []string { return append([]string{}, o.Warnings...) }
 
 // Apply is the one pipeline that `hostaccel apply` and every agent sync go through: the load
 // balancer first (its tables must exist before the connections it balances are offloaded, so

@@ -31,7 +31,8 @@ type State struct {
 	SyncErrors int             `json:"syncErrors"`
 	LastSync   time.Time       `json:"lastSync"`
 	LastError  string          `json:"lastError,omitempty"`
-	Plan       string          `json:"plan"` // which datapath serves which classes
+	Plan       string          `json:"plan"`                // which datapath serves which classes
+	PlanNotes  []string        `json:"planNotes,omitempty"` // why auto set a faster datapath aside
 	LastResult datapath.Result `json:"lastResult"`
 	// Source is the config source's report (Kubernetes mode: connectivity and what it derived).
 	Source json.RawMessage `json:"source,omitempty"`

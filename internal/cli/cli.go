@@ -344,6 +344,9 @@ func writeStatus(out io.Writer, st agent.Status) {
 		for _, d := range a.Degraded {
 			fmt.Fprintf(out, "  degraded: %s\n", d)
 		}
+		for _, n := range a.PlanNotes {
+			fmt.Fprintf(out, "  note: %s\n", n)
+		}
 		if a.LastError != "" {
 			fmt.Fprintf(out, "  last error: %s\n", a.LastError)
 		}
