@@ -28,6 +28,9 @@ const (
 // shortTraffic labels the groups (the full names do not fit under the bars).
 var shortTraffic = map[Traffic]string{PodToPod: "pod-pod", PodToService: "pod-svc", ExternalToNodePort: "ext-nodeport", DirectLink: "no hop"}
 
+// shortDirection labels the pktgen groups.
+var shortDirection = map[Direction]string{PodToRemote: "pod -> remote", RemoteToPod: "remote -> pod"}
+
 var palette = []color.RGBA{
 	{0x4c, 0x4c, 0x4c, 0xff}, // default: grey
 	{0x1f, 0x77, 0xb4, 0xff},
@@ -106,17 +109,23 @@ func (rep *Report) Chart() ([]byte, error) {
 				row = append(row, p)
 			}
 		}
-		if d := r.PktgenCell(VariantDirect); d != nil && d.Stats.N > 0 {
-			p := panel{title: fmt.Sprintf("pktgen %dB: pps vs direct link", r.PktgenSize), line: 1, line2: rep.Target, ylabel: "x direct"}
-			g := group{label: "through one node"}
+		p := panel{title: fmt.Sprintf("pktgen %dB: pps vs direct link", r.PktgenSize), line: 1, line2: rep.Target, ylabel: "x direct"}
+		for _, dir := range r.PktgenDirections() {
+			d := r.PktgenCell(VariantDirect, dir)
+			if d == nil || d.Stats.N == 0 {
+				continue
+			}
+			g := group{label: shortDirection[dir]}
 			for _, c := range r.PktgenCells {
-				if c.Stats.N == 0 {
+				if c.Stats.N == 0 || c.Direction.norm() != dir {
 					continue
 				}
 				m := d.Stats.Median
 				g.bars = append(g.bars, bar{label: c.Variant, value: c.Stats.Median / m, lo: c.Stats.Min / m, hi: c.Stats.Max / m, color: colors[c.Variant]})
 			}
 			p.groups = append(p.groups, g)
+		}
+		if len(p.groups) > 0 {
 			row = append(row, p)
 		}
 		if len(row) > 0 {

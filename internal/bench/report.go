@@ -105,14 +105,18 @@ func (rep *Report) summaryLines() []string {
 		if len(r.PktgenCells) == 0 {
 			continue
 		}
-		var parts []string
-		for _, c := range r.PktgenCells {
-			if c.Variant == VariantDirect || c.VsDirect < 0 {
-				continue
+		var dirs []string
+		for _, d := range r.PktgenDirections() {
+			var parts []string
+			for _, c := range r.PktgenCells {
+				if c.Direction.norm() != d || c.Variant == VariantDirect || c.VsDirect < 0 {
+					continue
+				}
+				parts = append(parts, fmt.Sprintf("%s %.2f", title(r, c.Variant), c.VsDirect))
 			}
-			parts = append(parts, fmt.Sprintf("%s %.2f", title(r, c.Variant), c.VsDirect))
+			dirs = append(dirs, d.Title()+": "+strings.Join(parts, ", "))
 		}
-		out = append(out, fmt.Sprintf("Per packet (%s), share of the direct link's packets/s: %s. Target for hostaccel: %.2f.", r.Label, strings.Join(parts, ", "), rep.Target))
+		out = append(out, fmt.Sprintf("Per packet (%s), share of the direct link's packets/s: %s. Target for hostaccel: %.2f.", r.Label, strings.Join(dirs, "; "), rep.Target))
 	}
 	for _, r := range rep.Runs {
 		var skipped []string
@@ -141,48 +145,107 @@ func joinTitles(vs []VariantInfo) string {
 
 func (rep *Report) pktgenSection(b *strings.Builder, r *Run) {
 	w := func(format string, a ...any) { fmt.Fprintf(b, format+"\n", a...) }
+	dirs := r.PktgenDirections()
 	w("## Per-packet forwarding cost: pktgen, %s", r.Label)
 	w("")
-	w("%d-byte UDP packets of one flow from pktgen in a generator Pod, through one node (its gateway in, its transport out) to a sink that counts and drops them at its ingress; the direct link sends over one veth instead. Packets/s at the sink, in the kernel's clock; %d rounds per variant, interleaved; a round where packets sent != packets received is discarded. The flow is made ESTABLISHED (one packet back on the reverse tuple) and warmed up before each round, so that UDP is offloaded where a ruleset offloads it.", r.PktgenSize, r.Reps)
+	w("%d-byte UDP packets of one flow from pktgen, through one node to a receiver that counts and drops them at its ingress: %s. The direct link sends over one veth instead, in the same direction. Packets/s at the receiver, in the kernel's clock; %d rounds per variant and direction, interleaved; a round where packets sent != packets received is discarded. The flow is made ESTABLISHED (one packet back on the reverse tuple) and warmed up before each round, so that UDP is offloaded where a ruleset offloads it.", r.PktgenSize, directionsText(dirs), r.Reps)
 	w("")
-	w("| Variant | packets/s at the sink | vs direct link | vs Default | slow-path packets per round | rounds kept (discarded) |")
-	w("| --- | --- | --- | --- | --- | --- |")
-	best := -1.0
+	head, sep := "| Variant |", "| --- |"
+	for _, d := range dirs {
+		head += fmt.Sprintf(" %s: packets/s | vs direct link | vs Default |", d.Title())
+		sep += " --- | --- | --- |"
+	}
+	w("%s slow-path packets per round | rounds kept (discarded) |", head)
+	w("%s --- | --- |", sep)
+	best := map[Direction]float64{}
 	for _, c := range r.PktgenCells {
 		if c.Variant != VariantDirect && c.Stats.N > 0 {
-			best = math.Max(best, c.Stats.Median)
+			best[c.Direction.norm()] = math.Max(best[c.Direction.norm()], c.Stats.Median)
 		}
 	}
-	for _, c := range r.PktgenCells {
-		val := "no round kept"
-		if c.Stats.N > 0 {
-			val = fmt.Sprintf("%.0f ±%.2f%%", c.Stats.Median, 100*c.Stats.Spread)
-			if c.Variant != VariantDirect && c.Stats.Median == best {
-				val = fmt.Sprintf("**%.0f** ±%.2f%%", c.Stats.Median, 100*c.Stats.Spread)
+	ratio := func(x float64) string {
+		if x < 0 {
+			return ""
+		}
+		return fmt.Sprintf("%.2f", x)
+	}
+	for _, vi := range r.Variants {
+		row := fmt.Sprintf("| %s |", vi.Title)
+		var slows, kept []string
+		measured := false
+		for _, d := range dirs {
+			c := r.PktgenCell(vi.Name, d)
+			if c == nil {
+				row += " | | |"
+				slows, kept = append(slows, "-"), append(kept, "-")
+				continue
 			}
-		}
-		ratio := func(x float64) string {
-			if x < 0 {
-				return ""
+			measured = true
+			val := "no round kept"
+			if why := r.pktgenReason(vi.Name, d); c.Stats.N == 0 && why != "" {
+				val += ": " + tableText(why)
 			}
-			return fmt.Sprintf("%.2f", x)
-		}
-		var slow []float64
-		for _, s := range r.Pktgen {
-			if s.Variant == c.Variant && s.Kept {
-				slow = append(slow, float64(s.SlowPathPackets))
+			if c.Stats.N > 0 {
+				m := fmt.Sprintf("%.0f", c.Stats.Median)
+				if c.Variant != VariantDirect && c.Stats.Median == best[d] {
+					m = "**" + m + "**"
+				}
+				val = fmt.Sprintf("%s ±%.2f%%", m, 100*c.Stats.Spread)
 			}
+			row += fmt.Sprintf(" %s | %s | %s |", val, ratio(c.VsDirect), ratio(c.VsDefault))
+			var slow []float64
+			for _, s := range r.Pktgen {
+				if s.Variant == c.Variant && s.Direction.norm() == d && s.Kept {
+					slow = append(slow, float64(s.SlowPathPackets))
+				}
+			}
+			slows = append(slows, fmt.Sprintf("%.0f", Summarize(slow).Median))
+			kept = append(kept, fmt.Sprintf("%d (%d)", c.Stats.N, c.Discarded))
 		}
-		slowText := "n/a (no node)"
-		if c.Variant != VariantDirect {
-			slowText = fmt.Sprintf("%.0f", Summarize(slow).Median)
+		if !measured {
+			continue
 		}
-		w("| %s | %s | %s | %s | %s | %d (%d) |", title(r, c.Variant), val, ratio(c.VsDirect), ratio(c.VsDefault), slowText, c.Stats.N, c.Discarded)
+		slowText := strings.Join(slows, " / ")
+		if vi.Name == VariantDirect {
+			slowText = "n/a (no node)"
+		}
+		w("%s %s | %s |", row, slowText, strings.Join(kept, " / "))
 	}
 	w("")
+	if len(dirs) > 1 {
+		w("Slow-path packets and rounds: %s.", directionsText(dirs))
+		w("")
+	}
+	for _, d := range dirs {
+		if v := rep.pktgenVerdicts(r, d); v != "" {
+			if len(dirs) > 1 {
+				v = d.Title() + ": " + v
+			}
+			w("%s", v)
+			w("")
+		}
+	}
+}
+
+func directionsText(dirs []Direction) string {
+	var s []string
+	for _, d := range dirs {
+		switch d {
+		case PodToRemote:
+			s = append(s, "Pod -> remote (a local Pod sends; the node's gateway in, its transport out, to a sink standing for the remote node and its Pod)")
+		case RemoteToPod:
+			s = append(s, "remote -> Pod (the remote node's Pod sends; the node's transport in, its gateway out, to the local Pod)")
+		}
+	}
+	return strings.Join(s, "; ")
+}
+
+// pktgenVerdicts says, for one direction, how each hostaccel datapath stands against the
+// target and how tc stands against the flowtable and Antrea's ruleset (issue 10's goals).
+func (rep *Report) pktgenVerdicts(r *Run, d Direction) string {
 	var verdicts []string
 	for _, c := range r.PktgenCells {
-		if !strings.HasPrefix(c.Variant, "hostaccel") || c.VsDirect < 0 {
+		if c.Direction.norm() != d || !strings.HasPrefix(c.Variant, "hostaccel") || c.VsDirect < 0 {
 			continue
 		}
 		v := "meets"
@@ -191,10 +254,41 @@ func (rep *Report) pktgenSection(b *strings.Builder, r *Run) {
 		}
 		verdicts = append(verdicts, fmt.Sprintf("%s reaches %.2f of the direct link: it %s the target of %.2f", title(r, c.Variant), c.VsDirect, v, rep.Target))
 	}
-	if len(verdicts) > 0 {
-		w("%s.", strings.Join(verdicts, "; "))
-		w("")
+	if tc := r.PktgenCell(VariantTC, d); tc != nil && tc.Stats.N > 0 {
+		var cmp []string
+		for _, other := range []string{VariantFlowtable, VariantAntrea} {
+			o := r.PktgenCell(other, d)
+			if o == nil || o.Stats.N == 0 {
+				continue
+			}
+			side := "above"
+			if tc.Stats.Median <= o.Stats.Median {
+				side = "not above"
+			}
+			cmp = append(cmp, fmt.Sprintf("%s %s (%.2f)", side, title(r, other), o.VsDirect))
+		}
+		if len(cmp) > 0 {
+			verdicts = append(verdicts, fmt.Sprintf("%s is %s", title(r, VariantTC), strings.Join(cmp, " and ")))
+		}
 	}
+	if len(verdicts) == 0 {
+		return ""
+	}
+	return strings.Join(verdicts, "; ") + "."
+}
+
+// tableText makes an error message fit a Markdown table cell: its first line, no pipes,
+// at most 160 characters.
+func tableText(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	s = strings.ReplaceAll(s, "|", "/")
+	if r := []rune(s); len(r) > 160 {
+		s = string(r[:157]) + "..."
+	}
+	return s
 }
 
 // netperfSection is the seed 000 table: rows variant × traffic type, columns the tests.

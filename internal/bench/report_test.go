@@ -68,11 +68,11 @@ func TestSummarizeRun(t *testing.T) {
 	if c := r.Cell(VariantDirect, DirectLink, TCPRR); c == nil || c.SlowShare != -1 {
 		t.Errorf("direct cell: %+v", c)
 	}
-	p := r.PktgenCell(VariantFlowtable)
+	p := r.PktgenCell(VariantFlowtable, PodToRemote)
 	if p.Stats.N != 3 || p.Discarded != 1 || p.VsDirect != 180000.0/257000 || p.VsDefault != 9 {
 		t.Errorf("pktgen cell: %+v", p)
 	}
-	if r.PktgenCell(VariantKindnet) != nil || r.Cell(VariantKindnet, PodToPod, TCPRR) != nil {
+	if r.PktgenCell(VariantKindnet, PodToRemote) != nil || r.Cell(VariantKindnet, PodToPod, TCPRR) != nil {
 		t.Error("cells for a skipped variant")
 	}
 }

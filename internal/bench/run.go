@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"slices"
@@ -71,12 +72,14 @@ type Cell struct {
 
 // PktgenSample is one pktgen round.
 type PktgenSample struct {
-	Variant  string  `json:"variant"`
-	Rep      int     `json:"rep"`
-	Sent     uint64  `json:"sent"`
-	Received uint64  `json:"received"`
-	USec     uint64  `json:"usec"`
-	PPS      float64 `json:"pps"` // received per second of the generator's run
+	Variant string `json:"variant"`
+	// Direction is the way the flow crossed the node (empty in older reports: Pod -> remote).
+	Direction Direction `json:"direction,omitempty"`
+	Rep       int       `json:"rep"`
+	Sent      uint64    `json:"sent"`
+	Received  uint64    `json:"received"`
+	USec      uint64    `json:"usec"`
+	PPS       float64   `json:"pps"` // received per second of the generator's run
 	// SlowPathPackets went through the node's forward hook during the round.
 	SlowPathPackets uint64 `json:"slowPathPackets"`
 	Kept            bool   `json:"kept"`
@@ -85,11 +88,12 @@ type PktgenSample struct {
 
 // PktgenCell summarises the kept rounds of one variant.
 type PktgenCell struct {
-	Variant   string  `json:"variant"`
-	Stats     Stats   `json:"stats"` // packets/s at the sink
-	Discarded int     `json:"discarded"`
-	VsDirect  float64 `json:"vsDirect"`  // median / direct's median
-	VsDefault float64 `json:"vsDefault"` // median / default's median
+	Variant   string    `json:"variant"`
+	Direction Direction `json:"direction,omitempty"`
+	Stats     Stats     `json:"stats"` // packets/s at the sink
+	Discarded int       `json:"discarded"`
+	VsDirect  float64   `json:"vsDirect"`  // median / direct's median
+	VsDefault float64   `json:"vsDefault"` // median / default's median
 }
 
 // VariantInfo says what became of a requested variant in one environment.
@@ -188,7 +192,7 @@ func RunHere(ctx context.Context, o Options, env string, prog *Progress) (*Run, 
 		}
 	}
 	if o.Pktgen && pktgenErr == nil {
-		total += len(variants) * o.Reps
+		total += len(variants) * o.Reps * len(o.PktgenDirections)
 	}
 	prog.Add(total)
 
@@ -500,8 +504,9 @@ func (r *Run) recordRulesets(variants []Variant, n *Node) {
 	}
 }
 
-// pktgen measures the per-packet cost: 64-byte UDP from a generator Pod through one node to
-// a sink that counts and drops at its ingress; the direct variant sends over one veth.
+// pktgen measures the per-packet cost: 64-byte UDP through one node, from a local Pod to a
+// remote sink and from the remote to the local Pod (o.PktgenDirections), the receiver
+// counting and dropping at its ingress; the direct variant sends over one veth.
 func (r *Run) pktgen(ctx context.Context, o Options, variants []Variant, caps probe.Result, prog *Progress) (err error) {
 	prog.Status("building the pktgen bed")
 	b, err := Build(ctx, PktgenPlan(o.Services))
@@ -517,68 +522,121 @@ func (r *Run) pktgen(ctx context.Context, o Options, variants []Variant, caps pr
 		r.DefaultRuleset = DefaultRuleset(nodes[0].NodeSpec, o.Rules)
 	}
 	r.recordRulesets(variants, nodes[0])
-	for _, role := range []string{RoleSink, RoleDirectSink} {
-		if _, err := run(ctx, b.NS(role), SinkRuleset("eth0", pktgenPort), "nft", "-f", "-"); err != nil {
-			return err
-		}
-	}
-	gwMAC, err := linkMAC(b.NS(RolePktNode), GatewayName)
-	if err != nil {
-		return err
-	}
-	dMAC, err := linkMAC(b.NS(RoleDirectSink), "eth0")
-	if err != nil {
-		return err
-	}
 	thread := max(r.Pin.CPU, 0)
-	flows := map[bool]struct {
-		gen, sink string
-		pg        Pktgen
-		cfg       PktgenConfig
-	}{
-		false: {RoleGen, RoleSink, Pktgen{NS: b.NS(RoleGen), Dev: "eth0", Thread: thread}, PktgenConfig{Size: o.PktgenSize, Src: GenIP, Dst: SinkIP, DstMAC: gwMAC, Port: pktgenPort}},
-		true:  {RoleDirectGen, RoleDirectSink, Pktgen{NS: b.NS(RoleDirectGen), Dev: "eth0", Thread: thread}, PktgenConfig{Size: o.PktgenSize, Src: DirectClient, Dst: DirectServer, DstMAC: dMAC, Port: pktgenPort}},
-	}
+	flows := map[Direction]map[bool]pktFlow{}
 	defer func() {
-		for _, f := range flows {
-			_ = f.pg.Remove()
+		for _, fs := range flows {
+			for _, f := range fs {
+				_ = f.pg.Remove()
+			}
 		}
 	}()
+	for _, d := range o.PktgenDirections {
+		fs, err := pktgenFlows(ctx, b, d, thread, o.PktgenSize)
+		if err != nil {
+			return err
+		}
+		flows[d] = fs
+	}
 	counts := map[string]uint64{}
 	for rep := 1; rep <= o.Reps; rep++ {
 		for _, v := range rotate(variants, rep-1) {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			f := flows[v.Direct]
-			label := fmt.Sprintf("%s pktgen %s rep %d/%d", r.Env, v.Name, rep, o.Reps)
-			prog.Status(label)
+			prog.Status(fmt.Sprintf("%s pktgen %s rep %d/%d", r.Env, v.Name, rep, o.Reps))
 			if err := setupAll(ctx, v, nodes); err != nil {
 				return errors.Join(err, teardownAll(v, nodes))
 			}
-			s, err := r.pktgenRound(ctx, b, nodes, v, f.gen, f.sink, f.pg, f.cfg, o.PktgenDuration, counts)
-			for i := range s {
-				s[i].Rep = rep
-			}
+			// Both directions under one setup, their order rotated too.
+			err := r.pktgenDirections(ctx, b, nodes, v, flows, rotate(o.PktgenDirections, rep-1), rep, o, counts, prog)
 			if terr := teardownAll(v, nodes); terr != nil {
 				err = errors.Join(err, terr)
 			}
 			if err != nil {
-				return fmt.Errorf("%s: %w", label, err)
-			}
-			r.Pktgen = append(r.Pktgen, s...)
-			last := s[len(s)-1]
-			if last.Kept {
-				prog.Done(fmt.Sprintf("%s: %.0f pps", label, last.PPS))
-			} else {
-				prog.Done(fmt.Sprintf("%s: no round kept (%s)", label, last.Reason))
+				return err
 			}
 		}
 	}
 	return nil
 }
 
-const pktgenPort = 9
+// pktgenDirections measures one repetition of variant v in each direction. A round that
+// fails (the variant breaks the flow: it cannot be established, or pktgen fails) is recorded
+// with its reason, like a discarded one, and the run goes on.
+func (r *Run) pktgenDirections(ctx context.Context, b *Bed, nodes []*Node, v Variant, flows map[Direction]map[bool]pktFlow, dirs []Direction, rep int, o Options, counts map[string]uint64, prog *Progress) error {
+	for _, d := range dirs {
+		label := fmt.Sprintf("%s pktgen %s %s rep %d/%d", r.Env, v.Name, d, rep, o.Reps)
+		prog.Status(label)
+		s, err := r.pktgenRound(ctx, b, nodes, v, flows[d][v.Direct], o.PktgenDuration, counts)
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("%s: %w", label, err)
+			}
+			s = append(s, PktgenSample{Variant: v.Name, Direction: d, Reason: "failed: " + firstLines(err.Error(), 1)})
+		}
+		for i := range s {
+			s[i].Rep = rep
+		}
+		r.Pktgen = append(r.Pktgen, s...)
+		last := s[len(s)-1]
+		if last.Kept {
+			prog.Done(fmt.Sprintf("%s: %.0f pps", label, last.PPS))
+		} else {
+			prog.Done(fmt.Sprintf("%s: no round kept (%s)", label, last.Reason))
+		}
+	}
+	return nil
+}
+
+// pktgen ports, one per direction: each receiver drops only the flow it sinks, so the
+// packet back that makes the other direction's flow ESTABLISHED passes.
+const (
+	pktgenPort        = 9
+	pktgenPortReverse = 10
+)
+
+// pktFlow is one per-packet flow: pktgen in gen sends cfg's packets to sink, which counts
+// and drops them at its ingress.
+type pktFlow struct {
+	dir       Direction
+	gen, sink string
+	pg        Pktgen
+	cfg       PktgenConfig
+}
+
+// pktgenFlows prepares one direction's flows, through the node (false) and over the direct
+// link (true), and puts the sink's counting rule on their receivers. Pod -> remote: the
+// generator Pod sends to the remote Pod behind the sink, through the node's gateway;
+// remote -> Pod: the sink's namespace sends as the remote Pod to the generator Pod, through
+// the node's transport. The direct link is one veth either way, sent over in that direction.
+func pktgenFlows(ctx context.Context, b *Bed, dir Direction, thread, size int) (map[bool]pktFlow, error) {
+	gen, sink, src, dst, in, port := RoleGen, RoleSink, GenIP, SinkIP, GatewayName, uint16(pktgenPort)
+	dgen, dsink, dsrc, ddst := RoleDirectGen, RoleDirectSink, DirectClient, DirectServer
+	if dir == RemoteToPod {
+		gen, sink, src, dst, in, port = RoleSink, RoleGen, SinkIP, GenIP, TransportName, pktgenPortReverse
+		dgen, dsink, dsrc, ddst = RoleDirectSink, RoleDirectGen, DirectServer, DirectClient
+	}
+	mac, err := linkMAC(b.NS(RolePktNode), in)
+	if err != nil {
+		return nil, err
+	}
+	dmac, err := linkMAC(b.NS(dsink), "eth0")
+	if err != nil {
+		return nil, err
+	}
+	for _, role := range []string{sink, dsink} {
+		if _, err := run(ctx, b.NS(role), SinkRuleset("eth0", port), "nft", "-f", "-"); err != nil {
+			return nil, err
+		}
+	}
+	flow := func(gen, sink string, src, dst netip.Addr, mac net.HardwareAddr) pktFlow {
+		return pktFlow{dir: dir, gen: gen, sink: sink,
+			pg:  Pktgen{NS: b.NS(gen), Dev: "eth0", Thread: thread},
+			cfg: PktgenConfig{Size: size, Src: src, Dst: dst, DstMAC: mac, Port: port}}
+	}
+	return map[bool]pktFlow{false: flow(gen, sink, src, dst, mac), true: flow(dgen, dsink, dsrc, ddst, dmac)}, nil
+}
 
 func linkMAC(n *testbed.NS, dev string) (net.HardwareAddr, error) {
 	h, err := n.Handle()
@@ -595,7 +653,8 @@ func linkMAC(n *testbed.NS, dev string) (net.HardwareAddr, error) {
 // pktgenRound establishes the flow, warms it up (so that Kindnet's threshold is passed and
 // the flow offloaded), sizes the round to last about d, and measures; a round whose sink did
 // not receive every packet sent is discarded and tried again (up to three times).
-func (r *Run) pktgenRound(ctx context.Context, b *Bed, nodes []*Node, v Variant, gen, sink string, pg Pktgen, cfg PktgenConfig, d time.Duration, counts map[string]uint64) ([]PktgenSample, error) {
+func (r *Run) pktgenRound(ctx context.Context, b *Bed, nodes []*Node, v Variant, f pktFlow, d time.Duration, counts map[string]uint64) ([]PktgenSample, error) {
+	gen, sink, pg, cfg := f.gen, f.sink, f.pg, f.cfg
 	if err := flushConntrack(ctx, nodes); err != nil {
 		return nil, err
 	}
@@ -612,7 +671,8 @@ func (r *Run) pktgenRound(ctx context.Context, b *Bed, nodes []*Node, v Variant,
 	}
 	// The count follows from the first warm-up of each variant, so that every round of a
 	// variant sends the same number of packets.
-	n := counts[v.Name]
+	key := v.Name + "/" + string(f.dir)
+	n := counts[key]
 	if n == 0 {
 		pps := warm.PPS
 		if pps <= 0 && warm.USec > 0 {
@@ -620,14 +680,14 @@ func (r *Run) pktgenRound(ctx context.Context, b *Bed, nodes []*Node, v Variant,
 		}
 		n = uint64(max(pps*d.Seconds(), 1000))
 		n = (n + 999) / 1000 * 1000
-		counts[v.Name] = n
+		counts[key] = n
 	}
 	if err := pg.SetCount(n); err != nil {
 		return nil, err
 	}
 	var out []PktgenSample
 	for attempt := 0; attempt < 3; attempt++ {
-		s := PktgenSample{Variant: v.Name}
+		s := PktgenSample{Variant: v.Name, Direction: f.dir}
 		before, err := ChainPackets(b.NS(sink), nftables.TableFamilyNetdev, "sink", "in")
 		if err != nil {
 			return out, err

@@ -127,18 +127,20 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	if o.Pktgen {
-		for _, name := range variants {
-			c := r.PktgenCell(name)
-			if c == nil || c.Stats.N == 0 || c.Stats.Median <= 0 {
-				t.Errorf("pktgen %s: no kept round: %+v", name, c)
+		for _, dir := range Directions {
+			for _, name := range variants {
+				c := r.PktgenCell(name, dir)
+				if c == nil || c.Stats.N == 0 || c.Stats.Median <= 0 {
+					t.Errorf("pktgen %s %s: no kept round: %+v (%s)", name, dir, c, r.pktgenReason(name, dir))
+				}
 			}
-		}
-		if d, def := r.PktgenCell(VariantDirect), r.PktgenCell(VariantDefault); d != nil && def != nil && d.Stats.Median <= def.Stats.Median {
-			t.Errorf("pktgen: direct link %.0f pps not above the default path's %.0f", d.Stats.Median, def.Stats.Median)
+			if d, def := r.PktgenCell(VariantDirect, dir), r.PktgenCell(VariantDefault, dir); d != nil && def != nil && d.Stats.Median <= def.Stats.Median {
+				t.Errorf("pktgen %s: direct link %.0f pps not above the default path's %.0f", dir, d.Stats.Median, def.Stats.Median)
+			}
 		}
 		for _, s := range r.Pktgen {
 			if s.Kept && s.Variant == VariantDefault && s.SlowPathPackets < s.Received {
-				t.Errorf("pktgen default: %d of %d packets through the forward hook", s.SlowPathPackets, s.Received)
+				t.Errorf("pktgen default %s: %d of %d packets through the forward hook", s.Direction, s.SlowPathPackets, s.Received)
 			}
 		}
 	} else {

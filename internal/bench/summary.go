@@ -40,27 +40,29 @@ func (r *Run) summarize() {
 		}
 	}
 	r.PktgenCells = nil
-	for _, vi := range r.Variants {
-		var vals []float64
-		discarded, n := 0, 0
-		for _, s := range r.Pktgen {
-			if s.Variant != vi.Name {
-				continue
+	for _, d := range Directions {
+		for _, vi := range r.Variants {
+			var vals []float64
+			discarded, n := 0, 0
+			for _, s := range r.Pktgen {
+				if s.Variant != vi.Name || s.Direction.norm() != d {
+					continue
+				}
+				n++
+				if s.Kept {
+					vals = append(vals, s.PPS)
+				} else {
+					discarded++
+				}
 			}
-			n++
-			if s.Kept {
-				vals = append(vals, s.PPS)
-			} else {
-				discarded++
+			if n > 0 {
+				r.PktgenCells = append(r.PktgenCells, PktgenCell{Variant: vi.Name, Direction: d, Stats: Summarize(vals), Discarded: discarded})
 			}
-		}
-		if n > 0 {
-			r.PktgenCells = append(r.PktgenCells, PktgenCell{Variant: vi.Name, Stats: Summarize(vals), Discarded: discarded})
 		}
 	}
-	direct, def := r.PktgenCell(VariantDirect), r.PktgenCell(VariantDefault)
 	for i := range r.PktgenCells {
 		c := &r.PktgenCells[i]
+		direct, def := r.PktgenCell(VariantDirect, c.Direction), r.PktgenCell(VariantDefault, c.Direction)
 		c.VsDirect, c.VsDefault = -1, -1
 		if direct != nil && direct.Stats.N > 0 && c.Stats.N > 0 {
 			c.VsDirect = c.Stats.Median / direct.Stats.Median
@@ -69,6 +71,28 @@ func (r *Run) summarize() {
 			c.VsDefault = c.Stats.Median / def.Stats.Median
 		}
 	}
+}
+
+// PktgenDirections lists the directions the run has per-packet cells for, in report order.
+func (r *Run) PktgenDirections() []Direction {
+	var out []Direction
+	for _, d := range Directions {
+		if slices.ContainsFunc(r.PktgenCells, func(c PktgenCell) bool { return c.Direction.norm() == d }) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// pktgenReason is why a variant kept no round in a direction: the last round's reason.
+func (r *Run) pktgenReason(variant string, d Direction) string {
+	reason := ""
+	for _, s := range r.Pktgen {
+		if s.Variant == variant && s.Direction.norm() == d.norm() && !s.Kept {
+			reason = s.Reason
+		}
+	}
+	return reason
 }
 
 // Cell returns the cell of a variant, traffic and test (nil if absent).
@@ -82,10 +106,10 @@ func (r *Run) Cell(variant string, t Traffic, test string) *Cell {
 	return nil
 }
 
-// PktgenCell returns the pktgen cell of a variant (nil if absent).
-func (r *Run) PktgenCell(variant string) *PktgenCell {
+// PktgenCell returns the pktgen cell of a variant in one direction (nil if absent).
+func (r *Run) PktgenCell(variant string, d Direction) *PktgenCell {
 	for i := range r.PktgenCells {
-		if r.PktgenCells[i].Variant == variant {
+		if c := r.PktgenCells[i]; c.Variant == variant && c.Direction.norm() == d.norm() {
 			return &r.PktgenCells[i]
 		}
 	}
