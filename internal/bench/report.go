@@ -199,7 +199,11 @@ func (rep *Report) pktgenSection(b *strings.Builder, r *Run) {
 					slow = append(slow, float64(s.SlowPathPackets))
 				}
 			}
-			slows = append(slows, fmt.Sprintf("%.0f", Summarize(slow).Median))
+			if len(slow) == 0 {
+				slows = append(slows, "-")
+			} else {
+				slows = append(slows, fmt.Sprintf("%.0f", Summarize(slow).Median))
+			}
 			kept = append(kept, fmt.Sprintf("%d (%d)", c.Stats.N, c.Discarded))
 		}
 		if !measured {
@@ -366,7 +370,7 @@ func cellText(c, def *Cell, pct bool, best float64) string {
 		return ""
 	}
 	if c.Stats.N == 0 {
-		return fmt.Sprintf("error (all %d runs failed)", c.Errors)
+		return fmt.Sprintf("error (all %d runs failed: %s)", c.Errors, c.errorText())
 	}
 	v := fmtValue(c.Stats.Median)
 	if best > 0 && c.Stats.Median == best {
@@ -377,9 +381,17 @@ func cellText(c, def *Cell, pct bool, best float64) string {
 	}
 	v += fmt.Sprintf(" ±%.1f%%", 100*c.Stats.Spread)
 	if c.Errors > 0 {
-		v += fmt.Sprintf(" [%d failed]", c.Errors)
+		v += fmt.Sprintf(" [%d failed: %s]", c.Errors, c.errorText())
 	}
 	return v
+}
+
+// errorText is why the cell's runs failed, for its table cell.
+func (c *Cell) errorText() string {
+	if c.FirstError == "" {
+		return "no reason recorded"
+	}
+	return c.FirstError
 }
 
 // pathSection shows the counters: the share of the nodes' packets that took the normal
@@ -491,6 +503,19 @@ func rulesetSection(b *strings.Builder, runs []*Run) {
 	w("## Variants and what they install (first node)")
 	w("")
 	seen := map[string]bool{}
+	// A variant that installs something else per kernel (auto chooses by what it has) is
+	// shown once per kernel.
+	texts := map[string]map[string]bool{}
+	for _, r := range runs {
+		for _, v := range r.Variants {
+			if v.Ruleset != "" {
+				if texts[v.Name] == nil {
+					texts[v.Name] = map[string]bool{}
+				}
+				texts[v.Name][v.Ruleset] = true
+			}
+		}
+	}
 	for _, r := range runs {
 		if r.DefaultRuleset != "" && !seen["default"] {
 			seen["default"] = true
@@ -503,7 +528,7 @@ func rulesetSection(b *strings.Builder, runs []*Run) {
 			w("")
 		}
 		for _, v := range r.Variants {
-			if seen[v.Name] {
+			if seen[v.Name+"\x00"+v.Ruleset] || (v.Ruleset == "" && seen[v.Name]) {
 				continue
 			}
 			if v.Ruleset == "" && v.Ran {
@@ -515,8 +540,12 @@ func rulesetSection(b *strings.Builder, runs []*Run) {
 			if v.Ruleset == "" {
 				continue
 			}
-			seen[v.Name] = true
-			w("<details><summary>%s: %s</summary>", v.Title, v.Note)
+			name := v.Title
+			if len(texts[v.Name]) > 1 {
+				name += " (" + r.Env + ")"
+			}
+			seen[v.Name], seen[v.Name+"\x00"+v.Ruleset] = true, true
+			w("<details><summary>%s: %s</summary>", name, v.Note)
 			w("")
 			w("```")
 			w("%s", strings.TrimRight(v.Ruleset, "\n"))

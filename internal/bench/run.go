@@ -66,6 +66,8 @@ type Cell struct {
 	Unit    string  `json:"unit"`
 	Stats   Stats   `json:"stats"`
 	Errors  int     `json:"errors"`
+	// FirstError is the first line of the first failed run's error: why the cell failed.
+	FirstError string `json:"firstError,omitempty"`
 	// SlowShare is the median share of packets that took the nodes' normal path.
 	SlowShare float64 `json:"slowPathShare"`
 }

@@ -15,13 +15,16 @@ func (r *Run) summarize() {
 		for _, t := range append(slices.Clone(Traffics), DirectLink) {
 			for _, test := range Tests {
 				var vals, shares []float64
-				errs, n := 0, 0
+				errs, n, first := 0, 0, ""
 				for _, s := range r.Samples {
 					if s.Variant != vi.Name || s.Traffic != t || s.Test != test {
 						continue
 					}
 					n++
 					if s.Error != "" {
+						if errs == 0 {
+							first = tableText(s.Error)
+						}
 						errs++
 						continue
 					}
@@ -31,7 +34,7 @@ func (r *Run) summarize() {
 				if n == 0 {
 					continue
 				}
-				c := Cell{Variant: vi.Name, Traffic: t, Test: test, Unit: Unit(test), Stats: Summarize(vals), Errors: errs, SlowShare: Summarize(shares).Median}
+				c := Cell{Variant: vi.Name, Traffic: t, Test: test, Unit: Unit(test), Stats: Summarize(vals), Errors: errs, FirstError: first, SlowShare: Summarize(shares).Median}
 				if Summarize(shares).N == 0 {
 					c.SlowShare = -1
 				}
