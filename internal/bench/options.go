@@ -291,3 +291,16 @@ func (p Pinning) prefix() []string {
 	}
 	return []string{"taskset", "-c", strconv.Itoa(p.CPU)}
 }
+
+// CommandLine writes a command line as a shell takes it back: empty arguments and those
+// with spaces, quotes or `$` single-quoted (`--tests ”`).
+func CommandLine(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if a == "" || strings.ContainsAny(a, " \t'\"$\\") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		out[i] = a
+	}
+	return strings.Join(out, " ")
+}

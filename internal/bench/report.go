@@ -217,7 +217,11 @@ func (rep *Report) pktgenSection(b *strings.Builder, r *Run) {
 	}
 	w("")
 	if len(dirs) > 1 {
-		w("Slow-path packets and rounds: %s.", directionsText(dirs))
+		var t []string
+		for _, d := range dirs {
+			t = append(t, d.Title())
+		}
+		w("Slow-path packets per round and rounds kept (discarded): %s.", strings.Join(t, " / "))
 		w("")
 	}
 	for _, d := range dirs {

@@ -5,6 +5,14 @@ import (
 	"slices"
 )
 
+// Summarize computes every run's cells again from its samples (a report read back from JSON
+// written by an older version gets the current summaries).
+func (rep *Report) Summarize() {
+	for _, r := range rep.Runs {
+		r.summarize()
+	}
+}
+
 // summarize computes the cells from the samples, in report order.
 func (r *Run) summarize() {
 	r.Cells = nil

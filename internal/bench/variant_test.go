@@ -114,3 +114,10 @@ func TestOptionsDirectionsAndVMOnly(t *testing.T) {
 		t.Errorf("timeout: one direction %s, both %s: want more time for both", vmTimeout(one, 3), vmTimeout(both, 3))
 	}
 }
+
+func TestCommandLine(t *testing.T) {
+	got := CommandLine([]string{"hostaccel", "bench", "--tests", "", "--out", "/tmp/a b", "--x", "it's"})
+	if want := `hostaccel bench --tests '' --out '/tmp/a b' --x 'it'\''s'`; got != want {
+		t.Errorf("got %s, want %s", got, want)
+	}
+}

@@ -59,7 +59,7 @@ failure or Ctrl-C.`,
 			if vmOnly {
 				o.VM = bench.VMOnly
 			}
-			o.Command = "hostaccel " + strings.Join(os.Args[1:], " ")
+			o.Command = bench.CommandLine(append([]string{"hostaccel"}, os.Args[1:]...))
 			if err := o.Validate(); err != nil {
 				return err
 			}
@@ -173,6 +173,7 @@ func rerender(path, out string) error {
 	if err := json.Unmarshal(data, &rep); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
+	rep.Summarize()
 	paths, err := rep.Write(out)
 	for _, p := range paths {
 		fmt.Fprintln(os.Stderr, "wrote", p)
