@@ -137,11 +137,18 @@ func (rep *Report) Chart() ([]byte, error) {
 	for _, row := range rows {
 		cols = max(cols, len(row))
 	}
-	W := cols * panelW
+	title := "hostaccel bench " + rep.Started.Format("2006-01-02") + ": medians, whiskers min..max; red x: the variant broke that path"
+	// Wide enough for the title and the legend, also with one panel (a per-packet-only run).
+	W := max(cols*panelW, 20+7*len(title))
+	lw := 10
+	for _, name := range legend {
+		lw += 16 + 7*len(name) + 18
+	}
+	W = max(W, lw)
 	H := headerH + legendH + len(rows)*(panelH+20) + 10
 	img := image.NewRGBA(image.Rect(0, 0, W, H))
 	draw.Draw(img, img.Bounds(), image.White, image.Point{}, draw.Src)
-	text(img, 10, 18, "hostaccel bench "+rep.Started.Format("2006-01-02")+": medians, whiskers min..max; red x: the variant broke that path", color.Black)
+	text(img, 10, 18, title, color.Black)
 	x := 10
 	for _, name := range legend {
 		fill(img, image.Rect(x, headerH-8, x+12, headerH+4), colors[name])
