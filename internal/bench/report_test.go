@@ -81,8 +81,7 @@ func TestSummarizeRun(t *testing.T) {
 func TestMarkdown(t *testing.T) {
 	rep := &Report{Command: "hostaccel bench --reps 3", Commit: "abc1234", Target: PerPacketTarget,
 		Started: time.Date(2025, 11, 22, 10, 0, 0, 0, time.UTC), Finished: time.Date(2025, 11, 22, 10, 40, 0, 0, time.UTC), Runs: []*Run{seedRun()}}
-	md := rep.Markdown()
-	for _, want := range []string{
+	containsAll(t, rep.Markdown(), []string{
 		"# hostaccel bench, 2025-11-22 (abc1234)",
 		"    hostaccel bench --reps 3",
 		"| Variant | Traffic Type | TCP_STREAM (Mbit/s) | TCP_RR (trans/s) | TCP_CRR (trans/s) |",
@@ -98,7 +97,13 @@ func TestMarkdown(t *testing.T) {
 		"| hostaccel flowtable | Pod-to-Pod | 1.0% | 1.0% | 1.0% |",
 		"| Direct link (limit) | no hop | 0 packets |",
 		"Wall time 40m0s",
-	} {
+	})
+}
+
+// containsAll fails t for each of wants that md lacks, and then shows md.
+func containsAll(t *testing.T, md string, wants []string) {
+	t.Helper()
+	for _, want := range wants {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q", want)
 		}
@@ -190,8 +195,7 @@ func TestMarkdownTwoDirections(t *testing.T) {
 		t.Errorf("directions %v", got)
 	}
 	rep := &Report{Command: "hostaccel bench --vm-only", Target: PerPacketTarget, Runs: []*Run{r}}
-	md := rep.Markdown()
-	for _, want := range []string{
+	containsAll(t, rep.Markdown(), []string{
 		"| Variant | Pod -> remote: packets/s | vs direct link | vs Default | remote -> Pod: packets/s | vs direct link | vs Default | slow-path packets per round | rounds kept (discarded) |",
 		"| hostaccel tc | 120000 ±0.00% | 0.60 | 3.00 | **180000** ±0.00% | 0.90 | 4.74 | 0 / 0 | 2 (0) / 2 (0) |",
 		"| Antrea ruleset | **142000** ±0.00% | 0.71 | 3.55 | 140000 ±0.00% | 0.70 | 3.68 | 0 / 0 | 2 (0) / 2 (0) |",
@@ -204,14 +208,7 @@ func TestMarkdownTwoDirections(t *testing.T) {
 		"remote -> Pod: hostaccel flowtable reaches 0.69 of the direct link: it does not meet the target of 0.90; hostaccel tc reaches 0.90 of the direct link: it meets the target of 0.90; hostaccel tc is above hostaccel flowtable (0.69) and above Antrea ruleset (0.70).",
 		// An error cell says why.
 		"| hostaccel tc | Pod-to-Service | error (all 2 runs failed: connection to 10.96.0.10:12865 through this variant failed: dial tcp 10.96.0.10:12865: i/o timeout) |",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("markdown lacks %q", want)
-		}
-	}
-	if t.Failed() {
-		t.Log(md)
-	}
+	})
 	img, err := rep.Chart()
 	if err != nil {
 		t.Fatal(err)

@@ -11,13 +11,14 @@ import (
 	"github.com/hostaccel/hostaccel/internal/probe"
 )
 
-// kernelWith is a probe result with exactly these features available.
+// kernelWith is a probe result with exactly these features available (Has is false for the
+// features it does not list).
 func kernelWith(features ...string) probe.Result {
-	var r probe.Result
-	for _, f := range probe.All {
-		r.Features = append(r.Features, probe.Feature{Name: f, Available: slices.Contains(features, f)})
+	fs := make([]probe.Feature, len(features))
+	for i, name := range features {
+		fs[i] = probe.Feature{Name: name, Available: true, Detail: "test"}
 	}
-	return r
+	return probe.Result{Features: fs}
 }
 
 func TestAutoVariantIsDefaultWithEveryClass(t *testing.T) {
