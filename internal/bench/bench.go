@@ -35,7 +35,7 @@ func Measure(ctx context.Context, o Options, prog *Progress) (*Report, error) {
 		}
 	}
 	pktgenHere := o.Pktgen && PktgenAvailable(ctx) == nil
-	useVM := !o.Here && (o.VM == VMAlways || (o.VM == VMAuto && (len(lacking) > 0 || (o.Pktgen && !pktgenHere))))
+	useVM := !o.Here && (o.VM == VMAlways || o.VM == VMOnly || (o.VM == VMAuto && (len(lacking) > 0 || (o.Pktgen && !pktgenHere))))
 	if !o.Here && o.VM == VMNever && len(lacking) > 0 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("--vm never: %s not measured (this kernel lacks what they need).", strings.Join(lacking, ", ")))
 	}
@@ -44,7 +44,7 @@ func Measure(ctx context.Context, o Options, prog *Progress) (*Report, error) {
 	hostOpts := o
 	hostOpts.Variants = names
 	hostOpts.Pktgen = pktgenHere
-	if len(hostOpts.Tests) > 0 || hostOpts.Pktgen {
+	if (len(hostOpts.Tests) > 0 || hostOpts.Pktgen) && o.measureHere() {
 		r, err := RunHere(ctx, hostOpts, "host", prog)
 		if r != nil {
 			if o.Pktgen && !pktgenHere {
@@ -68,6 +68,9 @@ func Measure(ctx context.Context, o Options, prog *Progress) (*Report, error) {
 	rep.Finished = time.Now()
 	return rep, errors.Join(errs...)
 }
+
+// measureHere reports whether a run measures in this kernel (all but --vm only).
+func (o Options) measureHere() bool { return o.Here || o.VM != VMOnly }
 
 // gitCommit is the short commit of the repository in the working directory, if any.
 func gitCommit() string {

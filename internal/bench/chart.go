@@ -28,6 +28,9 @@ const (
 // shortTraffic labels the groups (the full names do not fit under the bars).
 var shortTraffic = map[Traffic]string{PodToPod: "pod-pod", PodToService: "pod-svc", ExternalToNodePort: "ext-nodeport", DirectLink: "no hop"}
 
+// shortDirection labels the pktgen groups.
+var shortDirection = map[Direction]string{PodToRemote: "pod -> remote", RemoteToPod: "remote -> pod"}
+
 var palette = []color.RGBA{
 	{0x4c, 0x4c, 0x4c, 0xff}, // default: grey
 	{0x1f, 0x77, 0xb4, 0xff},
@@ -106,22 +109,23 @@ func (rep *Report) Chart() ([]byte, error) {
 				row = append(row, p)
 			}
 		}
-		if d := r.PktgenCell(VariantDirect); d != nil && d.Stats.N > 0 {
-			p := panel{title: fmt.Sprintf("pktgen %dB: pps vs direct link", r.PktgenSize), line: 1, line2: rep.Target, ylabel: "x direct"}
-			for _, dir := range PktgenDirs {
-				g := group{label: map[string]string{DirOut: "Pod -> remote", DirIn: "remote -> Pod"}[dir]}
-				d := r.PktgenCellIn(VariantDirect, dir)
-				for _, c := range r.PktgenCells {
-					if c.Direction != dir || c.Stats.N == 0 || d == nil || d.Stats.N == 0 {
-						continue
-					}
-					m := d.Stats.Median
-					g.bars = append(g.bars, bar{label: c.Variant, value: c.Stats.Median / m, lo: c.Stats.Min / m, hi: c.Stats.Max / m, color: colors[c.Variant]})
-				}
-				if len(g.bars) > 0 {
-					p.groups = append(p.groups, g)
-				}
+		p := panel{title: fmt.Sprintf("pktgen %dB: pps vs direct link", r.PktgenSize), line: 1, line2: rep.Target, ylabel: "x direct"}
+		for _, dir := range r.PktgenDirections() {
+			d := r.PktgenCell(VariantDirect, dir)
+			if d == nil || d.Stats.N == 0 {
+				continue
 			}
+			g := group{label: shortDirection[dir]}
+			for _, c := range r.PktgenCells {
+				if c.Stats.N == 0 || c.Direction.norm() != dir {
+					continue
+				}
+				m := d.Stats.Median
+				g.bars = append(g.bars, bar{label: c.Variant, value: c.Stats.Median / m, lo: c.Stats.Min / m, hi: c.Stats.Max / m, color: colors[c.Variant]})
+			}
+			p.groups = append(p.groups, g)
+		}
+		if len(p.groups) > 0 {
 			row = append(row, p)
 		}
 		if len(row) > 0 {
@@ -133,11 +137,18 @@ func (rep *Report) Chart() ([]byte, error) {
 	for _, row := range rows {
 		cols = max(cols, len(row))
 	}
-	W := cols * panelW
+	title := "hostaccel bench " + rep.Started.Format("2006-01-02") + ": medians, whiskers min..max; red x: the variant broke that path"
+	// Wide enough for the title and the legend, also with one panel (a per-packet-only run).
+	W := max(cols*panelW, 20+7*len(title))
+	lw := 10
+	for _, name := range legend {
+		lw += 16 + 7*len(name) + 18
+	}
+	W = max(W, lw)
 	H := headerH + legendH + len(rows)*(panelH+20) + 10
 	img := image.NewRGBA(image.Rect(0, 0, W, H))
 	draw.Draw(img, img.Bounds(), image.White, image.Point{}, draw.Src)
-	text(img, 10, 18, "hostaccel bench "+rep.Started.Format("2006-01-02")+": medians, whiskers min..max; red x: the variant broke that path", color.Black)
+	text(img, 10, 18, title, color.Black)
 	x := 10
 	for _, name := range legend {
 		fill(img, image.Rect(x, headerH-8, x+12, headerH+4), colors[name])

@@ -57,11 +57,46 @@ func (t Traffic) Title() string {
 	return string(t)
 }
 
+// Direction is the way the per-packet flow crosses the node.
+type Direction string
+
+const (
+	// PodToRemote: a local Pod -> the node (gateway in, transport out) -> a remote Pod.
+	PodToRemote Direction = "pod-to-remote"
+	// RemoteToPod: a remote Pod -> the node (transport in, gateway out) -> a local Pod.
+	RemoteToPod Direction = "remote-to-pod"
+)
+
+// Directions lists the per-packet directions in report order.
+var Directions = []Direction{PodToRemote, RemoteToPod}
+
+// norm is the direction of a sample or cell; reports written before the reverse direction
+// existed carry none, and measured the Pod -> remote one.
+func (d Direction) norm() Direction {
+	if d == "" {
+		return PodToRemote
+	}
+	return d
+}
+
+// Title is how the report's tables name the direction.
+func (d Direction) Title() string {
+	switch d.norm() {
+	case PodToRemote:
+		return "Pod -> remote"
+	case RemoteToPod:
+		return "remote -> Pod"
+	}
+	return string(d)
+}
+
 // VM modes.
 const (
 	VMAuto   = "auto"
 	VMAlways = "always"
 	VMNever  = "never"
+	// VMOnly measures in the VM only (no host run): the quick way to re-run its rows.
+	VMOnly = "only"
 )
 
 // Options configure a run. Zero values take the defaults of Defaults.
@@ -79,6 +114,8 @@ type Options struct {
 	Pktgen         bool
 	PktgenDuration time.Duration // per round, in the generator's clock
 	PktgenSize     int           // bytes per packet (pktgen pkt_size)
+	// PktgenDirections are the directions measured per packet; empty: both.
+	PktgenDirections []Direction
 
 	VM         string        // auto, always or never
 	VMDuration time.Duration // netperf duration inside the VM (guest clock)
@@ -100,20 +137,21 @@ type Options struct {
 // Defaults returns the options of a plain `hostaccel bench`.
 func Defaults() Options {
 	return Options{
-		Tests:          slices.Clone(Tests),
-		Traffic:        slices.Clone(Traffics),
-		Reps:           5,
-		Duration:       5 * time.Second,
-		Rules:          100,
-		Pin:            "auto",
-		Nodes:          3,
-		Services:       50,
-		Pktgen:         true,
-		PktgenDuration: time.Second,
-		PktgenSize:     64,
-		VM:             VMAuto,
-		VMDuration:     time.Second,
-		VMICount:       true,
+		Tests:            slices.Clone(Tests),
+		Traffic:          slices.Clone(Traffics),
+		Reps:             5,
+		Duration:         5 * time.Second,
+		Rules:            100,
+		Pin:              "auto",
+		Nodes:            3,
+		Services:         50,
+		Pktgen:           true,
+		PktgenDuration:   time.Second,
+		PktgenSize:       64,
+		PktgenDirections: slices.Clone(Directions),
+		VM:               VMAuto,
+		VMDuration:       time.Second,
+		VMICount:         true,
 	}
 }
 
@@ -143,6 +181,9 @@ func (o *Options) Validate() error {
 	}
 	if o.VM == "" {
 		o.VM = d.VM
+	}
+	if len(o.PktgenDirections) == 0 {
+		o.PktgenDirections = d.PktgenDirections
 	}
 	var errs []string
 	for _, t := range o.Tests {
@@ -175,8 +216,13 @@ func (o *Options) Validate() error {
 	if _, err := ParsePin(o.Pin, 1); err != nil {
 		errs = append(errs, err.Error())
 	}
-	if !slices.Contains([]string{VMAuto, VMAlways, VMNever}, o.VM) {
-		errs = append(errs, fmt.Sprintf("vm: %q, want auto, always or never", o.VM))
+	for _, d := range o.PktgenDirections {
+		if !slices.Contains(Directions, d) {
+			errs = append(errs, fmt.Sprintf("pktgen-directions: unknown direction %q (want %s)", d, joinDirections(Directions)))
+		}
+	}
+	if !slices.Contains([]string{VMAuto, VMAlways, VMNever, VMOnly}, o.VM) {
+		errs = append(errs, fmt.Sprintf("vm: %q, want auto, always, never or only", o.VM))
 	}
 	if len(o.Tests) == 0 && !o.Pktgen {
 		errs = append(errs, "nothing to measure: no tests and no pktgen")
@@ -196,6 +242,14 @@ func joinTraffic(ts []Traffic) string {
 		s[i] = string(t)
 	}
 	return strings.Join(s, ", ")
+}
+
+func joinDirections(ds []Direction) string {
+	s := make([]string, len(ds))
+	for i, d := range ds {
+		s[i] = string(d)
+	}
+	return strings.Join(s, ",")
 }
 
 // Pinning says where netperf, netserver and pktgen run.
@@ -236,4 +290,17 @@ func (p Pinning) prefix() []string {
 		return nil
 	}
 	return []string{"taskset", "-c", strconv.Itoa(p.CPU)}
+}
+
+// CommandLine writes a command line as a shell takes it back: empty arguments and those
+// with spaces, quotes or `$` single-quoted (`--tests ”`).
+func CommandLine(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if a == "" || strings.ContainsAny(a, " \t'\"$\\") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		out[i] = a
+	}
+	return strings.Join(out, " ")
 }

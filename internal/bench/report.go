@@ -105,18 +105,18 @@ func (rep *Report) summaryLines() []string {
 		if len(r.PktgenCells) == 0 {
 			continue
 		}
-		for _, dir := range PktgenDirs {
+		var dirs []string
+		for _, d := range r.PktgenDirections() {
 			var parts []string
 			for _, c := range r.PktgenCells {
-				if c.Direction != dir || c.Variant == VariantDirect || c.VsDirect < 0 {
+				if c.Direction.norm() != d || c.Variant == VariantDirect || c.VsDirect < 0 {
 					continue
 				}
 				parts = append(parts, fmt.Sprintf("%s %.2f", title(r, c.Variant), c.VsDirect))
 			}
-			if len(parts) > 0 {
-				out = append(out, fmt.Sprintf("Per packet (%s), %s, share of the direct link's packets/s: %s. Target for hostaccel: %.2f.", r.Label, DirTitle(dir), strings.Join(parts, ", "), rep.Target))
-			}
+			dirs = append(dirs, d.Title()+": "+strings.Join(parts, ", "))
 		}
+		out = append(out, fmt.Sprintf("Per packet (%s), share of the direct link's packets/s: %s. Target for hostaccel: %.2f.", r.Label, strings.Join(dirs, "; "), rep.Target))
 	}
 	for _, r := range rep.Runs {
 		var skipped []string
@@ -145,32 +145,22 @@ func joinTitles(vs []VariantInfo) string {
 
 func (rep *Report) pktgenSection(b *strings.Builder, r *Run) {
 	w := func(format string, a ...any) { fmt.Fprintf(b, format+"\n", a...) }
+	dirs := r.PktgenDirections()
 	w("## Per-packet forwarding cost: pktgen, %s", r.Label)
 	w("")
-	w("%d-byte UDP packets of one flow from pktgen, through one node to a receiver that counts and drops them at its ingress, in both directions: from a generator Pod behind the node's gateway to a sink beyond its transport, and back from that side to the Pod; the direct link sends over one veth instead, the same ways. Packets/s at the receiver, in the kernel's clock; %d rounds per variant and direction, interleaved; a round where packets sent != packets received is discarded. The flow is made ESTABLISHED (one packet back on the reverse tuple) and warmed up before each round, so that UDP is offloaded where a ruleset offloads it.", r.PktgenSize, r.Reps)
+	w("%d-byte UDP packets of one flow from pktgen, through one node to a receiver that counts and drops them at its ingress: %s. The direct link sends over one veth instead, in the same direction. Packets/s at the receiver, in the kernel's clock; %d rounds per variant and direction, interleaved; a round where packets sent != packets received is discarded. The flow is made ESTABLISHED (one packet back on the reverse tuple) and warmed up before each round, so that UDP is offloaded where a ruleset offloads it.", r.PktgenSize, directionsText(dirs), r.Reps)
 	w("")
-	for _, dir := range PktgenDirs {
-		if slices.IndexFunc(r.PktgenCells, func(c PktgenCell) bool { return c.Direction == dir }) >= 0 {
-			rep.pktgenTable(w, r, dir)
-		}
+	head, sep := "| Variant |", "| --- |"
+	for _, d := range dirs {
+		head += fmt.Sprintf(" %s: packets/s | vs direct link | vs Default |", d.Title())
+		sep += " --- | --- | --- |"
 	}
-}
-
-// pktgenTable is the per-packet table of one direction, with its verdicts.
-func (rep *Report) pktgenTable(w func(string, ...any), r *Run, dir string) {
-	w("### %s", DirTitle(dir))
-	w("")
-	w("| Variant | packets/s at the receiver | vs direct link | vs Default | slow-path packets per round | rounds kept (discarded) |")
-	w("| --- | --- | --- | --- | --- | --- |")
-	var cells []PktgenCell
-	best := -1.0
+	w("%s slow-path packets per round | rounds kept (discarded) |", head)
+	w("%s --- | --- |", sep)
+	best := map[Direction]float64{}
 	for _, c := range r.PktgenCells {
-		if c.Direction != dir {
-			continue
-		}
-		cells = append(cells, c)
 		if c.Variant != VariantDirect && c.Stats.N > 0 {
-			best = math.Max(best, c.Stats.Median)
+			best[c.Direction.norm()] = math.Max(best[c.Direction.norm()], c.Stats.Median)
 		}
 	}
 	ratio := func(x float64) string {
@@ -179,30 +169,91 @@ func (rep *Report) pktgenTable(w func(string, ...any), r *Run, dir string) {
 		}
 		return fmt.Sprintf("%.2f", x)
 	}
-	for _, c := range cells {
-		val := "no round kept"
-		if c.Stats.N > 0 {
-			val = fmt.Sprintf("%.0f ±%.2f%%", c.Stats.Median, 100*c.Stats.Spread)
-			if c.Variant != VariantDirect && c.Stats.Median == best {
-				val = fmt.Sprintf("**%.0f** ±%.2f%%", c.Stats.Median, 100*c.Stats.Spread)
+	for _, vi := range r.Variants {
+		row := fmt.Sprintf("| %s |", vi.Title)
+		var slows, kept []string
+		measured := false
+		for _, d := range dirs {
+			c := r.PktgenCell(vi.Name, d)
+			if c == nil {
+				row += " | | |"
+				slows, kept = append(slows, "-"), append(kept, "-")
+				continue
 			}
-		}
-		var slow []float64
-		for _, s := range r.Pktgen {
-			if s.Variant == c.Variant && s.Direction == dir && s.Kept {
-				slow = append(slow, float64(s.SlowPathPackets))
+			measured = true
+			val := "no round kept"
+			if why := r.pktgenReason(vi.Name, d); c.Stats.N == 0 && why != "" {
+				val += ": " + tableText(why)
 			}
+			if c.Stats.N > 0 {
+				m := fmt.Sprintf("%.0f", c.Stats.Median)
+				if c.Variant != VariantDirect && c.Stats.Median == best[d] {
+					m = "**" + m + "**"
+				}
+				val = fmt.Sprintf("%s ±%.2f%%", m, 100*c.Stats.Spread)
+			}
+			row += fmt.Sprintf(" %s | %s | %s |", val, ratio(c.VsDirect), ratio(c.VsDefault))
+			var slow []float64
+			for _, s := range r.Pktgen {
+				if s.Variant == c.Variant && s.Direction.norm() == d && s.Kept {
+					slow = append(slow, float64(s.SlowPathPackets))
+				}
+			}
+			if len(slow) == 0 {
+				slows = append(slows, "-")
+			} else {
+				slows = append(slows, fmt.Sprintf("%.0f", Summarize(slow).Median))
+			}
+			kept = append(kept, fmt.Sprintf("%d (%d)", c.Stats.N, c.Discarded))
 		}
-		slowText := "n/a (no node)"
-		if c.Variant != VariantDirect {
-			slowText = fmt.Sprintf("%.0f", Summarize(slow).Median)
+		if !measured {
+			continue
 		}
-		w("| %s | %s | %s | %s | %s | %d (%d) |", title(r, c.Variant), val, ratio(c.VsDirect), ratio(c.VsDefault), slowText, c.Stats.N, c.Discarded)
+		slowText := strings.Join(slows, " / ")
+		if vi.Name == VariantDirect {
+			slowText = "n/a (no node)"
+		}
+		w("%s %s | %s |", row, slowText, strings.Join(kept, " / "))
 	}
 	w("")
+	if len(dirs) > 1 {
+		var t []string
+		for _, d := range dirs {
+			t = append(t, d.Title())
+		}
+		w("Slow-path packets per round and rounds kept (discarded): %s.", strings.Join(t, " / "))
+		w("")
+	}
+	for _, d := range dirs {
+		if v := rep.pktgenVerdicts(r, d); v != "" {
+			if len(dirs) > 1 {
+				v = d.Title() + ": " + v
+			}
+			w("%s", v)
+			w("")
+		}
+	}
+}
+
+func directionsText(dirs []Direction) string {
+	var s []string
+	for _, d := range dirs {
+		switch d {
+		case PodToRemote:
+			s = append(s, "Pod -> remote (a local Pod sends; the node's gateway in, its transport out, to a sink standing for the remote node and its Pod)")
+		case RemoteToPod:
+			s = append(s, "remote -> Pod (the remote node's Pod sends; the node's transport in, its gateway out, to the local Pod)")
+		}
+	}
+	return strings.Join(s, "; ")
+}
+
+// pktgenVerdicts says, for one direction, how each hostaccel datapath stands against the
+// target and how tc stands against the flowtable and Antrea's ruleset (issue 10's goals).
+func (rep *Report) pktgenVerdicts(r *Run, d Direction) string {
 	var verdicts []string
-	for _, c := range cells {
-		if !strings.HasPrefix(c.Variant, "hostaccel") || c.VsDirect < 0 {
+	for _, c := range r.PktgenCells {
+		if c.Direction.norm() != d || !strings.HasPrefix(c.Variant, "hostaccel") || c.VsDirect < 0 {
 			continue
 		}
 		v := "meets"
@@ -211,10 +262,41 @@ func (rep *Report) pktgenTable(w func(string, ...any), r *Run, dir string) {
 		}
 		verdicts = append(verdicts, fmt.Sprintf("%s reaches %.2f of the direct link: it %s the target of %.2f", title(r, c.Variant), c.VsDirect, v, rep.Target))
 	}
-	if len(verdicts) > 0 {
-		w("%s.", strings.Join(verdicts, "; "))
-		w("")
+	if tc := r.PktgenCell(VariantTC, d); tc != nil && tc.Stats.N > 0 {
+		var cmp []string
+		for _, other := range []string{VariantFlowtable, VariantAntrea} {
+			o := r.PktgenCell(other, d)
+			if o == nil || o.Stats.N == 0 {
+				continue
+			}
+			side := "above"
+			if tc.Stats.Median <= o.Stats.Median {
+				side = "not above"
+			}
+			cmp = append(cmp, fmt.Sprintf("%s %s (%.2f)", side, title(r, other), o.VsDirect))
+		}
+		if len(cmp) > 0 {
+			verdicts = append(verdicts, fmt.Sprintf("%s is %s", title(r, VariantTC), strings.Join(cmp, " and ")))
+		}
 	}
+	if len(verdicts) == 0 {
+		return ""
+	}
+	return strings.Join(verdicts, "; ") + "."
+}
+
+// tableText makes an error message fit a Markdown table cell: its first line, no pipes,
+// at most 160 characters.
+func tableText(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	s = strings.ReplaceAll(s, "|", "/")
+	if r := []rune(s); len(r) > 160 {
+		s = string(r[:157]) + "..."
+	}
+	return s
 }
 
 // netperfSection is the seed 000 table: rows variant × traffic type, columns the tests.
@@ -292,7 +374,7 @@ func cellText(c, def *Cell, pct bool, best float64) string {
 		return ""
 	}
 	if c.Stats.N == 0 {
-		return fmt.Sprintf("error (all %d runs failed)", c.Errors)
+		return fmt.Sprintf("error (all %d runs failed: %s)", c.Errors, c.errorText())
 	}
 	v := fmtValue(c.Stats.Median)
 	if best > 0 && c.Stats.Median == best {
@@ -303,9 +385,17 @@ func cellText(c, def *Cell, pct bool, best float64) string {
 	}
 	v += fmt.Sprintf(" ±%.1f%%", 100*c.Stats.Spread)
 	if c.Errors > 0 {
-		v += fmt.Sprintf(" [%d failed]", c.Errors)
+		v += fmt.Sprintf(" [%d failed: %s]", c.Errors, c.errorText())
 	}
 	return v
+}
+
+// errorText is why the cell's runs failed, for its table cell.
+func (c *Cell) errorText() string {
+	if c.FirstError == "" {
+		return "no reason recorded"
+	}
+	return c.FirstError
 }
 
 // pathSection shows the counters: the share of the nodes' packets that took the normal
@@ -417,6 +507,19 @@ func rulesetSection(b *strings.Builder, runs []*Run) {
 	w("## Variants and what they install (first node)")
 	w("")
 	seen := map[string]bool{}
+	// A variant that installs something else per kernel (auto chooses by what it has) is
+	// shown once per kernel.
+	texts := map[string]map[string]bool{}
+	for _, r := range runs {
+		for _, v := range r.Variants {
+			if v.Ruleset != "" {
+				if texts[v.Name] == nil {
+					texts[v.Name] = map[string]bool{}
+				}
+				texts[v.Name][v.Ruleset] = true
+			}
+		}
+	}
 	for _, r := range runs {
 		if r.DefaultRuleset != "" && !seen["default"] {
 			seen["default"] = true
@@ -429,7 +532,7 @@ func rulesetSection(b *strings.Builder, runs []*Run) {
 			w("")
 		}
 		for _, v := range r.Variants {
-			if seen[v.Name] {
+			if seen[v.Name+"\x00"+v.Ruleset] || (v.Ruleset == "" && seen[v.Name]) {
 				continue
 			}
 			if v.Ruleset == "" && v.Ran {
@@ -441,8 +544,12 @@ func rulesetSection(b *strings.Builder, runs []*Run) {
 			if v.Ruleset == "" {
 				continue
 			}
-			seen[v.Name] = true
-			w("<details><summary>%s: %s</summary>", v.Title, v.Note)
+			name := v.Title
+			if len(texts[v.Name]) > 1 {
+				name += " (" + r.Env + ")"
+			}
+			seen[v.Name], seen[v.Name+"\x00"+v.Ruleset] = true, true
+			w("<details><summary>%s: %s</summary>", name, v.Note)
 			w("")
 			w("```")
 			w("%s", strings.TrimRight(v.Ruleset, "\n"))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"image/png"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -68,11 +69,11 @@ func TestSummarizeRun(t *testing.T) {
 	if c := r.Cell(VariantDirect, DirectLink, TCPRR); c == nil || c.SlowShare != -1 {
 		t.Errorf("direct cell: %+v", c)
 	}
-	p := r.PktgenCell(VariantFlowtable)
+	p := r.PktgenCell(VariantFlowtable, PodToRemote)
 	if p.Stats.N != 3 || p.Discarded != 1 || p.VsDirect != 180000.0/257000 || p.VsDefault != 9 {
 		t.Errorf("pktgen cell: %+v", p)
 	}
-	if r.PktgenCell(VariantKindnet) != nil || r.Cell(VariantKindnet, PodToPod, TCPRR) != nil {
+	if r.PktgenCell(VariantKindnet, PodToRemote) != nil || r.Cell(VariantKindnet, PodToPod, TCPRR) != nil {
 		t.Error("cells for a skipped variant")
 	}
 }
@@ -80,14 +81,13 @@ func TestSummarizeRun(t *testing.T) {
 func TestMarkdown(t *testing.T) {
 	rep := &Report{Command: "hostaccel bench --reps 3", Commit: "abc1234", Target: PerPacketTarget,
 		Started: time.Date(2025, 11, 22, 10, 0, 0, 0, time.UTC), Finished: time.Date(2025, 11, 22, 10, 40, 0, 0, time.UTC), Runs: []*Run{seedRun()}}
-	md := rep.Markdown()
-	for _, want := range []string{
+	containsAll(t, rep.Markdown(), []string{
 		"# hostaccel bench, 2025-11-22 (abc1234)",
 		"    hostaccel bench --reps 3",
 		"| Variant | Traffic Type | TCP_STREAM (Mbit/s) | TCP_RR (trans/s) | TCP_CRR (trans/s) |",
 		// seed 000's row, with the best of each column bold and the spread
 		"| hostaccel flowtable | Pod-to-Pod | **20986.28** (+31%) ±2.0% | **21133.65** (+16%) ±2.0% | 7691.50 (+6%) ±2.0% |",
-		"| Antrea ruleset | Pod-to-Pod | 17968.28 (+12%) ±2.0% | 20589.19 (+13%) ±2.0% | **10269.33** (+41%) ±2.0% [1 failed] |",
+		"| Antrea ruleset | Pod-to-Pod | 17968.28 (+12%) ±2.0% | 20589.19 (+13%) ±2.0% | **10269.33** (+41%) ±2.0% [1 failed: netperf: boom] |",
 		"| Default | Pod-to-Pod | 16049.15 ±2.0% |",
 		"| Direct link (limit) | no hop | 30000.00 (+87%) ±2.0% |",
 		"Kindnet ruleset: this kernel lacks flowtable",
@@ -97,7 +97,13 @@ func TestMarkdown(t *testing.T) {
 		"| hostaccel flowtable | Pod-to-Pod | 1.0% | 1.0% | 1.0% |",
 		"| Direct link (limit) | no hop | 0 packets |",
 		"Wall time 40m0s",
-	} {
+	})
+}
+
+// containsAll fails t for each of wants that md lacks, and then shows md.
+func containsAll(t *testing.T, md string, wants []string) {
+	t.Helper()
+	for _, want := range wants {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q", want)
 		}
@@ -146,5 +152,114 @@ func TestShortenRules(t *testing.T) {
 	}
 	if !strings.Contains(short, "# ... 96 more rules like these ...") {
 		t.Error(short)
+	}
+}
+
+// twoWayRun is a VM-like per-packet run in both directions: tc above the flowtable and Antrea
+// toward the Pod only, auto failing there, and a netperf cell that failed every time.
+func twoWayRun() *Run {
+	r := &Run{Env: "vm", Label: "VM (test)", Reps: 2, PktgenSize: 64}
+	for _, v := range []string{VariantDefault, VariantDirect, VariantFlowtable, VariantTC, VariantAuto, VariantAntrea} {
+		vv, _ := Lookup(v)
+		r.Variants = append(r.Variants, VariantInfo{Name: v, Title: vv.Title, Ran: true})
+	}
+	pps := map[Direction]map[string]float64{
+		PodToRemote: {VariantDefault: 40000, VariantDirect: 200000, VariantFlowtable: 140000, VariantTC: 120000, VariantAuto: 140000, VariantAntrea: 142000},
+		RemoteToPod: {VariantDefault: 38000, VariantDirect: 200000, VariantFlowtable: 138000, VariantTC: 180000, VariantAntrea: 140000},
+	}
+	for _, d := range Directions {
+		for v, x := range pps[d] {
+			for rep := 1; rep <= 2; rep++ {
+				r.Pktgen = append(r.Pktgen, PktgenSample{Variant: v, Direction: d, Rep: rep, Sent: 1000, Received: 1000, PPS: x, Kept: true})
+			}
+		}
+	}
+	r.Pktgen = append(r.Pktgen, PktgenSample{Variant: VariantAuto, Direction: RemoteToPod, Rep: 1,
+		Reason: "failed: establish the UDP flow: reverse packet a | b not received\nmore"})
+	for rep := 1; rep <= 2; rep++ {
+		r.Samples = append(r.Samples,
+			Sample{Variant: VariantDefault, Traffic: PodToService, Test: TCPRR, Rep: rep, Value: 8000, Path: &PathEvidence{NodePackets: 10, SlowPathPackets: 10}},
+			Sample{Variant: VariantTC, Traffic: PodToService, Test: TCPRR, Rep: rep,
+				Error: "connection to 10.96.0.10:12865 through this variant failed: dial tcp 10.96.0.10:12865: i/o timeout\nsecond line"})
+	}
+	r.summarize()
+	return r
+}
+
+func TestMarkdownTwoDirections(t *testing.T) {
+	r := twoWayRun()
+	if c := r.PktgenCell(VariantTC, RemoteToPod); c == nil || c.VsDirect != 0.9 || c.VsDefault != 180000.0/38000 {
+		t.Fatalf("tc remote -> Pod: %+v (ratios against the same direction's direct link and Default)", c)
+	}
+	if got := r.PktgenDirections(); !slices.Equal(got, Directions) {
+		t.Errorf("directions %v", got)
+	}
+	rep := &Report{Command: "hostaccel bench --vm-only", Target: PerPacketTarget, Runs: []*Run{r}}
+	containsAll(t, rep.Markdown(), []string{
+		"| Variant | Pod -> remote: packets/s | vs direct link | vs Default | remote -> Pod: packets/s | vs direct link | vs Default | slow-path packets per round | rounds kept (discarded) |",
+		"| hostaccel tc | 120000 ±0.00% | 0.60 | 3.00 | **180000** ±0.00% | 0.90 | 4.74 | 0 / 0 | 2 (0) / 2 (0) |",
+		"| Antrea ruleset | **142000** ±0.00% | 0.71 | 3.55 | 140000 ±0.00% | 0.70 | 3.68 | 0 / 0 | 2 (0) / 2 (0) |",
+		"| Direct link (limit) | 200000 ±0.00% | 1.00 | 5.00 | 200000 ±0.00% | 1.00 | 5.26 | n/a (no node) | 2 (0) / 2 (0) |",
+		// A direction where every round failed says why, in one table-safe line.
+		"| hostaccel auto | 140000 ±0.00% | 0.70 | 3.50 | no round kept: failed: establish the UDP flow: reverse packet a / b not received |  |  | 0 / - | 2 (0) / 0 (1) |",
+		"Per packet (VM (test)), share of the direct link's packets/s: Pod -> remote: Default 0.20, hostaccel flowtable 0.70, hostaccel tc 0.60, hostaccel auto 0.70, Antrea ruleset 0.71; remote -> Pod: Default 0.19, hostaccel flowtable 0.69, hostaccel tc 0.90, Antrea ruleset 0.70. Target for hostaccel: 0.90.",
+		"Pod -> remote: hostaccel flowtable reaches 0.70 of the direct link: it does not meet the target of 0.90; hostaccel tc reaches 0.60 of the direct link: it does not meet the target of 0.90; hostaccel auto reaches 0.70",
+		"; hostaccel tc is not above hostaccel flowtable (0.70) and not above Antrea ruleset (0.71).",
+		"remote -> Pod: hostaccel flowtable reaches 0.69 of the direct link: it does not meet the target of 0.90; hostaccel tc reaches 0.90 of the direct link: it meets the target of 0.90; hostaccel tc is above hostaccel flowtable (0.69) and above Antrea ruleset (0.70).",
+		// An error cell says why.
+		"| hostaccel tc | Pod-to-Service | error (all 2 runs failed: connection to 10.96.0.10:12865 through this variant failed: dial tcp 10.96.0.10:12865: i/o timeout) |",
+	})
+	img, err := rep.Chart()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := png.Decode(bytes.NewReader(img)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMarkdownOneDirection(t *testing.T) {
+	// Reports from before the reverse direction (no direction in their JSON) render as
+	// Pod -> remote, alone.
+	r := seedRun()
+	for i := range r.Pktgen {
+		if r.Pktgen[i].Direction != "" {
+			t.Fatal("seed run has directions")
+		}
+	}
+	md := (&Report{Runs: []*Run{r}, Target: PerPacketTarget}).Markdown()
+	if !strings.Contains(md, "| Variant | Pod -> remote: packets/s | vs direct link | vs Default | slow-path packets per round | rounds kept (discarded) |") ||
+		strings.Contains(md, "remote -> Pod:") || !strings.Contains(md, "| hostaccel flowtable | **180000** ±0.00% | 0.70 | 9.00 | 0 | 3 (1) |") {
+		t.Error(md)
+	}
+}
+
+func TestErrorCellPartial(t *testing.T) {
+	c := &Cell{Stats: Summarize([]float64{10, 11}), Errors: 1, FirstError: "netperf TCP_RR to x: exit status 1"}
+	if got := cellText(c, nil, false, 0); got != "10.50 ±4.8% [1 failed: netperf TCP_RR to x: exit status 1]" {
+		t.Errorf("partial failure: %q", got)
+	}
+	if got := tableText("a | b\nc"); got != "a / b" {
+		t.Errorf("tableText: %q", got)
+	}
+	if got := tableText(strings.Repeat("x", 300)); len(got) != 160 || !strings.HasSuffix(got, "...") {
+		t.Errorf("tableText keeps %d characters", len(got))
+	}
+}
+
+func TestRulesetPerKernel(t *testing.T) {
+	// auto installs what each kernel allows: shown once per kernel; the same text once.
+	host := &Run{Env: "host", Variants: []VariantInfo{{Name: VariantAuto, Title: "hostaccel auto", Ran: true, Ruleset: "datapath auto chooses here: no fastpath\n"}, {Name: VariantTC, Title: "hostaccel tc", Ran: true, Ruleset: "tc maps\n"}}}
+	vm := &Run{Env: "vm", Variants: []VariantInfo{{Name: VariantAuto, Title: "hostaccel auto", Ran: true, Ruleset: "datapath auto chooses here: flowtable: [pod-to-pod]\n"}, {Name: VariantTC, Title: "hostaccel tc", Ran: true, Ruleset: "tc maps\n"}}}
+	var b strings.Builder
+	rulesetSection(&b, []*Run{host, vm})
+	md := b.String()
+	for _, want := range []string{"<summary>hostaccel auto (host): ", "<summary>hostaccel auto (vm): ", "<summary>hostaccel tc: "} {
+		if !strings.Contains(md, want) {
+			t.Errorf("lacks %q:\n%s", want, md)
+		}
+	}
+	if strings.Count(md, "tc maps") != 1 {
+		t.Errorf("the same ruleset twice:\n%s", md)
 	}
 }

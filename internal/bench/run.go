@@ -66,36 +66,22 @@ type Cell struct {
 	Unit    string  `json:"unit"`
 	Stats   Stats   `json:"stats"`
 	Errors  int     `json:"errors"`
+	// FirstError is the first line of the first failed run's error: why the cell failed.
+	FirstError string `json:"firstError,omitempty"`
 	// SlowShare is the median share of packets that took the nodes' normal path.
 	SlowShare float64 `json:"slowPathShare"`
 }
 
-// Per-packet directions through the node.
-const (
-	DirOut = ""   // local Pod -> node (gateway in, transport out) -> remote
-	DirIn  = "in" // remote -> node (transport in, gateway out) -> local Pod
-)
-
-// PktgenDirs are the directions measured, in report order.
-var PktgenDirs = []string{DirOut, DirIn}
-
-// DirTitle names a direction.
-func DirTitle(dir string) string {
-	if dir == DirIn {
-		return "remote -> node -> local Pod (transport in, gateway out)"
-	}
-	return "local Pod -> node -> remote (gateway in, transport out)"
-}
-
 // PktgenSample is one pktgen round.
 type PktgenSample struct {
-	Variant   string  `json:"variant"`
-	Direction string  `json:"direction,omitempty"` // DirOut or DirIn`
-	Rep       int     `json:"rep"`
-	Sent      uint64  `json:"sent"`
-	Received  uint64  `json:"received"`
-	USec      uint64  `json:"usec"`
-	PPS       float64 `json:"pps"` // received per second of the generator's run
+	Variant string `json:"variant"`
+	// Direction is the way the flow crossed the node (empty in older reports: Pod -> remote).
+	Direction Direction `json:"direction,omitempty"`
+	Rep       int       `json:"rep"`
+	Sent      uint64    `json:"sent"`
+	Received  uint64    `json:"received"`
+	USec      uint64    `json:"usec"`
+	PPS       float64   `json:"pps"` // received per second of the generator's run
 	// SlowPathPackets went through the node's forward hook during the round.
 	SlowPathPackets uint64 `json:"slowPathPackets"`
 	Kept            bool   `json:"kept"`
@@ -104,12 +90,12 @@ type PktgenSample struct {
 
 // PktgenCell summarises the kept rounds of one variant in one direction.
 type PktgenCell struct {
-	Variant   string  `json:"variant"`
-	Direction string  `json:"direction,omitempty"`
-	Stats     Stats   `json:"stats"` // packets/s at the sink
-	Discarded int     `json:"discarded"`
-	VsDirect  float64 `json:"vsDirect"`  // median / direct's median
-	VsDefault float64 `json:"vsDefault"` // median / default's median
+	Variant   string    `json:"variant"`
+	Direction Direction `json:"direction,omitempty"`
+	Stats     Stats     `json:"stats"` // packets/s at the sink
+	Discarded int       `json:"discarded"`
+	VsDirect  float64   `json:"vsDirect"`  // median / direct's median
+	VsDefault float64   `json:"vsDefault"` // median / default's median
 }
 
 // VariantInfo says what became of a requested variant in one environment.
@@ -208,7 +194,7 @@ func RunHere(ctx context.Context, o Options, env string, prog *Progress) (*Run, 
 		}
 	}
 	if o.Pktgen && pktgenErr == nil {
-		total += len(variants) * o.Reps
+		total += len(variants) * o.Reps * len(o.PktgenDirections)
 	}
 	prog.Add(total)
 
@@ -525,8 +511,9 @@ func (r *Run) recordRulesets(variants []Variant, n *Node) {
 	}
 }
 
-// pktgen measures the per-packet cost: 64-byte UDP from a generator Pod through one node to
-// a sink that counts and drops at its ingress; the direct variant sends over one veth.
+// pktgen measures the per-packet cost: 64-byte UDP through one node, from a local Pod to a
+// remote sink and from the remote to the local Pod (o.PktgenDirections), the receiver
+// counting and dropping at its ingress; the direct variant sends over one veth.
 func (r *Run) pktgen(ctx context.Context, o Options, variants []Variant, caps probe.Result, prog *Progress) (err error) {
 	prog.Status("building the pktgen bed")
 	b, nodes, err := buildBed(ctx, PktgenPlan(o.Services), caps, o.Rules)
@@ -538,90 +525,121 @@ func (r *Run) pktgen(ctx context.Context, o Options, variants []Variant, caps pr
 		r.DefaultRuleset = DefaultRuleset(nodes[0].NodeSpec, o.Rules)
 	}
 	r.recordRulesets(variants, nodes[0])
-	// Each direction's receiver counts and drops its flow's port at its ingress.
-	for role, port := range map[string]uint16{RoleSink: pktgenPort, RoleDirectSink: pktgenPort, RoleGen: pktgenPortIn, RoleDirectGen: pktgenPortIn} {
-		if _, err := b.NS(role).Output(ctx, SinkRuleset("eth0", port), "nft", "-f", "-"); err != nil {
-			return err
-		}
-	}
-	mac := func(role, dev string) net.HardwareAddr {
-		if err == nil {
-			var m net.HardwareAddr
-			m, err = linkMAC(b.NS(role), dev)
-			return m
-		}
-		return nil
-	}
-	gwMAC, trMAC, dMAC, dgMAC := mac(RolePktNode, GatewayName), mac(RolePktNode, TransportName), mac(RoleDirectSink, "eth0"), mac(RoleDirectGen, "eth0")
-	if err != nil {
-		return err
-	}
 	thread := max(r.Pin.CPU, 0)
-	type flowKey struct {
-		direct bool
-		dir    string
-	}
-	flow := func(gen, sink string, src, dst netip.Addr, dstMAC net.HardwareAddr, port uint16) pktgenFlow {
-		return pktgenFlow{gen, sink, Pktgen{NS: b.NS(gen), Dev: "eth0", Thread: thread}, PktgenConfig{Size: o.PktgenSize, Src: src, Dst: dst, DstMAC: dstMAC, Port: port}}
-	}
-	flows := map[flowKey]pktgenFlow{
-		{false, DirOut}: flow(RoleGen, RoleSink, GenIP, SinkIP, gwMAC, pktgenPort),
-		{true, DirOut}:  flow(RoleDirectGen, RoleDirectSink, DirectClient, DirectServer, dMAC, pktgenPort),
-		{false, DirIn}:  flow(RoleSink, RoleGen, SinkIP, GenIP, trMAC, pktgenPortIn),
-		{true, DirIn}:   flow(RoleDirectSink, RoleDirectGen, DirectServer, DirectClient, dgMAC, pktgenPortIn),
-	}
+	flows := map[Direction]map[bool]pktFlow{}
 	defer func() {
-		for _, f := range flows {
-			_ = f.pg.Remove()
+		for _, fs := range flows {
+			for _, f := range fs {
+				_ = f.pg.Remove()
+			}
 		}
 	}()
+	for _, d := range o.PktgenDirections {
+		fs, err := pktgenFlows(ctx, b, d, thread, o.PktgenSize)
+		if err != nil {
+			return err
+		}
+		flows[d] = fs
+	}
 	counts := map[string]uint64{}
 	for rep := 1; rep <= o.Reps; rep++ {
 		for _, v := range rotate(variants, rep-1) {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			label := fmt.Sprintf("%s pktgen %s rep %d/%d", r.Env, v.Name, rep, o.Reps)
-			prog.Status(label)
+			prog.Status(fmt.Sprintf("%s pktgen %s rep %d/%d", r.Env, v.Name, rep, o.Reps))
 			if err := setupAll(ctx, v, nodes); err != nil {
 				return errors.Join(err, teardownAll(v, nodes))
 			}
-			var samples []PktgenSample
-			for _, dir := range PktgenDirs {
-				f := flows[flowKey{v.Direct, dir}]
-				var s []PktgenSample
-				s, err = r.pktgenRound(ctx, b, nodes, v, f, o.PktgenDuration, counts)
-				for i := range s {
-					s[i].Rep, s[i].Direction = rep, dir
-				}
-				samples = append(samples, s...)
-				if err != nil {
-					break
-				}
-			}
+			// Both directions under one setup, their order rotated too.
+			err := r.pktgenDirections(ctx, b, nodes, v, flows, rotate(o.PktgenDirections, rep-1), rep, o, counts, prog)
 			if terr := teardownAll(v, nodes); terr != nil {
 				err = errors.Join(err, terr)
 			}
 			if err != nil {
-				return fmt.Errorf("%s: %w", label, err)
+				return err
 			}
-			r.Pktgen = append(r.Pktgen, samples...)
-			var done []string
-			for _, s := range samples {
-				if s.Kept {
-					done = append(done, fmt.Sprintf("%.0f pps %s", s.PPS, map[string]string{DirOut: "out", DirIn: "in"}[s.Direction]))
-				}
-			}
-			prog.Done(fmt.Sprintf("%s: %s", label, strings.Join(done, ", ")))
 		}
 	}
 	return nil
 }
 
+// pktgenDirections measures one repetition of variant v in each direction. A round that
+// fails (the variant breaks the flow: it cannot be established, or pktgen fails) is recorded
+// with its reason, like a discarded one, and the run goes on.
+func (r *Run) pktgenDirections(ctx context.Context, b *Bed, nodes []*Node, v Variant, flows map[Direction]map[bool]pktFlow, dirs []Direction, rep int, o Options, counts map[string]uint64, prog *Progress) error {
+	for _, d := range dirs {
+		label := fmt.Sprintf("%s pktgen %s %s rep %d/%d", r.Env, v.Name, d, rep, o.Reps)
+		prog.Status(label)
+		s, err := r.pktgenRound(ctx, b, nodes, v, flows[d][v.Direct], o.PktgenDuration, counts)
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("%s: %w", label, err)
+			}
+			s = append(s, PktgenSample{Variant: v.Name, Direction: d, Reason: "failed: " + firstLines(err.Error(), 1)})
+		}
+		for i := range s {
+			s[i].Rep = rep
+		}
+		r.Pktgen = append(r.Pktgen, s...)
+		last := s[len(s)-1]
+		if last.Kept {
+			prog.Done(fmt.Sprintf("%s: %.0f pps", label, last.PPS))
+		} else {
+			prog.Done(fmt.Sprintf("%s: no round kept (%s)", label, last.Reason))
+		}
+	}
+	return nil
+}
+
+// pktgen ports, one per direction: each receiver drops only the flow it sinks, so the
+// packet back that makes the other direction's flow ESTABLISHED passes.
 const (
-	pktgenPort   = 9  // DirOut's flow
-	pktgenPortIn = 10 // DirIn's flow
+	pktgenPort        = 9
+	pktgenPortReverse = 10
 )
+
+// pktFlow is one per-packet flow: pktgen in gen sends cfg's packets to sink, which counts
+// and drops them at its ingress.
+type pktFlow struct {
+	dir       Direction
+	gen, sink string
+	pg        Pktgen
+	cfg       PktgenConfig
+}
+
+// pktgenFlows prepares one direction's flows, through the node (false) and over the direct
+// link (true), and puts the sink's counting rule on their receivers. Pod -> remote: the
+// generator Pod sends to the remote Pod behind the sink, through the node's gateway;
+// remote -> Pod: the sink's namespace sends as the remote Pod to the generator Pod, through
+// the node's transport. The direct link is one veth either way, sent over in that direction.
+func pktgenFlows(ctx context.Context, b *Bed, dir Direction, thread, size int) (map[bool]pktFlow, error) {
+	gen, sink, src, dst, in, port := RoleGen, RoleSink, GenIP, SinkIP, GatewayName, uint16(pktgenPort)
+	dgen, dsink, dsrc, ddst := RoleDirectGen, RoleDirectSink, DirectClient, DirectServer
+	if dir == RemoteToPod {
+		gen, sink, src, dst, in, port = RoleSink, RoleGen, SinkIP, GenIP, TransportName, pktgenPortReverse
+		dgen, dsink, dsrc, ddst = RoleDirectSink, RoleDirectGen, DirectServer, DirectClient
+	}
+	mac, err := linkMAC(b.NS(RolePktNode), in)
+	if err != nil {
+		return nil, err
+	}
+	dmac, err := linkMAC(b.NS(dsink), "eth0")
+	if err != nil {
+		return nil, err
+	}
+	for _, role := range []string{sink, dsink} {
+		if _, err := b.NS(role).Output(ctx, SinkRuleset("eth0", port), "nft", "-f", "-"); err != nil {
+			return nil, err
+		}
+	}
+	flow := func(gen, sink string, src, dst netip.Addr, mac net.HardwareAddr) pktFlow {
+		return pktFlow{dir: dir, gen: gen, sink: sink,
+			pg:  Pktgen{NS: b.NS(gen), Dev: "eth0", Thread: thread},
+			cfg: PktgenConfig{Size: size, Src: src, Dst: dst, DstMAC: mac, Port: port}}
+	}
+	return map[bool]pktFlow{false: flow(gen, sink, src, dst, mac), true: flow(dgen, dsink, dsrc, ddst, dmac)}, nil
+}
 
 func linkMAC(n *testbed.NS, dev string) (net.HardwareAddr, error) {
 	l, err := n.Link(dev)
@@ -634,14 +652,7 @@ func linkMAC(n *testbed.NS, dev string) (net.HardwareAddr, error) {
 // pktgenRound establishes the flow, warms it up (so that Kindnet's threshold is passed and
 // the flow offloaded), sizes the round to last about d, and measures; a round whose sink did
 // not receive every packet sent is discarded and tried again (up to three times).
-// pktgenFlow is one generator -> receiver flow of the pktgen bed.
-type pktgenFlow struct {
-	gen, sink string
-	pg        Pktgen
-	cfg       PktgenConfig
-}
-
-func (r *Run) pktgenRound(ctx context.Context, b *Bed, nodes []*Node, v Variant, f pktgenFlow, d time.Duration, counts map[string]uint64) ([]PktgenSample, error) {
+func (r *Run) pktgenRound(ctx context.Context, b *Bed, nodes []*Node, v Variant, f pktFlow, d time.Duration, counts map[string]uint64) ([]PktgenSample, error) {
 	gen, sink, pg, cfg := f.gen, f.sink, f.pg, f.cfg
 	if err := flushConntrack(ctx, nodes); err != nil {
 		return nil, err
@@ -659,7 +670,7 @@ func (r *Run) pktgenRound(ctx context.Context, b *Bed, nodes []*Node, v Variant,
 	}
 	// The count follows from the first warm-up of each variant, so that every round of a
 	// variant sends the same number of packets.
-	key := v.Name + "/" + cfg.Src.String()
+	key := v.Name + "/" + string(f.dir)
 	n := counts[key]
 	if n == 0 {
 		pps := warm.PPS
@@ -675,7 +686,7 @@ func (r *Run) pktgenRound(ctx context.Context, b *Bed, nodes []*Node, v Variant,
 	}
 	var out []PktgenSample
 	for attempt := 0; attempt < 3; attempt++ {
-		s := PktgenSample{Variant: v.Name}
+		s := PktgenSample{Variant: v.Name, Direction: f.dir}
 		before, err := ChainPackets(b.NS(sink), nftables.TableFamilyNetdev, "sink", "in")
 		if err != nil {
 			return out, err

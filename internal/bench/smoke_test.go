@@ -28,7 +28,7 @@ func TestSmoke(t *testing.T) {
 	caps := probe.Run(ctx)
 	var variants []string
 	for _, name := range Names() {
-		if v, _ := Lookup(name); len(v.Missing(caps)) == 0 && name != VariantAuto {
+		if v, _ := Lookup(name); len(v.Missing(caps)) == 0 {
 			variants = append(variants, name)
 		}
 	}
@@ -127,20 +127,20 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	if o.Pktgen {
-		for _, name := range variants {
-			for _, dir := range PktgenDirs {
-				c := r.PktgenCellIn(name, dir)
+		for _, dir := range Directions {
+			for _, name := range variants {
+				c := r.PktgenCell(name, dir)
 				if c == nil || c.Stats.N == 0 || c.Stats.Median <= 0 {
-					t.Errorf("pktgen %s, %s: no kept round: %+v", name, DirTitle(dir), c)
+					t.Errorf("pktgen %s %s: no kept round: %+v (%s)", name, dir, c, r.pktgenReason(name, dir))
 				}
 			}
-		}
-		if d, def := r.PktgenCell(VariantDirect), r.PktgenCell(VariantDefault); d != nil && def != nil && d.Stats.Median <= def.Stats.Median {
-			t.Errorf("pktgen: direct link %.0f pps not above the default path's %.0f", d.Stats.Median, def.Stats.Median)
+			if d, def := r.PktgenCell(VariantDirect, dir), r.PktgenCell(VariantDefault, dir); d != nil && def != nil && d.Stats.Median <= def.Stats.Median {
+				t.Errorf("pktgen %s: direct link %.0f pps not above the default path's %.0f", dir, d.Stats.Median, def.Stats.Median)
+			}
 		}
 		for _, s := range r.Pktgen {
 			if s.Kept && s.Variant == VariantDefault && s.SlowPathPackets < s.Received {
-				t.Errorf("pktgen default: %d of %d packets through the forward hook", s.SlowPathPackets, s.Received)
+				t.Errorf("pktgen default %s: %d of %d packets through the forward hook", s.Direction, s.SlowPathPackets, s.Received)
 			}
 		}
 	} else {

@@ -28,14 +28,52 @@ var tcVariant = Variant{
 	Teardown: func(ctx context.Context, n *Node) error {
 		return n.NS.Do(func() error { return tc.NewManager().Remove(ctx) })
 	},
-	Ruleset: func(n *Node) (string, error) {
-		d, err := tc.Render(tcState(n))
-		if err != nil {
-			return "", err
-		}
-		return fmt.Sprintf("eBPF program at tc ingress (internal/tc), maps:\ndevices  %v\nlocalPod %v\npeerPod  %v\npeerNode %v\nclasses  %v\n", d.Devices, d.LocalPod, d.PeerPod, d.PeerNode, d.Classes), nil
+	Ruleset: func(n *Node) (string, error) { return renderTC(tcState(n)) },
+	Note:    "hostaccel's tc datapath (internal/tc: eBPF at tc ingress, bpf_fib_lookup + bpf_redirect_neigh), stateless, so only the classes without NAT (pod-to-pod); the rest takes the normal path",
+}
+
+// autoVariant is `datapath: auto` with every class on, as a user enables them (the
+// flowtable variant's classes): internal/datapath.Choose decides, per class, tc, the flowtable
+// or (what this kernel lacks) the normal path. Its report shows what it chose in each kernel.
+var autoVariant = Variant{
+	Name: VariantAuto, Title: "hostaccel auto", Default: true,
+	Setup: func(ctx context.Context, n *Node) error {
+		_, err := applyPlan(ctx, n, flowtableState(n, model.DatapathAuto))
+		return err
 	},
-	Note: "hostaccel's tc datapath (internal/tc: eBPF at tc ingress, bpf_fib_lookup + bpf_redirect_neigh), stateless, so only the classes without NAT (pod-to-pod); the rest takes the normal path",
+	Teardown: removeAll,
+	Ruleset: func(n *Node) (string, error) {
+		plan, cerr := datapath.Choose(flowtableState(n, model.DatapathAuto), n.Caps)
+		text := "datapath auto chooses here: " + plan.Summary() + "\n"
+		if cerr != nil {
+			text += "the rest takes the normal path: " + cerr.Error() + "\n"
+		}
+		if plan.TC != nil {
+			t, err := renderTC(*plan.TC)
+			if err != nil {
+				return "", err
+			}
+			text += t
+		}
+		if plan.Flowtable != nil {
+			dump, err := flowtable.Render(*plan.Flowtable, flowtable.Options{FlowtableCounter: n.Caps.Has(probe.FlowtableCounter)}).Dump()
+			if err != nil {
+				return "", err
+			}
+			text += dump
+		}
+		return text, nil
+	},
+	Note: "datapath auto (internal/datapath.Choose) with every class on, as a user enables them: tc for the classes it serves, the flowtable for the rest, the normal path for what this kernel lacks (what it chose, per kernel, below)",
+}
+
+// renderTC describes what the tc datapath loads for s.
+func renderTC(s model.State) (string, error) {
+	d, err := tc.Render(s)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("eBPF program at tc ingress (internal/tc), maps:\ndevices  %v\nlocalPod %v\npeerPod  %v\npeerNode %v\nclasses  %v\n", d.Devices, d.LocalPod, d.PeerPod, d.PeerNode, d.Classes), nil
 }
 
 // tcState is the node's state with the tc datapath and the classes it can serve.
@@ -48,10 +86,14 @@ func tcState(n *Node) model.State {
 
 // applyPlan chooses datapaths for s as the agent does (internal/datapath) and applies them
 // in the node. A partial plan (auto on a kernel without the flowtable) is applied and its
-// error returned only when nothing could be applied.
+// error dropped. An empty plan is an error, but for auto: the agent then leaves every class
+// on the normal path, and so does the bench (auto measures as Default there).
 func applyPlan(ctx context.Context, n *Node, s model.State) (datapath.Plan, error) {
 	plan, cerr := datapath.Choose(s, n.Caps)
 	if plan.TC == nil && plan.Flowtable == nil {
+		if s.Datapath == model.DatapathAuto {
+			return plan, nil
+		}
 		return plan, fmt.Errorf("no datapath for %s here: %w", s.Datapath, cerr)
 	}
 	err := n.NS.Do(func() error {

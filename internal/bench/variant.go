@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/hostaccel/hostaccel/internal/datapath"
 	"github.com/hostaccel/hostaccel/internal/flowtable"
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/probe"
@@ -124,27 +123,7 @@ func init() {
 		Note:     "hostaccel's flowtable datapath (internal/flowtable Render + Manager.Apply), every class on",
 	})
 	Register(tcVariant)
-	Register(Variant{
-		Name: VariantAuto, Title: "hostaccel auto", Default: true,
-		Setup: func(ctx context.Context, n *Node) error {
-			_, err := applyPlan(ctx, n, flowtableState(n, model.DatapathAuto))
-			return err
-		},
-		Teardown: removeAll,
-		Ruleset: func(n *Node) (string, error) {
-			plan, _ := datapath.Choose(flowtableState(n, model.DatapathAuto), n.Caps)
-			text := "datapath auto chooses: " + plan.Summary() + "\n"
-			if plan.Flowtable != nil {
-				dump, err := flowtable.Render(*plan.Flowtable, flowtable.Options{FlowtableCounter: n.Caps.Has(probe.FlowtableCounter)}).Dump()
-				if err != nil {
-					return "", err
-				}
-				text += dump
-			}
-			return text, nil
-		},
-		Note: "datapath auto (internal/datapath.Choose): tc for the classes it serves, the flowtable for the rest, as far as the kernel has them",
-	})
+	Register(autoVariant)
 	Register(Variant{
 		Name: VariantAntrea, Title: "Antrea ruleset", Default: true,
 		Needs:    []string{probe.Flowtable},

@@ -91,6 +91,7 @@ func GuestArgs(o Options, variants []string, jsonOut string) []string {
 		"--pktgen="+strconv.FormatBool(o.Pktgen),
 		"--pktgen-duration", o.PktgenDuration.String(),
 		"--pktgen-size", strconv.Itoa(o.PktgenSize),
+		"--pktgen-directions", joinDirections(o.PktgenDirections),
 		"--raise-conntrack-max",
 		"--json-out", jsonOut)
 }
@@ -108,7 +109,7 @@ func vmTimeout(o Options, variants int) time.Duration {
 	per := 8*o.VMDuration + 6*time.Second // TCG runs the guest clock slower than real time
 	pk := 0 * time.Second
 	if o.Pktgen {
-		pk = time.Duration(variants*reps) * (40*o.PktgenDuration + 20*time.Second)
+		pk = time.Duration(variants*reps*max(len(o.PktgenDirections), 1)) * (40*o.PktgenDuration + 20*time.Second)
 	}
 	return 2*(time.Duration(cells)*per+pk) + 5*time.Minute
 }

@@ -22,6 +22,8 @@ func benchCmd(g *globals) *cobra.Command {
 	o := bench.Defaults()
 	var (
 		variants, tests, traffic []string
+		directions               []string
+		vmOnly                   bool
 		out, env, jsonOut        string
 		renderFrom               string
 	)
@@ -39,7 +41,8 @@ Needs root; touches nothing outside the namespaces it creates, and removes them 
 failure or Ctrl-C.`,
 		Example: `  hostaccel bench                                  # everything, 5 repetitions
   hostaccel bench --reps 1 --duration 2s --vm never  # a quick look at the host's variants
-  hostaccel bench --variants default,antrea,hostaccel-flowtable --tests TCP_RR --rules 1000`,
+  hostaccel bench --variants default,antrea,hostaccel-flowtable --tests TCP_RR --rules 1000
+  hostaccel bench --vm-only --tests '' --reps 3 --out /tmp/bench   # only the VM's per-packet rows`,
 		RunE: func(c *cobra.Command, _ []string) error {
 			o.Variants, o.Tests = variants, tests
 			o.Traffic = nil
@@ -49,7 +52,14 @@ failure or Ctrl-C.`,
 			if len(o.Tests) == 1 && o.Tests[0] == "" {
 				o.Tests = nil
 			}
-			o.Command = "hostaccel " + strings.Join(os.Args[1:], " ")
+			o.PktgenDirections = nil
+			for _, d := range directions {
+				o.PktgenDirections = append(o.PktgenDirections, bench.Direction(d))
+			}
+			if vmOnly {
+				o.VM = bench.VMOnly
+			}
+			o.Command = bench.CommandLine(append([]string{"hostaccel"}, os.Args[1:]...))
 			if err := o.Validate(); err != nil {
 				return err
 			}
@@ -111,7 +121,9 @@ failure or Ctrl-C.`,
 	f.BoolVar(&o.Pktgen, "pktgen", o.Pktgen, "measure the per-packet cost with pktgen (in the VM where this kernel has no pktgen)")
 	f.DurationVar(&o.PktgenDuration, "pktgen-duration", o.PktgenDuration, "length of a pktgen round, in the kernel's clock")
 	f.IntVar(&o.PktgenSize, "pktgen-size", o.PktgenSize, "pktgen packet size in bytes")
-	f.StringVar(&o.VM, "vm", o.VM, "auto (variants this kernel lacks, and pktgen if it lacks it, run in the VM), always or never")
+	f.StringSliceVar(&directions, "pktgen-directions", []string{string(bench.PodToRemote), string(bench.RemoteToPod)}, "per-packet directions: pod-to-remote (gateway in, transport out), remote-to-pod (transport in, gateway out)")
+	f.StringVar(&o.VM, "vm", o.VM, "auto (variants this kernel lacks, and pktgen if it lacks it, run in the VM), always, never, or only (no host run)")
+	f.BoolVar(&vmOnly, "vm-only", false, "measure in the VM only (same as --vm only): the quick way to re-run the VM's rows")
 	f.BoolVar(&o.VMICount, "vm-icount", o.VMICount, "deterministic icount mode in the VM (one vCPU, guest clock = instruction count)")
 	f.StringVar(&o.VMTest, "vmtest", "", "directory of run-in-vm.sh (default: vmtest/ found from the working directory or the binary)")
 	f.DurationVar(&o.VMTimeout, "vm-timeout", 0, "give up on the VM after this long (default: estimated from the plan)")
@@ -161,6 +173,7 @@ func rerender(path, out string) error {
 	if err := json.Unmarshal(data, &rep); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
+	rep.Summarize()
 	paths, err := rep.Write(out)
 	for _, p := range paths {
 		fmt.Fprintln(os.Stderr, "wrote", p)
