@@ -15,15 +15,13 @@ const (
 	flagPeer      = 1 << 1 // a veth whose peer is in another netns: bpf_redirect_peer
 
 	// addrs flags: the roles of an address
-	addrLocalPod  = 1 << 0
-	addrPeerPod   = 1 << 1
-	addrPeerNode  = 1 << 2
-	addrExclude   = 1 << 3
-	addrNATTarget = 1 << 4
+	addrLocalPod = 1 << 0
+	addrPeerPod  = 1 << 1
+	addrPeerNode = 1 << 2
+	addrExclude  = 1 << 3
 
 	// settings.flags
 	settingsNexthopCache = 1 << 0
-	settingsNATTargets   = 1 << 1
 
 	// settings.nat_check
 	natCheckTowardPods = 1 << 0
@@ -40,7 +38,6 @@ var addrRoles = []struct {
 	{addrPeerPod, "peer-pod", func(d *Desired) []netip.Prefix { return d.PeerPod }},
 	{addrPeerNode, "peer-node", func(d *Desired) []netip.Prefix { return d.PeerNode }},
 	{addrExclude, "exclude", func(d *Desired) []netip.Prefix { return d.Exclude }},
-	{addrNATTarget, "nat-target", func(d *Desired) []netip.Prefix { return d.NATTargets }},
 }
 
 // contents is what the program's maps hold, or should hold.
@@ -116,9 +113,6 @@ func want(d *Desired, n netState) (contents, []string) {
 	}
 	if n.destOnly {
 		c.settings.Flags |= settingsNexthopCache
-	}
-	if d.NATTargets != nil {
-		c.settings.Flags |= settingsNATTargets
 	}
 	var missing []string
 	for name, role := range d.Devices {

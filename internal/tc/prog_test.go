@@ -242,20 +242,5 @@ func TestProgramDecisions(t *testing.T) {
 		if err := p.set.maps.Handed.Lookup(e, &v); err != nil {
 			t.Errorf("client end %s:1000 not remembered: %v", pod, err)
 		}
-		p.must(p.set.maps.Handed.Delete(e))
-
-		// Where the agent knows the addresses the stack NATs for, a packet to another one
-		// (the internet, a reply to an external client) is not remembered; one to those is.
-		p.must(p.set.setSettings(fastpathSettings{Classes: 0b11, NatCheck: natCheckTowardPods | natCheckFromPods, Flags: settingsNexthopCache | settingsNATTargets, Generation: 7}))
-		p.must(p.set.putAddr(netip.MustParsePrefix("10.96.0.0/12"), fastpathAddr{Flags: addrNATTarget}))
-		p.run(frame(pod, netip.MustParseAddr("192.0.2.1"), 64))
-		if err := p.set.maps.Handed.Lookup(e, &v); err == nil {
-			t.Errorf("a packet to an address the stack does not NAT for was remembered")
-		}
-		p.run(frame(pod, vip, 64))
-		if err := p.set.maps.Handed.Lookup(e, &v); err != nil {
-			t.Errorf("a packet to a Service CIDR was not remembered: %v", err)
-		}
-		p.settings(0b11)
 	})
 }

@@ -61,10 +61,6 @@ type Desired struct {
 	Exclude  []netip.Prefix  // never redirected, as source or destination
 	Classes  []model.Class   // enabled classes, all in Supported
 	NATCheck NATCheck        // where the program looks flows up in conntrack
-	// NATTargets are the addresses this node's stack may DNAT traffic for (Service CIDRs,
-	// node IPs, LoadBalancer IPs); nil when the config does not say (no Service CIDRs or no
-	// node IPs): then every packet handed to the stack from the Pods' side counts.
-	NATTargets []netip.Prefix
 }
 
 // Render computes the Desired state for s. It is pure. A device that is both gateway and
@@ -98,13 +94,6 @@ func Render(s model.State) (*Desired, error) {
 		hosts = append(hosts, netip.PrefixFrom(a, a.BitLen()))
 	}
 	d.PeerNode = canonical(hosts)
-	if len(s.ServiceCIDRs) > 0 && len(s.NodeIPs) > 0 {
-		targets := append(slices.Clone(s.ServiceCIDRs), s.LoadBalancerIPs...)
-		for _, a := range s.NodeIPs {
-			targets = append(targets, netip.PrefixFrom(a, a.BitLen()))
-		}
-		d.NATTargets = canonical(targets)
-	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}

@@ -53,9 +53,6 @@ enum addr_flag {
 	ADDR_PEER_POD = 1 << 1,
 	ADDR_PEER_NODE = 1 << 2,
 	ADDR_EXCLUDE = 1 << 3,
-	/* An address this node's stack may NAT traffic for: a Service CIDR, a node IP, a
-	 * LoadBalancer IP (meaningful with SETTINGS_NAT_TARGETS). */
-	ADDR_NAT_TARGET = 1 << 4,
 };
 
 enum class {
@@ -111,9 +108,6 @@ enum settings_flag {
 	/* The FIB's answers may be kept for a moment (struct nexthop): the agent sets it only
 	 * where they depend on the destination alone (no policy routing rules, no route MTUs). */
 	SETTINGS_NEXTHOP_CACHE = 1 << 0,
-	/* The agent knows every address the stack may DNAT (Service CIDRs and node IPs are
-	 * configured): only packets to those are remembered for the NAT check. */
-	SETTINGS_NAT_TARGETS = 1 << 1,
 };
 
 struct settings {
@@ -498,11 +492,9 @@ static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struc
 	class = d ? classify(in->role, s->flags, d->flags) : -1;
 	if (class < 0) {
 		/* To an address of no class (a ClusterIP, the node): the stack may NAT it, and its
-		 * replies come back on a device of the other role. Where the agent knows the
-		 * addresses the stack NATs for, only packets to those are remembered; of a TCP
-		 * connection only the SYN (every reply's lookup keeps the entry fresh). */
-		if (f->opens && check_nat(cfg, in->role == ROLE_GATEWAY ? ROLE_TRANSPORT : ROLE_GATEWAY) &&
-		    (!(cfg->flags & SETTINGS_NAT_TARGETS) || (d && (d->flags & ADDR_NAT_TARGET))))
+		 * replies come back on a device of the other role. Of a TCP connection only the
+		 * SYN is remembered (every reply's lookup keeps the entry fresh). */
+		if (f->opens && check_nat(cfg, in->role == ROLE_GATEWAY ? ROLE_TRANSPORT : ROLE_GATEWAY))
 			remember(&f->src);
 		return -1;
 	}
