@@ -2,7 +2,6 @@ package lbtest
 
 import (
 	"fmt"
-	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -37,8 +36,10 @@ func TestRoundRobin(t *testing.T) {
 	}
 }
 
-// weight: 3000 new connections land on backends weighted 1:2:3 within 3 percentage points of
-// 1/6, 2/6, 3/6 (numgen random: about 6 standard deviations).
+// weight: 3000 new connections land on backends weighted 1:2:3 as a fair draw would. The check
+// is Pearson's chi-squared goodness of fit with 2 degrees of freedom, failing above 27.6: a
+// correct scheduler (numgen random) fails it once in a million runs, while a wrong weighting
+// fails it every time (1:1:1 gives about 670, 1:2:2 about 120).
 func TestWeights(t *testing.T) {
 	for _, topoName := range topologies {
 		t.Run(shortTopo[topoName], func(t *testing.T) {
@@ -50,16 +51,29 @@ func TestWeights(t *testing.T) {
 					t.Fatal(err)
 				}
 				c := count(got)
-				for i, w := range weights {
-					share := float64(c[fmt.Sprintf("b%d", i+1)]) / n
-					if want := float64(w) / 6; math.Abs(share-want) > 0.03 {
-						t.Errorf("%s: b%d got %.3f of the connections, want %.3f +- 0.03 (%v)", famName(fam), i+1, share, want, c)
-					}
+				if chi2 := chiSquared(c, weights, n); chi2 > 27.6 {
+					t.Errorf("%s: %v is not a 1:2:3 split (chi-squared %.1f > 27.6, p < 1e-6)", famName(fam), c, chi2)
 				}
 				t.Logf("%s: %v", famName(fam), c)
 			}
 		})
 	}
+}
+
+// chiSquared is Pearson's statistic of the counts of b1, b2, ... against shares proportional
+// to weights out of n draws.
+func chiSquared(c map[string]int, weights []int, n int) float64 {
+	total := 0
+	for _, w := range weights {
+		total += w
+	}
+	var chi2 float64
+	for i, w := range weights {
+		want := float64(n) * float64(w) / float64(total)
+		d := float64(c[fmt.Sprintf("b%d", i+1)]) - want
+		chi2 += d * d / want
+	}
+	return chi2
 }
 
 // hash (source address) and persistence (rr + a dynamic map with a timeout): every client
@@ -337,6 +351,24 @@ func TestUDP(t *testing.T) {
 					t.Errorf("not an exact rotation over new flows: %v", got)
 				}
 			})
+		}
+	}
+}
+
+// The threshold passes the fair draw that failed CI under the old per-share bound, and fails
+// wrong weightings.
+func TestChiSquaredThreshold(t *testing.T) {
+	for _, tc := range []struct {
+		c    map[string]int
+		fail bool
+	}{
+		{map[string]int{"b1": 459, "b2": 939, "b3": 1602}, false},
+		{map[string]int{"b1": 1000, "b2": 1000, "b3": 1000}, true},
+		{map[string]int{"b1": 600, "b2": 1200, "b3": 1200}, true},
+		{map[string]int{"b1": 1500, "b2": 1000, "b3": 500}, true},
+	} {
+		if got := chiSquared(tc.c, weights, 3000) > 27.6; got != tc.fail {
+			t.Errorf("%v: fails = %v, want %v", tc.c, got, tc.fail)
 		}
 	}
 }
