@@ -93,7 +93,9 @@ func clientAddr(k, fam int, dsr bool) netip.Addr {
 	return netip.MustParseAddr(fmt.Sprintf("fd00:b::%d", 110+k))
 }
 
-const nClients = 10
+// nClients extra client addresses for the hash and persistence tests, then persistRounds
+// more, one per round of TestPersistenceParallelFirstConnections.
+const nClients, persistRounds = 10, 30
 
 // backend ports: one per scenario, so that stateless-dnat services do not share a backend
 // port (their replies could not be told apart).
@@ -175,7 +177,7 @@ func newTopo(dir string) (t *lbTopo, err error) {
 			func() error { return t.client.RouteAdd(natVIPNet[fam], lbFront[fam]) },
 			func() error { return t.client.RouteAdd(dsrVIPNet[fam], lbBack[fam]) },
 		)
-		for k := range nClients {
+		for k := range nClients + persistRounds {
 			steps = append(steps,
 				func() error { return t.client.AddrAdd("eth0", pfx(clientAddr(k, fam, false))) },
 				func() error { return t.client.AddrAdd("eth1", pfx(clientAddr(k, fam, true))) })

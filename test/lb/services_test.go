@@ -206,13 +206,9 @@ var (
 // exact rotation the tests check.
 func dial(src netip.Addr, dst netip.AddrPort) (net.Conn, error) {
 	for {
-		portMu.Lock()
-		k := [2]string{src.String(), dst.String()}
-		p := max(lastPort[k]+1, 20000)
-		lastPort[k] = p
-		portMu.Unlock()
-		if p > 65000 {
-			return nil, fmt.Errorf("out of source ports from %s to %s", src, dst)
+		p, err := nextPort(src, dst)
+		if err != nil {
+			return nil, err
 		}
 		d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: src.AsSlice(), Port: p}}
 		c, err := d.Dial("tcp", dst.String())
@@ -221,6 +217,19 @@ func dial(src netip.Addr, dst netip.AddrPort) (net.Conn, error) {
 		}
 		return c, err
 	}
+}
+
+// nextPort returns a source port from src to dst not used before in this run.
+func nextPort(src netip.Addr, dst netip.AddrPort) (int, error) {
+	portMu.Lock()
+	defer portMu.Unlock()
+	k := [2]string{src.String(), dst.String()}
+	p := max(lastPort[k]+1, 20000)
+	lastPort[k] = p
+	if p > 65000 {
+		return 0, fmt.Errorf("out of source ports from %s to %s", src, dst)
+	}
+	return p, nil
 }
 
 func roundTrip(r *bufio.Reader, c net.Conn, closeAfter bool) (string, error) {
