@@ -68,8 +68,9 @@ type BackendState struct {
 	Backend
 	Key  string // "10.0.0.1" or "10.0.0.1:8080": unique within its service
 	Addr netip.Addr
-	// ID identifies the backend in dsr and stateless-dnat flow tables (a packet mark value);
-	// derived from the service and the backend, so that it survives restarts and reordering.
+	// ID identifies the backend in flow tables and persistent-client maps (written as an
+	// address or a MAC: see idAddr, idMAC); derived from the service and the backend, so that
+	// it survives restarts and reordering.
 	ID     uint32
 	MAC    net.HardwareAddr // dsr
 	Health Health

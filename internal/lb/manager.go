@@ -188,30 +188,18 @@ func (m *Manager) current(ctx context.Context, t *Table, exists, full bool) (kt 
 	return kt, true, err
 }
 
-// readLost reads into kt the entries of t's dynamic maps that may point at a lost backend
-// (and of the maps paired with them).
+// readLost reads into kt the entries of t's dynamic maps that may point at a lost backend.
 func (m *Manager) readLost(ctx context.Context, t *Table, kt *kernelTable) error {
 	for name := range t.Dynamic {
 		if !m.cache.lost(t, name) || kt.Maps[name] == nil {
 			continue
 		}
-		names := []string{name}
-		if p := t.Paired[name]; p != "" {
-			names = append(names, p)
+		got, err := m.list(ctx, t.ref(), "map", name)
+		if err != nil {
+			return err
 		}
-		for other, p := range t.Paired {
-			if p == name {
-				names = append(names, other)
-			}
-		}
-		for _, n := range names {
-			got, err := m.list(ctx, t.ref(), "map", n)
-			if err != nil {
-				return err
-			}
-			if got.Maps[n] != nil {
-				kt.Maps[n].Elems = got.Maps[n].Elems
-			}
+		if got.Maps[name] != nil {
+			kt.Maps[name].Elems = got.Maps[name].Elems
 		}
 	}
 	return nil
@@ -384,7 +372,7 @@ func (m *Manager) removeElements(tx *knftables.Transaction, d *tableDiff, res *R
 			continue
 		}
 		if allowed, tracked := t.Dynamic[name]; tracked {
-			forget(tx, t, name, km, allowed, kt, res)
+			forget(tx, t, name, km, allowed, res)
 			continue
 		}
 		if km.Dynamic { // flow tables: the datapath's
@@ -475,23 +463,13 @@ func (d *tableDiff) addElements(tx *knftables.Transaction, res *Result) {
 	}
 }
 
-// forget deletes a dynamic map's entries that point at a backend no longer known (and, for a
-// paired map, entries whose key left the map it completes). Each is added and deleted: an
-// entry may time out between our listing and the transaction, and deleting it must not fail
-// the transaction.
-func forget(tx *knftables.Transaction, t *Table, name string, km *kernelMap, allowed map[string]bool, kt *kernelTable, res *Result) {
-	var partner map[string]bool
-	if p, ok := t.Paired[name]; ok && kt.Maps[p] != nil {
-		partner = map[string]bool{}
-		for k, v := range kt.Maps[p].Elems {
-			if t.Dynamic[p][v] {
-				partner[k] = true
-			}
-		}
-	}
+// forget deletes a dynamic map's entries that point at a backend no longer known. Each is
+// added and deleted: an entry may time out between our listing and the transaction, and
+// deleting it must not fail the transaction.
+func forget(tx *knftables.Transaction, t *Table, name string, km *kernelMap, allowed map[string]bool, res *Result) {
 	for _, k := range slices.Sorted(maps.Keys(km.Elems)) {
 		v := km.Elems[k]
-		if allowed[v] && (partner == nil || partner[k]) {
+		if allowed[v] {
 			continue
 		}
 		e := &knftables.Element{Family: t.Family, Table: t.Name, Map: name, Key: split(k), Value: split(v)}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -136,33 +135,35 @@ func TestManagerForgetsFlowsOfDownBackends(t *testing.T) {
 		svcs := svcSet()
 		svcs[0].Persistence = D(time.Minute)
 		_, d := apply(t, m, svcs, nil)
-		id := func(svc, addr string) string {
+		be := func(svc, addr string) *BackendState {
 			for _, ss := range d.Services {
 				for _, b := range ss.Backends {
 					if ss.Service.Name == svc && b.Address == addr {
-						return strconv.FormatUint(uint64(b.ID), 10)
+						return b
 					}
 				}
 			}
 			t.Fatalf("no backend %s %s", svc, addr)
-			return ""
+			return nil
 		}
+		mac := func(svc, addr string) []string { return []string{idMAC(be(svc, addr))} }
+		ip := func(svc, addr string) []string { return []string{idAddr(be(svc, addr), fam(false))} }
 		nd, inet := knftables.NetDevFamily, knftables.InetFamily
 		dsrTab := IngressTablePrefix + "eth1"
-		addElem(t, f, nd, dsrTab, "dsr-flows-v4", []string{"198.51.100.1", "40000"}, []string{id("dsr", "10.1.0.11")})
-		addElem(t, f, nd, dsrTab, "dsr-flows-v4", []string{"198.51.100.2", "40000"}, []string{id("dsr", "10.1.0.12")})
-		addElem(t, f, nd, dsrTab, "dsr-flows-v4", []string{"198.51.100.3", "40000"}, []string{id("dsr", "10.1.0.13")})
-		addElem(t, f, inet, NATTable, "web-persist-v4", []string{"198.51.100.1"}, []string{"10.1.0.11"})
-		addElem(t, f, inet, NATTable, "web-persist-port-v4", []string{"198.51.100.1"}, []string{"8080"})
-		addElem(t, f, inet, NATTable, "web-persist-v4", []string{"198.51.100.2"}, []string{"10.1.0.12"})
-		addElem(t, f, inet, NATTable, "web-persist-port-v4", []string{"198.51.100.2"}, []string{"8080"})
+		addElem(t, f, nd, dsrTab, "dsr-flows-v4", []string{"198.51.100.1", "40000"}, mac("dsr", "10.1.0.11"))
+		addElem(t, f, nd, dsrTab, "dsr-flows-v4", []string{"198.51.100.2", "40000"}, mac("dsr", "10.1.0.12"))
+		addElem(t, f, nd, dsrTab, "dsr-flows-v4", []string{"198.51.100.3", "40000"}, mac("dsr", "10.1.0.13"))
+		addElem(t, f, inet, NATTable, "web-persist-v4", []string{"198.51.100.1"}, ip("web", "10.1.0.11"))
+		addElem(t, f, inet, NATTable, "web-persist-v4", []string{"198.51.100.2"}, ip("web", "10.1.0.12"))
+		addElem(t, f, inet, NATTable, "web-persist-v4", []string{"198.51.100.3"}, ip("web", "10.1.0.13"))
 
 		svcs[1].Backends[0].State = StateDown  // dsr 10.1.0.11: its flow goes
 		svcs[1].Backends[1].State = StateDrain // dsr 10.1.0.12: its flow stays
-		svcs[0].Backends[0].State = StateDown  // web 10.1.0.11: its persistent client goes, both halves
+		svcs[0].Backends[0].State = StateDown  // web 10.1.0.11: its persistent client goes
+		svcs[0].Backends[1].State = StateDrain // web 10.1.0.12: its persistent client stays
 		res, _ := apply(t, m, svcs, nil)
-		if res.FlowsForgotten != 2 {
-			t.Errorf("full %v: forgot %d entries, want 2: %+v", full, res.FlowsForgotten, res)
+		if res.FlowsForgotten != 1 {
+			t.Errorf("full %v: forgot %d entries, want 1: %+v", full, res.FlowsForgotten, res)
 		}
 		for _, c := range []struct {
 			fam           knftables.Family
@@ -173,9 +174,8 @@ func TestManagerForgetsFlowsOfDownBackends(t *testing.T) {
 			{nd, dsrTab, "dsr-flows-v4", "198.51.100.2 . 40000", true},
 			{nd, dsrTab, "dsr-flows-v4", "198.51.100.3 . 40000", true},
 			{inet, NATTable, "web-persist-v4", "198.51.100.1", false},
-			{inet, NATTable, "web-persist-port-v4", "198.51.100.1", false},
 			{inet, NATTable, "web-persist-v4", "198.51.100.2", true},
-			{inet, NATTable, "web-persist-port-v4", "198.51.100.2", true},
+			{inet, NATTable, "web-persist-v4", "198.51.100.3", true},
 		} {
 			if hasElem(f, c.fam, c.table, c.m, c.key) != c.want {
 				t.Errorf("full %v: %s %s present=%v", full, c.m, c.key, !c.want)

@@ -4,9 +4,11 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"hash/fnv"
+	"net"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -47,13 +49,10 @@ type Table struct {
 	Counters []*knftables.Counter // named: they survive a rewrite of their chain
 	Elements []*knftables.Element
 	// Dynamic lists, for each map of persistent clients (which the datapath fills), the values
-	// its entries may point at; the manager deletes entries pointing elsewhere (a backend that
-	// is down or gone). The flow tables of dsr and stateless-dnat need no such care: their
-	// chains forget a flow whose backend is gone by themselves.
+	// (backend ids) its entries may point at; the manager deletes entries pointing elsewhere
+	// (a backend that is down or gone), and the chains forget them too. The flow tables of dsr
+	// and stateless-dnat are left to their chains.
 	Dynamic map[string]map[string]bool
-	// Paired maps a dynamic map to the one it completes (persistent client -> port completes
-	// client -> address): its entries go when their key leaves the other map.
-	Paired map[string]string
 }
 
 type family struct {
@@ -107,7 +106,7 @@ func Render(d *Desired) *Ruleset {
 type builder struct{ t *Table }
 
 func newBuilder(f knftables.Family, name string) *builder {
-	return &builder{&Table{Family: f, Name: name, Dynamic: map[string]map[string]bool{}, Paired: map[string]string{}}}
+	return &builder{&Table{Family: f, Name: name, Dynamic: map[string]map[string]bool{}}}
 }
 
 func (b *builder) chain(c *knftables.Chain) {
@@ -186,9 +185,9 @@ const (
 )
 
 // renderNAT builds table inet hostaccel-lb: a verdict map from VIP . protocol . port to each
-// service's chain in prerouting and output (dstnat), another to per-service chains in
-// postrouting (srcnat: masquerade or snat, and remembering persistent clients), and raw
-// prerouting rules that keep stateless-dnat traffic out of conntrack.
+// service's chain in prerouting and output (dstnat), another to the snat services' chains in
+// postrouting (srcnat: masquerade or snat), and raw prerouting rules that keep stateless-dnat
+// traffic out of conntrack.
 func renderNAT(svcs []*ServiceState) *Table {
 	b := newBuilder(knftables.InetFamily, NATTable)
 	b.chain(baseChain("prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority))
@@ -206,7 +205,7 @@ func renderNAT(svcs []*ServiceState) *Table {
 		vmap := f.nf + vipTypeOf + " vmap @services-" + f.suffix
 		b.rule("prerouting", "services "+f.suffix, vmap)
 		b.rule("output", "services "+f.suffix+" (local clients)", vmap)
-		b.rule("postrouting", "source NAT and persistence "+f.suffix,
+		b.rule("postrouting", "source NAT "+f.suffix,
 			"meta l4proto { tcp, udp, sctp } ct status dnat ct original "+f.nf+" daddr . meta l4proto . ct original proto-dst vmap @post-"+f.suffix)
 		b.rule("raw", "stateless-dnat requests "+f.suffix, f.nf+vipTypeOf+" @stateless-fwd-"+f.suffix+" notrack")
 		b.rule("raw", "stateless-dnat replies "+f.suffix, f.nf+reverseTypeOf+" @stateless-rev-"+f.suffix+" notrack")
@@ -223,11 +222,9 @@ func renderNAT(svcs []*ServiceState) *Table {
 	return b.t
 }
 
-// natService renders one snat/dnat service for one family. Persistent clients are kept in
-// two dynamic maps, client -> backend address and client -> backend port, filled in
-// postrouting from the connection's conntrack tuples (the dnat statement ends the chain, so
-// the choice is read back from conntrack); one map of concatenations would be simpler, but nft
-// 1.0.6 cannot update a map whose data is an IPv6 address and a port.
+// natService renders one snat/dnat service for one family. A service with persistence
+// remembers its clients in a dynamic map, client -> backend id, and every new connection
+// follows what that map holds (see persistent).
 func natService(b *builder, ss *ServiceState, f family) {
 	name, proto := ss.Service.Name, ss.Protocol
 	pre := name + " " + f.suffix + ": "
@@ -237,66 +234,126 @@ func natService(b *builder, ss *ServiceState, f family) {
 		data += " . " + proto + " dport"
 		dep = "meta l4proto " + proto + " "
 	}
-	backends := name + "-backends-" + f.suffix
-	persist, persistPort := name+"-persist-"+f.suffix, name+"-persist-port-"+f.suffix
 	chain, post := "svc-"+name+"-"+f.suffix, "post-"+name+"-"+f.suffix
-	b.mapping(backends, "numgen inc mod 1 : "+data, pre+"slot -> backend", 0)
 	b.chain(&knftables.Chain{Name: chain})
 	b.rule(chain, pre+"count", b.counter(chain, pre+whatNewConnections))
-	p := ss.Service.Persistence
-	if p != nil {
-		b.mapping(persist, f.nf+" saddr : "+f.nf+" daddr", pre+"persistent client -> backend address", p.Duration)
-		b.t.Dynamic[persist] = map[string]bool{}
-		target := f.nf + " saddr map @" + persist
-		if withPort {
-			b.mapping(persistPort, f.nf+" saddr : "+proto+" dport", pre+"persistent client -> backend port", p.Duration)
-			b.t.Dynamic[persistPort] = map[string]bool{}
-			b.t.Paired[persistPort] = persist
-			target += " : " + f.nf + " saddr map @" + persistPort
-		}
-		b.rule(chain, pre+"persistent client", dep+"dnat "+f.nf+" to "+target)
-	}
 	slots := ss.slots(f.is6)
-	if len(slots) > 0 {
-		b.rule(chain, pre+"schedule "+ss.Sched, dep+"dnat "+f.nf+" to "+schedExpr(ss, f, len(slots))+" map @"+backends)
+	if p := ss.Service.Persistence; p != nil {
+		persistent(b, ss, f, chain, data, dep, withPort, slots, p.Duration)
 	} else {
-		b.rule(chain, pre+"no backend available", "reject")
-	}
-	for i, be := range slots {
-		b.elem(backends, []string{strconv.Itoa(i)}, natTarget(be, withPort)...)
-	}
-	for _, be := range ss.Backends {
-		if be.Known && be.Addr.Is6() == f.is6 && p != nil {
-			b.t.Dynamic[persist][be.Addr.String()] = true
-			if withPort {
-				b.t.Dynamic[persistPort][strconv.Itoa(be.Port)] = true
-			}
+		backends := name + "-backends-" + f.suffix
+		b.mapping(backends, "numgen inc mod 1 : "+data, pre+"slot -> backend", 0)
+		if len(slots) > 0 {
+			b.rule(chain, pre+"schedule "+ss.Sched, dep+"dnat "+f.nf+" to "+schedExpr(ss, f, len(slots))+" map @"+backends)
+		} else {
+			b.rule(chain, pre+"no backend available", "reject")
+		}
+		for i, be := range slots {
+			b.elem(backends, []string{strconv.Itoa(i)}, natTarget(be, withPort)...)
 		}
 	}
 	snat := ss.Topology == SNAT
-	if snat || p != nil {
+	if snat {
 		b.chain(&knftables.Chain{Name: post})
-		if p != nil {
-			remember := dep + "update @" + persist + " { ct original " + f.nf + " saddr : ct reply " + f.nf + " saddr }"
-			if withPort {
-				remember += " update @" + persistPort + " { ct original " + f.nf + " saddr : ct reply proto-src }"
-			}
-			b.rule(post, pre+"remember the client's backend", remember)
-		}
-		if snat {
-			if a := snatAddress(ss, f); a != "" {
-				b.rule(post, pre+"source NAT", "snat "+f.nf+" to "+a)
-			} else {
-				b.rule(post, pre+"masquerade", "masquerade")
-			}
+		if a := snatAddress(ss, f); a != "" {
+			b.rule(post, pre+"source NAT", "snat "+f.nf+" to "+a)
+		} else {
+			b.rule(post, pre+"masquerade", "masquerade")
 		}
 	}
 	for _, key := range vipKeys(ss, f) {
 		b.elem("services-"+f.suffix, key, "goto "+chain)
-		if snat || p != nil {
+		if snat {
 			b.elem("post-"+f.suffix, key, "goto "+post)
 		}
 	}
+}
+
+// persistent renders the service chain of a snat/dnat service with persistence. The choice
+// is recorded before the packet is sent on, and read back: a new client is scheduled into a
+// backend id, `update @persist` inserts it unless the client is there already (another CPU's
+// first packet of this client won), and the packet then goes where the map says. So every
+// connection of a client follows one entry, even when its first connections arrive at once
+// on several CPUs (as IPVS's persistence templates do). The id travels in the packet's
+// destination address, which the dnat overwrites (no mark is used); the VIP is read back from
+// conntrack where the chain needs it again. A client whose backend is gone is forgotten and
+// scheduled anew. The map keeps a client for the persistence time after its last new
+// connection (update refreshes the timeout).
+func persistent(b *builder, ss *ServiceState, f family, chain, data, dep string, withPort bool, slots []*BackendState, timeout time.Duration) {
+	name := ss.Service.Name
+	pre := name + " " + f.suffix + ": "
+	persist, ids, targets := name+"-persist-"+f.suffix, name+"-slots-"+f.suffix, name+"-targets-"+f.suffix
+	stash := f.nf + " daddr"
+	b.mapping(persist, f.nf+" saddr : "+stash, pre+"persistent client -> backend id", timeout)
+	b.mapping(ids, "numgen inc mod 1 : "+stash, pre+"slot -> backend id", 0)
+	b.mapping(targets, stash+" : "+data, pre+"backend id -> backend", 0)
+	r := recorder{key: f.nf + " saddr", stash: stash, flows: persist, ids: targets}
+	if len(slots) > 0 {
+		r.sched = stash + " set " + schedExpr(ss, f, len(slots)) + " map @" + ids
+	}
+	r.rules(b, chain, pre, "client", stash+" set ct original "+stash+" ")
+	b.rule(chain, pre+"to the client's backend", dep+"dnat "+f.nf+" to "+stash+" map @"+targets)
+	b.rule(chain, pre+"no backend available", stash+" set ct original "+stash+" reject")
+	b.t.Dynamic[persist] = map[string]bool{}
+	for i, be := range slots {
+		b.elem(ids, []string{strconv.Itoa(i)}, idAddr(be, f))
+	}
+	for _, be := range ss.Backends {
+		if be.Known && be.Addr.Is6() == f.is6 {
+			b.elem(targets, []string{idAddr(be, f)}, natTarget(be, withPort)...)
+			b.t.Dynamic[persist][idAddr(be, f)] = true
+		}
+	}
+}
+
+// recorder renders the rules that give a packet its backend id from a dynamic map (flows,
+// persistent clients) race-free: schedule a new key, insert-if-absent, read the map back,
+// forget an entry whose backend is gone. The id is kept in stash, a header field that the
+// chain overwrites anyway after translating the id (no scratch register, no mark).
+type recorder struct {
+	key   string // the map's key expression
+	stash string // the header field that carries the id
+	flows string // the dynamic map: key -> id
+	ids   string // a map whose keys are the ids of the backends there still are
+	sched string // "<stash> set <scheduler> map @slots", "" without an eligible backend
+}
+
+func (r recorder) rules(b *builder, chain, pre, what, restore string) {
+	update := "update @" + r.flows + " { " + r.key + " : " + r.stash + " }"
+	readBack := r.stash + " set " + r.key + " map @" + r.flows
+	if r.sched != "" {
+		b.rule(chain, pre+"new "+what+": schedule", r.key+" != @"+r.flows+" "+r.sched)
+		// update inserts only if the key is absent (the data of an entry is never replaced)
+		// and refreshes its timeout; the packet then follows what the map holds.
+		b.rule(chain, pre+"record the "+what+" (if new), follow the map", update+" "+readBack)
+	} else {
+		b.rule(chain, pre+"known "+what, readBack+" "+update)
+	}
+	// An entry whose backend is gone (down, failed, removed) is deleted and the key
+	// scheduled anew; a draining backend keeps its id, and its entries.
+	forget := r.stash + " != @" + r.ids + " delete @" + r.flows + " { " + r.key + " : " + r.stash + " }"
+	if r.sched != "" {
+		forget += " " + restore + r.sched + " " + update + " " + readBack
+	}
+	b.rule(chain, pre+"forget a "+what+" whose backend is gone", forget)
+}
+
+// idAddr writes a backend id as an address of the family: IPv4 as is, IPv6 in its first 32
+// bits ("4756:1b2c::").
+func idAddr(be *BackendState, f family) string {
+	var a [16]byte
+	binary.BigEndian.PutUint32(a[:], be.ID)
+	if f.is6 {
+		return netip.AddrFrom16(a).String()
+	}
+	return netip.AddrFrom4([4]byte(a[:4])).String()
+}
+
+// idMAC writes a backend id as a MAC address ("00:00:47:56:1b:2c").
+func idMAC(be *BackendState) string {
+	var a [6]byte
+	binary.BigEndian.PutUint32(a[2:], be.ID)
+	return net.HardwareAddr(a[:]).String()
 }
 
 func natTarget(be *BackendState, withPort bool) []string {
@@ -419,32 +476,34 @@ func renderIngress(dev string, svcs []*ServiceState, local []netip.Addr) *Table 
 	return b.t
 }
 
+// ingressService renders a dsr or stateless-dnat service's chains. The backend id travels in
+// the header field that the chain rewrites once it has translated the id: the destination
+// MAC (dsr) or the destination address (stateless-dnat); no mark is used.
 func ingressService(b *builder, ss *ServiceState) {
 	name, proto := ss.Service.Name, ss.Protocol
 	dsr := ss.Topology == DSR
-	macs, ports := name+"-macs", name+"-ports"
+	macs := name + "-macs"
 	translate := false
 	for _, be := range ss.Backends {
 		translate = translate || !dsr && len(ss.Ports) == 1 && be.Port != ss.Ports[0]
 	}
 	if dsr {
-		b.mapping(macs, "meta mark : ether daddr", name+": backend id -> MAC", 0)
-	} else if translate {
-		b.mapping(ports, "meta mark : "+proto+" dport", name+": backend id -> port", 0)
-	}
-	for _, be := range ss.Backends {
-		switch {
-		case !be.Known:
-		case dsr:
-			b.elem(macs, []string{id(be)}, be.MAC.String())
-		case translate:
-			b.elem(ports, []string{id(be)}, strconv.Itoa(be.Port))
+		b.mapping(macs, "ether daddr : ether daddr", name+": backend id -> MAC", 0)
+		for _, be := range ss.Backends {
+			if be.Known {
+				b.elem(macs, []string{idMAC(be)}, be.MAC.String())
+			}
 		}
 	}
 	for _, is6 := range ss.families() {
 		f := fam(is6)
 		pre := name + " " + f.suffix + ": "
-		flows, slotsMap, addrs := name+"-flows-"+f.suffix, name+"-slots-"+f.suffix, name+"-addrs-"+f.suffix
+		flows, slotsMap := name+"-flows-"+f.suffix, name+"-slots-"+f.suffix
+		addrs, ports := name+"-addrs-"+f.suffix, name+"-ports-"+f.suffix
+		stash, ids := "ether daddr", macs
+		if !dsr {
+			stash, ids = f.nf+" daddr", addrs
+		}
 		// The flow key: the client's address and port (its address only with persistence).
 		// nft 1.0.6 cannot update a map with a key longer than 16 bytes, so an IPv6 address
 		// and port are hashed; a collision (two flows, one hash) sends both to one backend.
@@ -459,52 +518,54 @@ func ingressService(b *builder, ss *ServiceState) {
 		if p := ss.Service.Persistence; p != nil {
 			key, keyType, timeout = f.nf+" saddr", "", p.Duration
 		}
-		b.mapping(flows, cmp.Or(keyType, key)+" : meta mark", pre+"flow -> backend id", timeout)
-		b.mapping(slotsMap, "numgen inc mod 1 : meta mark", pre+"slot -> backend id", 0)
+		b.mapping(flows, cmp.Or(keyType, key)+" : "+stash, pre+"flow -> backend id", timeout)
+		b.mapping(slotsMap, "numgen inc mod 1 : "+stash, pre+"slot -> backend id", 0)
 		if !dsr {
-			b.mapping(addrs, "meta mark : "+f.nf+" daddr", pre+"backend id -> address", 0)
+			b.mapping(addrs, stash+" : "+f.nf+" daddr", pre+"backend id -> address", 0)
+			if translate {
+				b.mapping(ports, stash+" : "+proto+" dport", pre+"backend id -> port", 0)
+			}
 		}
 		chain := "dsr-" + name + "-" + f.suffix
 		if !dsr {
 			chain = "sdnat-" + name + "-" + f.suffix
 		}
 		b.chain(&knftables.Chain{Name: chain})
-		b.rule(chain, pre+"count", b.counter(chain, pre+whatPackets)+" meta mark set 0")
+		b.rule(chain, pre+"count", b.counter(chain, pre+whatPackets))
 		slots := ss.slots(f.is6)
-		sched := ""
+		r := recorder{key: key, stash: stash, flows: flows, ids: ids}
 		if len(slots) > 0 {
-			sched = " meta mark set " + schedExpr(ss, f, len(slots)) + " map @" + slotsMap
-			b.rule(chain, pre+"new flow: schedule "+ss.Sched, key+" != @"+flows+sched)
+			r.sched = stash + " set " + schedExpr(ss, f, len(slots)) + " map @" + slotsMap
 		}
-		b.rule(chain, pre+"known flow", key+" @"+flows+" meta mark set "+key+" map @"+flows)
-		// A flow whose backend is gone (down, failed, removed) is forgotten and scheduled
-		// anew; a draining backend stays in the id map, so its flows stay.
-		ids := macs
+		restore := "" // dsr: no scheduler hashes the destination MAC
 		if !dsr {
-			ids = addrs
+			restore = stash + " set " + vipOf(ss, f) + " " // stateless-dnat: one VIP per family
 		}
-		if sched == "" {
-			sched = " meta mark set 0"
-		}
-		b.rule(chain, pre+"forget a flow whose backend is gone", "meta mark != 0 meta mark != @"+ids+" delete @"+flows+" { "+key+" : meta mark }"+sched)
-		remember := "meta mark != 0 update @" + flows + " { " + key + " : meta mark } "
+		r.rules(b, chain, pre, "flow", restore)
 		if dsr {
-			b.rule(chain, pre+"to the backend's MAC", remember+"ether saddr set "+ss.OutMAC.String()+
-				" ether daddr set meta mark map @"+macs+" meta mark set 0 fwd to "+strconv.Quote(ss.Service.backendInterface()))
+			b.rule(chain, pre+"to the backend's MAC", "ether saddr set "+ss.OutMAC.String()+
+				" ether daddr set ether daddr map @"+macs+" fwd to "+strconv.Quote(ss.Service.backendInterface()))
 		} else {
-			rw := remember + f.nf + " daddr set meta mark map @" + addrs
+			rw := ""
 			if translate {
-				rw += " " + proto + " dport set meta mark map @" + ports
+				rw = proto + " dport set " + stash + " map @" + ports + " "
 			}
-			b.rule(chain, pre+"to the backend's address", rw+" meta mark set 0 accept")
+			b.rule(chain, pre+"to the backend's address", rw+stash+" set "+stash+" map @"+addrs+" accept")
 		}
 		b.rule(chain, pre+"no backend available", "counter drop")
 		for i, be := range slots {
-			b.elem(slotsMap, []string{strconv.Itoa(i)}, id(be))
+			v := idMAC(be)
+			if !dsr {
+				v = idAddr(be, f)
+			}
+			b.elem(slotsMap, []string{strconv.Itoa(i)}, v)
 		}
 		for _, be := range ss.Backends {
 			if be.Known && !dsr && be.Addr.Is6() == f.is6 {
-				b.elem(addrs, []string{id(be)}, be.Addr.String())
+				b.elem(addrs, []string{idAddr(be, f)}, be.Addr.String())
+				if translate {
+					b.elem(ports, []string{idAddr(be, f)}, strconv.Itoa(be.Port))
+				}
 			}
 		}
 		for _, k := range vipKeys(ss, f) {
@@ -513,16 +574,21 @@ func ingressService(b *builder, ss *ServiceState) {
 	}
 }
 
-// statelessReverse rewrites replies from the backends (arriving on the backend interface)
-// back to the VIP and the service port.
-func statelessReverse(b *builder, ss *ServiceState, f family) {
-	name := ss.Service.Name
+// vipOf returns the service's (last) VIP of the family.
+func vipOf(ss *ServiceState, f family) string {
 	var vip string
 	for _, v := range ss.VIPs {
 		if v.Is6() == f.is6 {
 			vip = v.String()
 		}
 	}
+	return vip
+}
+
+// statelessReverse rewrites replies from the backends (arriving on the backend interface)
+// back to the VIP and the service port.
+func statelessReverse(b *builder, ss *ServiceState, f family) {
+	name, vip := ss.Service.Name, vipOf(ss, f)
 	chain := "rev-" + name + "-" + f.suffix
 	b.chain(&knftables.Chain{Name: chain})
 	b.rule(chain, name+" "+f.suffix+": to this host (health checks)", f.nf+" daddr @local-"+f.suffix+" accept")
@@ -539,8 +605,6 @@ func statelessReverse(b *builder, ss *ServiceState, f family) {
 		}
 	}
 }
-
-func id(be *BackendState) string { return strconv.FormatUint(uint64(be.ID), 10) }
 
 // AddAll adds every table of r, whole, to tx.
 func (r *Ruleset) AddAll(tx *knftables.Transaction) {

@@ -4,6 +4,8 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -108,8 +110,20 @@ func TestRenderVariants(t *testing.T) {
 	for i := range dsrDown.Backends {
 		dsrDown.Backends[i].State = StateDrain
 	}
+	multiPersist := multi
+	multiPersist.Persistence = D(time.Minute)
+	var persistDown []Service
+	for _, s := range []Service{persist(SNAT), rename(persist(StatelessDNAT), "sl", "192.0.2.12", "2001:db8::12"), rename(persist(DSR), "dsr", "192.0.2.11")} {
+		for i := range s.Backends {
+			s.Backends[i].State = StateDown
+		}
+		s.Backends[0].State = StateDrain // its persistent clients stay, no new ones
+		persistDown = append(persistDown, s)
+	}
 	for name, svcs := range map[string][]Service{
 		"persistence-snat":        {persist(SNAT)},
+		"persistence-dnat-ports":  {multiPersist},
+		"persistence-none-up":     persistDown,
 		"persistence-dsr":         {persist(DSR)},
 		"persistence-stateless":   {persist(StatelessDNAT)},
 		"multiport-udp":           {multi},
@@ -157,5 +171,80 @@ func TestRenderComments(t *testing.T) {
 	b, _ := Render(Resolve([]Service{fixture(SNAT, Hash), rename(fixture(DSR, RoundRobin), "dsr", "192.0.2.11")}, nil, testEnv)).Dump()
 	if diff := golden.Diff(a, b); diff != "" {
 		t.Errorf("render is not deterministic:\n%s", diff)
+	}
+}
+
+// Persistence is race-free when every chain that remembers a choice records it before it
+// sends the packet on, and sends it where the map says: a new key is scheduled into a
+// backend id, `update` inserts it unless another packet's (another CPU's) is there already,
+// the id is read back from the map, and only that id is translated to the backend. The id
+// travels in a header field the chain rewrites anyway: no rule touches a mark.
+func TestRenderRecordsBeforeSending(t *testing.T) {
+	for _, topo := range topologies {
+		s := fixture(topo, RoundRobin)
+		s.Persistence = D(10 * time.Minute)
+		for _, sched := range []string{RoundRobin, SymHash} {
+			s.Scheduler = sched
+			r := Render(Resolve([]Service{s}, nil, testEnv))
+			chains := 0
+			for _, tab := range r.Tables {
+				byChain := map[string][]string{}
+				for _, rl := range tab.Rules {
+					if strings.Contains(rl.Rule, "mark") {
+						t.Errorf("%s: a rule uses a mark: %s", topo, rl.Rule)
+					}
+					byChain[rl.Chain] = append(byChain[rl.Chain], rl.Rule)
+				}
+				for chain, rules := range byChain {
+					if !strings.Contains(chain, "web-v") || strings.HasPrefix(chain, "post-") || strings.HasPrefix(chain, "rev-") {
+						continue
+					}
+					chains++
+					checkRecordOrder(t, topo+" "+sched+" "+chain, rules)
+				}
+			}
+			if chains != 2 {
+				t.Errorf("%s: %d service chains, want 2", topo, chains)
+			}
+		}
+	}
+}
+
+// checkRecordOrder checks one service chain: schedule (on a miss) < update + read back <
+// forget < send (translating the stash through the id map).
+func checkRecordOrder(t *testing.T, what string, rules []string) {
+	t.Helper()
+	re := regexp.MustCompile(`^update @(\S+) \{ (.+) : (.+) \} (.+) set (.+) map @(\S+)$`)
+	rec := -1
+	var dyn, key, stash string
+	for i, rl := range rules {
+		if m := re.FindStringSubmatch(rl); m != nil {
+			rec, dyn, key, stash = i, m[1], m[2], m[3]
+			if m[4] != stash || m[5] != key || m[6] != dyn {
+				t.Errorf("%s: the record rule does not read back what it inserted: %s", what, rl)
+			}
+		}
+	}
+	if rec < 0 {
+		t.Fatalf("%s: no rule records and reads back the choice:\n%s", what, strings.Join(rules, "\n"))
+	}
+	sched := slices.IndexFunc(rules, func(r string) bool { return strings.HasPrefix(r, key+" != @"+dyn+" "+stash+" set ") })
+	forget := slices.IndexFunc(rules, func(r string) bool { return strings.HasPrefix(r, stash+" != @") })
+	send := slices.IndexFunc(rules, func(r string) bool {
+		return strings.Contains(r, "dnat ip") || strings.Contains(r, "fwd to") || strings.HasSuffix(r, " accept")
+	})
+	if !(0 < sched && sched < rec && rec < forget && forget < send) {
+		t.Errorf("%s: schedule %d, record %d, forget %d, send %d: not in that order:\n%s", what, sched, rec, forget, send, strings.Join(rules, "\n"))
+	}
+	if f := rules[forget]; !strings.HasSuffix(f, "update @"+dyn+" { "+key+" : "+stash+" } "+stash+" set "+key+" map @"+dyn) {
+		t.Errorf("%s: the forget rule does not record and read back its new choice: %s", what, f)
+	}
+	if !strings.Contains(rules[send], stash+" map @") || strings.Contains(rules[send], "@"+dyn) {
+		t.Errorf("%s: the packet is not sent where the id read back says: %s", what, rules[send])
+	}
+	for _, rl := range rules[:rec] {
+		if strings.Contains(rl, "update @") || strings.Contains(rl, "add @") {
+			t.Errorf("%s: a rule before the record rule writes a map: %s", what, rl)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package lbtest
 import (
 	"bufio"
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -542,4 +543,143 @@ func (p *preparedConn) connect() (net.Conn, error) {
 		return nil, fmt.Errorf("connect: %w", cmp.Or(err, error(unix.Errno(e))))
 	}
 	return net.FileConn(f)
+}
+
+// A persistent client keeps its entry across the agent's full resyncs (which delete entries
+// that point at no known backend: the ids must read back as written), and loses it when its
+// backend goes down: snat and dnat at once (the agent deletes it), every topology at the
+// client's next connection (the chain forgets it); the client then sticks to one new backend,
+// also once the old one is back.
+func TestPersistenceForgetsDownBackends(t *testing.T) {
+	s := sc("persist")
+	type combo struct {
+		topo string
+		fam  int
+	}
+	var combos []combo
+	for _, topoName := range topologies {
+		for fam := range 2 {
+			combos = append(combos, combo{topoName, fam})
+		}
+	}
+	src := func(c combo) netip.Addr { return clientAddr(0, c.fam, c.topo == lb.DSR) }
+	one := func(c combo) string {
+		t.Helper()
+		got, err := requests(src(c), target(c.topo, s, c.fam), 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(count(got)) != 1 {
+			t.Fatalf("%s %s: client %s moved between backends: %v", shortTopo[c.topo], famName(c.fam), src(c), got)
+		}
+		return got[0]
+	}
+	before, entry := map[combo]string{}, map[combo]string{}
+	for _, c := range combos {
+		before[c] = one(c)
+		entry[c] = persistEntry(t, c.topo, c.fam, src(c))
+		if entry[c] == "" {
+			t.Fatalf("%s %s: no entry for %s", shortTopo[c.topo], famName(c.fam), src(c))
+		}
+	}
+	time.Sleep(3500 * time.Millisecond) // the agent's resync period is 3s: a full read
+	for _, c := range combos {
+		if got := persistEntry(t, c.topo, c.fam, src(c)); got != entry[c] {
+			t.Errorf("%s %s: the entry of %s went from %q to %q over a resync", shortTopo[c.topo], famName(c.fam), src(c), entry[c], got)
+		}
+	}
+	// Down: each client's backend, per family (dsr: by its IPv4 key, for both).
+	down := map[[2]string]bool{}
+	for _, c := range combos {
+		i := int(before[c][1] - '1')
+		k := [2]string{svcName(c.topo, s), backendKey(c.topo, s, i, c.fam)}
+		if down[k] {
+			continue
+		}
+		down[k] = true
+		if out, err := topo.ha("lb", "backend", "set", k[0], k[1], "--state", "down"); err != nil {
+			t.Fatalf("down: %v\n%s", err, out)
+		}
+		defer topo.ha("lb", "backend", "set", k[0], k[1], "--state", "up")
+	}
+	for _, c := range combos {
+		if c.topo != lb.SNAT && c.topo != lb.DNAT {
+			continue
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for persistEntry(t, c.topo, c.fam, src(c)) != "" {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s %s: the agent kept the entry of %s on down %s", shortTopo[c.topo], famName(c.fam), src(c), before[c])
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	after := map[combo]string{}
+	for _, c := range combos {
+		after[c] = one(c)
+		if after[c] == before[c] {
+			t.Errorf("%s %s: client %s still on down %s", shortTopo[c.topo], famName(c.fam), src(c), before[c])
+		}
+		if e := persistEntry(t, c.topo, c.fam, src(c)); e == "" || e == entry[c] {
+			t.Errorf("%s %s: entry of %s after its backend went down: %q (was %q)", shortTopo[c.topo], famName(c.fam), src(c), e, entry[c])
+		}
+	}
+	for k := range down {
+		if out, err := topo.ha("lb", "backend", "set", k[0], k[1], "--state", "up"); err != nil {
+			t.Fatalf("up: %v\n%s", err, out)
+		}
+	}
+	for _, c := range combos {
+		if got := one(c); got != after[c] {
+			t.Errorf("%s %s: client %s moved from %s to %s when %s came back", shortTopo[c.topo], famName(c.fam), src(c), after[c], got, before[c])
+		}
+	}
+}
+
+// persistEntry returns the backend id that the persistence map (snat, dnat) or flow table
+// (dsr, stateless-dnat) of the persist service holds for client, "" without an entry.
+func persistEntry(t *testing.T, topoName string, fam int, client netip.Addr) string {
+	t.Helper()
+	svc := svcName(topoName, sc("persist"))
+	args := []string{"inet", lb.NATTable, svc + "-persist-" + famName(fam)}
+	switch topoName {
+	case lb.DSR:
+		args = []string{"netdev", lb.IngressTablePrefix + "eth1", svc + "-flows-" + famName(fam)}
+	case lb.StatelessDNAT:
+		args = []string{"netdev", lb.IngressTablePrefix + "eth0", svc + "-flows-" + famName(fam)}
+	}
+	out, err := topo.lb.Exec(append([]string{"nft", "--json", "list", "map"}, args...)...)
+	if err != nil {
+		t.Fatal(err, out)
+	}
+	var doc struct {
+		Nftables []map[string]struct {
+			Elem [][2]json.RawMessage `json:"elem"`
+		} `json:"nftables"`
+	}
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range doc.Nftables {
+		for _, e := range o["map"].Elem {
+			if jsonValue(e[0]) == client.String() {
+				return jsonValue(e[1])
+			}
+		}
+	}
+	return ""
+}
+
+// jsonValue reads an element's key or value: a string or a number, or {"elem": {"val": ...}}
+// with a timeout.
+func jsonValue(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var e struct{ Elem struct{ Val json.RawMessage } }
+	if json.Unmarshal(raw, &e) == nil && e.Elem.Val != nil {
+		return jsonValue(e.Elem.Val)
+	}
+	return string(raw) // a number
 }
