@@ -115,9 +115,18 @@ var metricsPort atomic.Int32
 // addresses) and the config file; the agent is not started.
 func newNode(t *testing.T) *node {
 	t.Helper()
+	if os.Getenv("HOSTACCEL_IN_VM") == "1" {
+		t.Skip("runs on the host (scripts/test.sh); the VM runs the flowtable's churn only")
+	}
 	if !(caps.Has(probe.TCX) || caps.Has(probe.ClsBPF)) || !caps.Has(probe.RedirectNeigh) {
 		t.Skip("this kernel cannot run the tc datapath")
 	}
+	return setupNode(t)
+}
+
+// setupNode builds what newNode describes, for any datapath.
+func setupNode(t *testing.T) *node {
+	t.Helper()
 	n := &node{Topo: testbed.NewTopoT(t, testbed.TopoOptions{}), dir: t.TempDir()}
 	n.cfg, n.state, n.socket = filepath.Join(n.dir, "hostaccel.yaml"), filepath.Join(n.dir, "agent.json"), filepath.Join(n.dir, "lb.sock")
 	n.metrics = fmt.Sprintf("127.0.0.1:%d", 9500+metricsPort.Add(1))
@@ -433,3 +442,6 @@ func (s *syncBuffer) tail(n int) string {
 	lines := strings.Split(s.String(), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
+
+// exchangeOn moves 64 KiB over an open connection and reads the echo.
+func exchangeOn(c net.Conn) error { return testbed.Transfer(c, 64<<10, 16<<10) }
