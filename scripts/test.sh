@@ -40,6 +40,6 @@ if .cache/bin/hostaccel probe -o json | grep -A1 '"name": "flowtable"' | grep -q
 else
 	echo "== kernel tests in the VM ($(cat .cache/kernel/VERSION 2>/dev/null || basename "$(readlink -f .cache/kernel)"))"
 	VMEXEC_FILES="$ROOT/.cache/bin/hostaccel" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_REQUIRE_FLOWTABLE=1 HOSTACCEL_BIN=/vmtest/hostaccel" \
-		go test -count=1 -p 1 -timeout 30m -exec "$ROOT/vmtest/vmexec.sh" ./test/e2e/ ./internal/probe/ ./internal/conntrack/ ./internal/tc/
+		go test -count=1 -p 1 -timeout 40m -exec "$ROOT/vmtest/vmexec.sh" ./test/e2e/ ./test/reliability/ ./internal/probe/ ./internal/conntrack/ ./internal/tc/
 fi
 echo "== all tests passed in $(($(date +%s) - T0)) s"

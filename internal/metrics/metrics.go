@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/hostaccel/hostaccel/internal/agent"
@@ -36,7 +37,9 @@ func New(gather func(context.Context) agent.Status) *Metrics {
 			Help: "1 when the last sync succeeded and nothing is degraded, else 0."}),
 	}
 	m.Registry.MustRegister(m.syncs, m.syncErrors, m.duration, m.devices, m.healthy,
-		&kernelCollector{gather: gather})
+		&kernelCollector{gather: gather},
+		// The agent's own health under churn: go_goroutines, go_memstats_*, process_resident_memory_bytes, process_open_fds.
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

@@ -51,3 +51,22 @@ hostaccel_healthy 1
 		t.Error(err)
 	}
 }
+
+// The agent's own resources are on /metrics: what a churn or restart test (and an operator)
+// watches for leaks.
+func TestProcessAndRuntimeMetrics(t *testing.T) {
+	m := New(func(context.Context) agent.Status { return agent.Status{} })
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, mf := range mfs {
+		have[mf.GetName()] = true
+	}
+	for _, name := range []string{"go_goroutines", "go_memstats_heap_alloc_bytes", "process_resident_memory_bytes", "process_open_fds"} {
+		if !have[name] {
+			t.Errorf("metrics lack %s", name)
+		}
+	}
+}
