@@ -253,21 +253,9 @@ func parsePrefixes(errs *Errors, name string, in []string) []field {
 	var out []field
 	for i, s := range in {
 		f := fmt.Sprintf("%s[%d]", name, i)
-		p, err := netip.ParsePrefix(s)
+		p, err := model.ParsePrefix(s)
 		if err != nil {
-			if a, aerr := netip.ParseAddr(s); aerr == nil { // a bare address is a host prefix
-				p = netip.PrefixFrom(a, a.BitLen())
-			} else {
-				*errs = append(*errs, fmt.Errorf("%s: %q is not a valid CIDR", f, s))
-				continue
-			}
-		}
-		if p.Addr().Zone() != "" {
-			*errs = append(*errs, fmt.Errorf("%s: %q has a zone", f, s))
-			continue
-		}
-		if p.Masked() != p {
-			*errs = append(*errs, fmt.Errorf("%s: %q has host bits set (did you mean %s?)", f, s, p.Masked()))
+			*errs = append(*errs, fmt.Errorf("%s: %w", f, err))
 			continue
 		}
 		out = append(out, field{f, p})
@@ -278,9 +266,9 @@ func parsePrefixes(errs *Errors, name string, in []string) []field {
 func parseAddrs(errs *Errors, name string, in []string) []netip.Addr {
 	var out []netip.Addr
 	for i, s := range in {
-		a, err := netip.ParseAddr(s)
-		if err != nil || a.Zone() != "" {
-			*errs = append(*errs, fmt.Errorf("%s[%d]: %q is not a valid IP address", name, i, s))
+		a, err := model.ParseAddr(s)
+		if err != nil {
+			*errs = append(*errs, fmt.Errorf("%s[%d]: %w", name, i, err))
 			continue
 		}
 		out = append(out, a)

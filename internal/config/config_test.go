@@ -122,3 +122,34 @@ func TestLoadBalancerVIPsAccelerated(t *testing.T) {
 		t.Errorf("loadBalancerIPs: %v", s.LoadBalancerIPs)
 	}
 }
+
+// An IPv6 zone is rejected wherever an address or a CIDR is written, naming the field: it
+// used to be dropped silently ("fe80::%eth0/64" became fe80::/128 and was installed).
+func TestZonesRejected(t *testing.T) {
+	lbSvc := func(vip, backend, snat string) string {
+		return fmt.Sprintf("loadBalancer:\n  services:\n  - {name: web, vips: [%q], port: 80, topology: snat, snatAddresses: [%q], backends: [{address: %q}]}\n", vip, snat, backend)
+	}
+	for _, tc := range []struct{ yaml, want string }{
+		{strings.Replace(good, "peerPodCIDRs: [10.244.2.0/24]", `peerPodCIDRs: [10.244.2.0/24, "fe80::%eth0/64"]`, 1),
+			`node.peerPodCIDRs[1]: "fe80::%eth0/64" has an IPv6 zone (%eth0/64); zones are not allowed`},
+		{strings.Replace(good, "peerPodCIDRs: [10.244.2.0/24]", `peerPodCIDRs: ["fe80::1%eth0"]`, 1),
+			`node.peerPodCIDRs[0]: "fe80::1%eth0" has an IPv6 zone (%eth0)`},
+		{good + "exclude: [\"fe80::1%eth0/128\"]\n", `exclude[0]: "fe80::1%eth0/128" has an IPv6 zone`},
+		{strings.Replace(good, "  gateways:", "  serviceCIDRs: [\"fd00::%1/112\"]\n  gateways:", 1), `node.serviceCIDRs[0]: "fd00::%1/112" has an IPv6 zone`},
+		{strings.Replace(good, "  gateways:", "  loadBalancerIPs: [\"fe80::5%gw\"]\n  gateways:", 1), `node.loadBalancerIPs[0]: "fe80::5%gw" has an IPv6 zone`},
+		{strings.Replace(good, "  gateways:", "  nodeIPs: [\"fe80::2%eth0\"]\n  gateways:", 1), `node.nodeIPs[0]: "fe80::2%eth0" has an IPv6 zone`},
+		{strings.Replace(good, "  gateways:", "  peerNodeIPs: [\"fe80::3%eth0\"]\n  gateways:", 1), `node.peerNodeIPs[0]: "fe80::3%eth0" has an IPv6 zone`},
+		{good + lbSvc("2001:db8::1%eth0", "fd00::1", "2001:db8::2"), `loadBalancer.services[0].vips[0]: "2001:db8::1%eth0" has an IPv6 zone`},
+		{good + lbSvc("2001:db8::1", "fd00::1%eth0", "2001:db8::2"), `loadBalancer.services[0].backends[0].address: "fd00::1%eth0" has an IPv6 zone`},
+		{good + lbSvc("2001:db8::1", "fd00::1", "2001:db8::2%eth0"), `loadBalancer.services[0].snatAddresses[0]: "2001:db8::2%eth0" has an IPv6 zone`},
+	} {
+		_, err := Parse([]byte(tc.yaml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("got %v, want an error containing %q", err, tc.want)
+		}
+	}
+	// The same addresses without a zone are fine.
+	if _, err := Parse([]byte(strings.Replace(good, "peerPodCIDRs: [10.244.2.0/24]", `peerPodCIDRs: ["fe80::/64", "fe81::1"]`, 1) + lbSvc("2001:db8::1", "fd00::1", "2001:db8::2"))); err != nil {
+		t.Error(err)
+	}
+}

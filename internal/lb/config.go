@@ -228,7 +228,7 @@ func ValidateServices(svcs []Service, field func(i int) string) []error {
 		names[s.Name] = i
 		proto := s.proto()
 		for k, v := range s.VIPs {
-			a, err := netip.ParseAddr(v)
+			a, err := model.ParseAddr(v)
 			if err != nil {
 				continue
 			}
@@ -244,7 +244,7 @@ func ValidateServices(svcs []Service, field func(i int) string) []error {
 		// so no other service (but dsr, whose replies bypass this host) may share the backend.
 		if s.topology() != DSR {
 			for k, b := range s.Backends {
-				a, err := netip.ParseAddr(b.Address)
+				a, err := model.ParseAddr(b.Address)
 				if err != nil {
 					continue
 				}
@@ -317,10 +317,10 @@ func (s *Service) validate(f string) []error {
 	}
 	seen := map[netip.Addr]bool{}
 	for i, v := range s.VIPs {
-		a, err := netip.ParseAddr(v)
+		a, err := model.ParseAddr(v)
 		switch {
-		case err != nil || a.Zone() != "":
-			bad("vips[%d]: %q is not a valid IP address", i, v)
+		case err != nil:
+			bad("vips[%d]: %v", i, err)
 			continue
 		case a.IsUnspecified() || a.IsMulticast() || a.IsLoopback():
 			bad("vips[%d]: %s cannot be a virtual IP", i, a)
@@ -358,9 +358,9 @@ func (s *Service) validate(f string) []error {
 	}
 	snatFam := map[bool]bool{}
 	for i, v := range s.SNATAddresses {
-		a, err := netip.ParseAddr(v)
-		if err != nil || a.Zone() != "" {
-			bad("snatAddresses[%d]: %q is not a valid IP address", i, v)
+		a, err := model.ParseAddr(v)
+		if err != nil {
+			bad("snatAddresses[%d]: %v", i, err)
 			continue
 		}
 		if snatFam[a.Is6()] {
@@ -421,9 +421,11 @@ func (s *Service) validate(f string) []error {
 	slots := map[bool]int{}
 	for i, b := range s.Backends {
 		bf := fmt.Sprintf("backends[%d]", i)
-		a, err := netip.ParseAddr(b.Address)
-		if err != nil || a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() {
-			bad("%s.address: %q is not a valid backend address", bf, b.Address)
+		a, err := model.ParseAddr(b.Address)
+		if err != nil {
+			bad("%s.address: %v", bf, err)
+		} else if a.IsUnspecified() || a.IsMulticast() {
+			bad("%s.address: %s cannot be a backend", bf, a)
 		} else {
 			if bseen[bkey{a, b.Port}] {
 				bad("%s: %s port %d is listed twice", bf, a, b.Port)

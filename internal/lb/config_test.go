@@ -53,7 +53,7 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].hashFields: only the hash scheduler hashes fields`, func(s *Service) { s.HashFields = []string{"src-ip"} }},
 		{`services[0].hashFields[0]: "mac" is not one of src-ip, src-port, dst-ip, dst-port`, func(s *Service) { s.Scheduler, s.HashFields = Hash, []string{"mac"} }},
 		{`services[0].backends: a dnat service needs at least one backend`, func(s *Service) { s.Backends = nil }},
-		{`services[0].backends[0].address: "backend1" is not a valid backend address`, func(s *Service) { s.Backends[0].Address = "backend1" }},
+		{`services[0].backends[0].address: "backend1" is not a valid IP address`, func(s *Service) { s.Backends[0].Address = "backend1" }},
 		{`services[0].backends[1]: 10.0.1.11 port 8080 is listed twice`, func(s *Service) { s.Backends[1].Address = "10.0.1.11" }},
 		{`services[0].backends[0].weight: 1001 is not between 1 and 1000`, func(s *Service) { s.Backends[0].Weight = 1001 }},
 		{`services[0].backends[0].priority: -1 is negative`, func(s *Service) { s.Backends[0].Priority = -1 }},
