@@ -116,7 +116,8 @@ type Backend struct {
 	// Port the backend listens on; 0 keeps the port the client asked for.
 	Port int `json:"port,omitempty"`
 	// Weight (1-1000, default 1): the share of new connections, relative to the others.
-	Weight int `json:"weight,omitempty"`
+	// nil is the default; an explicit 0 is an error (not "off": use state drain or down).
+	Weight *int `json:"weight,omitempty"`
 	// Priority: 0 (default) for primaries; backends with a higher number are used only when
 	// no backend with a lower number is up.
 	Priority int    `json:"priority,omitempty"`
@@ -441,10 +442,10 @@ func (s *Service) validate(f string) []error {
 		case b.Port != 0 && topo == DSR && b.Port != s.Port:
 			bad("%s.port: dsr cannot translate ports (%d != %d); leave the backend's port out", bf, b.Port, s.Port)
 		}
-		if b.Weight < 0 || b.Weight > maxWeight {
-			bad("%s.weight: %d is not between 1 and %d", bf, b.Weight, maxWeight)
+		if b.Weight != nil && (*b.Weight < 1 || *b.Weight > maxWeight) {
+			bad("%s.weight: %d is not between 1 and %d", bf, *b.Weight, maxWeight)
 		}
-		slots[a.Is6()] += max(b.Weight, 1)
+		slots[a.Is6()] += b.weight()
 		if b.Priority < 0 {
 			bad("%s.priority: %d is negative (0 is a primary, higher numbers are backups)", bf, b.Priority)
 		}
@@ -476,6 +477,14 @@ func (s *Service) validate(f string) []error {
 		errs = append(errs, hc.validate(f+".healthCheck")...)
 	}
 	return errs
+}
+
+// weight is the backend's weight, 1 when it has none.
+func (b *Backend) weight() int {
+	if b.Weight == nil {
+		return 1
+	}
+	return *b.Weight
 }
 
 func famName(is6 bool) string {

@@ -55,7 +55,9 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].backends: a dnat service needs at least one backend`, func(s *Service) { s.Backends = nil }},
 		{`services[0].backends[0].address: "backend1" is not a valid IP address`, func(s *Service) { s.Backends[0].Address = "backend1" }},
 		{`services[0].backends[1]: 10.0.1.11 port 8080 is listed twice`, func(s *Service) { s.Backends[1].Address = "10.0.1.11" }},
-		{`services[0].backends[0].weight: 1001 is not between 1 and 1000`, func(s *Service) { s.Backends[0].Weight = 1001 }},
+		{`services[0].backends[0].weight: 1001 is not between 1 and 1000`, func(s *Service) { s.Backends[0].Weight = new(1001) }},
+		{`services[0].backends[0].weight: 0 is not between 1 and 1000`, func(s *Service) { s.Backends[0].Weight = new(0) }},
+		{`services[0].backends[1].weight: -2 is not between 1 and 1000`, func(s *Service) { s.Backends[1].Weight = new(-2) }},
 		{`services[0].backends[0].priority: -1 is negative`, func(s *Service) { s.Backends[0].Priority = -1 }},
 		{`services[0].backends[0].state: "paused" is not one of up, drain, down`, func(s *Service) { s.Backends[0].State = "paused" }},
 		{`services[0].backends[0].mac: only dsr backends are reached by their MAC address`, func(s *Service) { s.Backends[0].MAC = "02:00:00:00:00:01" }},
@@ -74,7 +76,7 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].persistence: 500ms is not between 1s and 24h`, func(s *Service) { s.Persistence = D(500 * time.Millisecond) }},
 		{`services[0].backends: the IPv4 weights add up to 4101 map entries (at most 4096)`, func(s *Service) {
 			for i := range 5 {
-				s.Backends = append(s.Backends, Backend{Address: fmt.Sprintf("10.0.2.%d", i), Weight: 820})
+				s.Backends = append(s.Backends, Backend{Address: fmt.Sprintf("10.0.2.%d", i), Weight: new(820)})
 			}
 		}},
 		{`services[0].healthCheck.type: "icmp" is not one of tcp, http, https, udp, dns, command, none`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "icmp"} }},
@@ -152,5 +154,27 @@ func TestConfigSection(t *testing.T) {
 	b, _ := yaml.Marshal(Config{Services: []Service{{Name: "x", Persistence: D(time.Minute), HealthCheck: &HealthCheck{Type: "tcp", Interval: Duration{Duration: time.Second}}}}})
 	if err := yaml.UnmarshalStrict(b, &round); err != nil || round.Services[0].Persistence.Duration != time.Minute {
 		t.Errorf("round trip: %v %s", err, b)
+	}
+}
+
+// A weight written as 0 is refused (it used to count as 1); a weight left out is 1.
+func TestWeightZeroRefused(t *testing.T) {
+	s, err := DecodeService([]byte("name: web\nvips: [192.0.2.10]\nport: 80\nbackends:\n- {address: 10.0.1.11}\n- {address: 10.0.1.12, weight: 0}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := fmt.Sprint(ValidateServices([]Service{s}, byIndex))
+	if want := "loadBalancer.services[0].backends[1].weight: 0 is not between 1 and 1000"; !strings.Contains(errs, want) {
+		t.Errorf("got %s, want %q", errs, want)
+	}
+	s.Backends = s.Backends[:1]
+	if errs := ValidateServices([]Service{s}, byIndex); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if w := Resolve([]Service{s}, nil, Env{}).Services[0].Backends[0].Weight; w != 1 {
+		t.Errorf("default weight %d", w)
+	}
+	if b, _ := yaml.Marshal(s); strings.Contains(string(b), "weight") {
+		t.Errorf("a default weight is written out:\n%s", b)
 	}
 }
