@@ -4,16 +4,12 @@ package config
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
-
-	"sigs.k8s.io/yaml"
 
 	"github.com/hostaccel/hostaccel/internal/lb"
 	"github.com/hostaccel/hostaccel/internal/model"
@@ -115,22 +111,11 @@ func Load(path string) (*Config, error) {
 	return c, nil
 }
 
-var unknownField = regexp.MustCompile(`unknown field "([^"]+)"`)
-
 // Parse decodes YAML strictly and validates it.
 func Parse(b []byte) (*Config, error) {
 	var c Config
-	if err := yaml.UnmarshalStrict(b, &c); err != nil {
-		if m := unknownField.FindStringSubmatch(err.Error()); m != nil {
-			return nil, fmt.Errorf("unknown field %q", m[1])
-		}
-		msg := err.Error()
-		if i := strings.LastIndex(msg, "json: "); i >= 0 { // drop the yaml->json plumbing prefix
-			msg = msg[i+len("json: "):]
-		} else if i := strings.LastIndex(msg, "JSON: "); i >= 0 {
-			msg = msg[i+len("JSON: "):]
-		}
-		return nil, errors.New(msg)
+	if err := model.UnmarshalStrict(b, &c); err != nil {
+		return nil, err
 	}
 	if c.Datapath == "" {
 		c.Datapath = model.DatapathFlowtable

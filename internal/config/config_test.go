@@ -153,3 +153,34 @@ func TestZonesRejected(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// Every decoding error names its field, with indices, and durations say what they want (they
+// used to say `time: invalid duration "99999999999999h"` or `want a duration such as "30s"`).
+func TestDecodeErrorsNameTheField(t *testing.T) {
+	svcs := `loadBalancer:
+  services:
+  - {name: a, vips: [192.0.2.1], port: 80, backends: [{address: 10.0.0.1}]}
+  - {name: b, vips: [192.0.2.2], port: 80, %s, backends: [{address: 10.0.0.1}, {address: 10.0.0.2%s}]}
+`
+	for _, tc := range []struct{ yaml, want string }{
+		{good + "agent: {resyncPeriod: 99999999999999h}\n", `agent.resyncPeriod: "99999999999999h" is not a duration such as "30s" or "1m30s"`},
+		{good + "agent: {resyncPeriod: 30}\n", `agent.resyncPeriod: 30 is not a duration; write one such as "30s"`},
+		{good + "agent: {minSyncInterval: [1s]}\n", `agent.minSyncInterval: ["1s"] is not a duration`},
+		{good + "agent: {minSyncInterval: soon}\n", `agent.minSyncInterval: "soon" is not a duration`},
+		{good + fmt.Sprintf(svcs, "persistence: 5x", ""), `loadBalancer.services[1].persistence: "5x" is not a duration`},
+		{good + fmt.Sprintf(svcs, "topology: dsr, interface: eth0, flowTimeout: 1", ""), `loadBalancer.services[1].flowTimeout: 1 is not a duration`},
+		{good + fmt.Sprintf(svcs, "healthCheck: {type: tcp, interval: 5}", ""), `loadBalancer.services[1].healthCheck.interval: 5 is not a duration`},
+		{good + fmt.Sprintf(svcs, "healthCheck: {type: tcp, timeout: 2 s}", ""), `loadBalancer.services[1].healthCheck.timeout: "2 s" is not a duration`},
+		{good + fmt.Sprintf(svcs, "ports: [80, http]", ""), `loadBalancer.services[1].ports[1]: want an integer, got a string`},
+		{good + fmt.Sprintf(svcs, "scheduler: rr", ", port: x"), `loadBalancer.services[1].backends[1].port: want an integer, got a string`},
+		{good + fmt.Sprintf(svcs, "scheduler: rr", ", weight: 1.5"), `loadBalancer.services[1].backends[1].weight: want an integer, got number 1.5`},
+		{good + "packetThreshold: lots\n", `packetThreshold: want an integer, got a string`},
+		{strings.Replace(good, "{pod-to-pod: true}", "{pod-to-pod: true, pod-to-service: 3}", 1), `classes.pod-to-service: want true or false, got a number`},
+		{good + "exclude: [10.9.0.0/16, [10.8.0.0/16]]\n", `exclude[1]: want a string, got a list`},
+	} {
+		_, err := Parse([]byte(tc.yaml))
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("got %v\nwant an error starting with %q", err, tc.want)
+		}
+	}
+}

@@ -80,16 +80,16 @@ func (r *Runtime) startAPI(a API) (*apiServer, error) {
 	s := &apiServer{socket: a.Socket}
 	mux := r.Handler()
 	if err := os.MkdirAll(filepath.Dir(a.Socket), 0o755); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("loadBalancer.api.socket: %w", err)
 	}
 	os.Remove(a.Socket) // a stale socket from a previous run
 	ln, err := net.Listen("unix", a.Socket)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("loadBalancer.api.socket: %w", err)
 	}
 	if err := os.Chmod(a.Socket, 0o600); err != nil {
 		ln.Close()
-		return nil, err
+		return nil, fmt.Errorf("loadBalancer.api.socket: %w", err)
 	}
 	s.serve(ln, mux)
 	if a.Listen != "" {
@@ -106,7 +106,7 @@ func (r *Runtime) startAPI(a API) (*apiServer, error) {
 		tln, err := net.Listen("tcp", a.Listen)
 		if err != nil {
 			s.close()
-			return nil, err
+			return nil, fmt.Errorf("loadBalancer.api.listen: %w", err)
 		}
 		s.serve(tln, requireKey(k, mux))
 	}
@@ -388,7 +388,7 @@ func (r *Runtime) change(ctx context.Context, fn func(svcs []Service, o *Overlay
 	}
 	if err := o.Save(r.overlayPath); err != nil {
 		r.mu.Unlock()
-		return fmt.Errorf("save %s: %w", r.overlayPath, err)
+		return fmt.Errorf("loadBalancer.stateFile: %w", err)
 	}
 	r.overlay = o
 	r.gen++

@@ -2,6 +2,10 @@ package lb
 
 import (
 	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -176,5 +180,32 @@ func TestWeightZeroRefused(t *testing.T) {
 	}
 	if b, _ := yaml.Marshal(s); strings.Contains(string(b), "weight") {
 		t.Errorf("a default weight is written out:\n%s", b)
+	}
+}
+
+// Errors about the files and sockets the section names say which field they come from (a
+// state file that is a directory used to give just "read /x: is a directory").
+func TestFileFieldErrorsNameTheField(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := Effective(Config{StateFile: dir, Services: []Service{valid()}}); err == nil ||
+		!strings.HasPrefix(err.Error(), "loadBalancer.stateFile: ") || !strings.Contains(err.Error(), dir) {
+		t.Errorf("state file is a directory: %v", err)
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("services:\n- {name: x, persistence: 10}\n"), 0o600)
+	if _, err := Effective(Config{StateFile: bad}); err == nil ||
+		err.Error() != "loadBalancer.stateFile: "+bad+`: services[0].persistence: 10 is not a duration; write one such as "30s" or "1m30s"` {
+		t.Errorf("bad state file: %v", err)
+	}
+	file := filepath.Join(dir, "file")
+	os.WriteFile(file, nil, 0o600)
+	r := NewRuntime(slog.New(slog.NewTextHandler(io.Discard, nil)), func() {})
+	if _, err := r.startAPI(API{Socket: filepath.Join(file, "lb.sock")}); err == nil || !strings.HasPrefix(err.Error(), "loadBalancer.api.socket: ") {
+		t.Errorf("socket under a file: %v", err)
+	}
+	key := filepath.Join(dir, "key")
+	os.WriteFile(key, []byte("0123456789abcdef0123"), 0o600)
+	if _, err := r.startAPI(API{Socket: filepath.Join(dir, "lb.sock"), Listen: "192.0.2.1:99999", KeyFile: key}); err == nil || !strings.HasPrefix(err.Error(), "loadBalancer.api.listen: ") {
+		t.Errorf("listen: %v", err)
 	}
 }

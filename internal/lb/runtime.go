@@ -165,7 +165,7 @@ func (r *Runtime) services(cfg Config) ([]Service, error) {
 	if path := cfg.StatePath(); path != r.overlayPath {
 		o, err := LoadOverlay(path)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("loadBalancer.stateFile: %w", err)
 		}
 		r.overlay, r.overlayPath = o, path
 	}
