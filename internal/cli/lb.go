@@ -54,7 +54,7 @@ func (f *lbFlags) client() (*lb.Client, error) {
 		if f.keyFile == "" {
 			return nil, fmt.Errorf("--address needs --key-file")
 		}
-		b, err := os.ReadFile(f.keyFile)
+		b, err := config.ReadFile(f.keyFile)
 		if err != nil {
 			return nil, err
 		}
@@ -326,7 +326,7 @@ func changeService(c *cobra.Command, f *lbFlags, method, path string, body any, 
 // merge patch (returned also as patch).
 func (s *svcFlags) body(c *cobra.Command) (body any, patch map[string]any, err error) {
 	if s.file != "" {
-		b, err := os.ReadFile(s.file)
+		b, err := config.ReadFile(s.file)
 		return b, nil, err
 	}
 	p, err := s.patch(c)

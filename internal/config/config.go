@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -69,7 +68,7 @@ func (t *Transports) UnmarshalJSON(b []byte) error {
 	var s string
 	if json.Unmarshal(b, &s) == nil {
 		if s != "auto" {
-			return fmt.Errorf("node.transports: %q is neither \"auto\" nor a list of interfaces", s)
+			return fmt.Errorf("node.transports: %s is neither \"auto\" nor a list of interfaces", model.Quote(s))
 		}
 		*t = Transports{Auto: true}
 		return nil
@@ -98,9 +97,12 @@ type Agent struct {
 	MinSyncInterval model.Duration `json:"minSyncInterval"`
 }
 
+// ReadFile reads a config file; one larger than 16 MiB (model.MaxConfigSize) is an error.
+func ReadFile(path string) ([]byte, error) { return model.ReadConfigFile(path) }
+
 // Load reads and validates a config file.
 func Load(path string) (*Config, error) {
-	b, err := os.ReadFile(path)
+	b, err := ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -150,9 +152,9 @@ func (c *Config) validate() error {
 	switch c.Datapath {
 	case model.DatapathFlowtable, model.DatapathTC, model.DatapathAuto, model.DatapathNone:
 	case model.DatapathSockmap:
-		bad("datapath: %q is not built yet; use flowtable, tc, auto or none", c.Datapath)
+		bad("datapath: %s is not built yet; use flowtable, tc, auto or none", model.Quote(c.Datapath))
 	default:
-		bad("datapath: %q is not one of flowtable, tc, auto, none", c.Datapath)
+		bad("datapath: %s is not one of flowtable, tc, auto, none", model.Quote(c.Datapath))
 	}
 	fastpath := c.Datapath != model.DatapathNone
 	if fastpath && len(c.Node.Gateways) == 0 {
@@ -161,7 +163,7 @@ func (c *Config) validate() error {
 	checkNames := func(field string, names []string) {
 		for i, n := range names {
 			if !model.ValidInterfaceName(n) {
-				bad("%s[%d]: %q is not a valid interface name", field, i, n)
+				bad("%s[%d]: %s is not a valid interface name", field, i, model.Quote(n))
 			}
 		}
 	}
@@ -172,7 +174,7 @@ func (c *Config) validate() error {
 	}
 	for i, n := range c.Node.Transports.Names {
 		if slices.Contains(c.Node.Gateways, n) {
-			bad("node.transports[%d]: %q is also a gateway", i, n)
+			bad("node.transports[%d]: %s is also a gateway", i, model.Quote(n))
 		}
 	}
 
@@ -197,13 +199,13 @@ func (c *Config) validate() error {
 	for name, on := range c.Classes {
 		switch {
 		case !slices.Contains(model.Classes, model.Class(name)):
-			bad("classes: unknown class %q (known: %s)", name, classList())
+			bad("classes: unknown class %s (known: %s)", model.Quote(name), classList())
 		case on && c.Datapath == model.DatapathTC && !slices.Contains(model.TCClasses, model.Class(name)):
 			bad("classes.%s: datapath tc cannot serve it (it needs the host stack's NAT); use flowtable or auto", name)
 		}
 	}
 	if n := c.TC.NATCheck; n != "" && !slices.Contains(model.NATChecks, n) {
-		bad("tc.natCheck: %q is not one of both, toward-pods, off", n)
+		bad("tc.natCheck: %s is not one of both, toward-pods, off", model.Quote(string(n)))
 	}
 	if c.PacketThreshold < 0 {
 		bad("packetThreshold: %d is negative; use 0 to offload at once", c.PacketThreshold)

@@ -184,3 +184,54 @@ func TestDecodeErrorsNameTheField(t *testing.T) {
 		}
 	}
 }
+
+// A long value is quoted cut to 64 bytes, with its length: it used to be echoed whole (a 50 MB
+// string made a 50 MB error).
+func TestLongValuesCut(t *testing.T) {
+	long := strings.Repeat("x", 100000)
+	cut := `"` + strings.Repeat("x", model.MaxQuoted) + `"…(100000 bytes)`
+	y := strings.NewReplacer("LONG", long).Replace(`datapath: LONG
+node:
+  gateways: [LONG]
+  transports: [eth0]
+  localPodCIDRs: [LONG]
+  nodeIPs: [LONG]
+tc: {natCheck: LONG}
+loadBalancer:
+  stateFile: LONG
+  api: {socket: LONG, listen: LONG}
+  services:
+  - name: LONG
+    vips: [LONG]
+    port: 80
+    protocol: LONG
+    topology: LONG
+    scheduler: LONG
+    hashFields: [LONG]
+    snatAddresses: [LONG]
+    healthCheck: {type: LONG, path: LONG, command: [LONG]}
+    backends: [{address: LONG, state: LONG, mac: LONG}]
+`)
+	_, err := Parse([]byte(y))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	quoted := 0
+	for _, l := range strings.Split(err.Error(), "\n") {
+		if len(l) > 300 {
+			t.Errorf("%d bytes: %.300s", len(l), l)
+		}
+		if strings.Contains(l, cut) {
+			quoted++
+		}
+	}
+	if quoted < 21 {
+		t.Errorf("%d values quoted:\n%s", quoted, err)
+	}
+}
+
+func TestLoadLimit(t *testing.T) {
+	if _, err := Load("/dev/zero"); err == nil || !strings.Contains(err.Error(), "/dev/zero is larger than 16 MiB") {
+		t.Errorf("/dev/zero: %v", err)
+	}
+}

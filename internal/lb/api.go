@@ -18,6 +18,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/hostaccel/hostaccel/internal/model"
 )
 
 // The local API (docs/lb.md): JSON over HTTP on a unix socket (mode 0600), and optionally on
@@ -93,7 +95,7 @@ func (r *Runtime) startAPI(a API) (*apiServer, error) {
 	}
 	s.serve(ln, mux)
 	if a.Listen != "" {
-		key, err := os.ReadFile(a.KeyFile)
+		key, err := model.ReadConfigFile(a.KeyFile)
 		if err != nil {
 			s.close()
 			return nil, fmt.Errorf("loadBalancer.api.keyFile: %w", err)
@@ -219,7 +221,7 @@ func (r *Runtime) Handler() http.Handler {
 			return 0, badRequest(err)
 		}
 		if find(svcs, s.Name) >= 0 {
-			return 0, &apiError{http.StatusConflict, []string{fmt.Sprintf("service %q exists (use set to change it)", s.Name)}}
+			return 0, &apiError{http.StatusConflict, []string{fmt.Sprintf("service %s exists (use set to change it)", model.Quote(s.Name))}}
 		}
 		o.put(s)
 		return http.StatusCreated, nil
@@ -230,7 +232,7 @@ func (r *Runtime) Handler() http.Handler {
 			return 0, badRequest(err)
 		}
 		if s.Name != req.PathValue("name") {
-			return 0, badRequest(fmt.Errorf("name: %q differs from the path's %q", s.Name, req.PathValue("name")))
+			return 0, badRequest(fmt.Errorf("name: %s differs from the path's %s", model.Quote(s.Name), model.Quote(req.PathValue("name"))))
 		}
 		o.put(s)
 		return http.StatusOK, nil
@@ -273,7 +275,7 @@ func (r *Runtime) Handler() http.Handler {
 		}
 		s := svcs[i]
 		if findBackend(s, BackendKey(b.Address, b.Port)) >= 0 {
-			return 0, &apiError{http.StatusConflict, []string{fmt.Sprintf("service %q already has backend %s", s.Name, BackendKey(b.Address, b.Port))}}
+			return 0, &apiError{http.StatusConflict, []string{fmt.Sprintf("service %s already has backend %s", model.Quote(s.Name), model.Cut(BackendKey(b.Address, b.Port)))}}
 		}
 		s.Backends = append(slices.Clone(s.Backends), b)
 		o.put(s)
@@ -288,7 +290,7 @@ func (r *Runtime) Handler() http.Handler {
 		s.Backends = slices.Clone(s.Backends)
 		j := findBackend(s, req.PathValue("backend"))
 		if j < 0 {
-			return s, 0, &apiError{http.StatusNotFound, []string{fmt.Sprintf("service %q has no backend %s", s.Name, req.PathValue("backend"))}}
+			return s, 0, &apiError{http.StatusNotFound, []string{fmt.Sprintf("service %s has no backend %s", model.Quote(s.Name), model.Cut(req.PathValue("backend")))}}
 		}
 		return s, j, nil
 	}
@@ -322,7 +324,7 @@ func serviceName(body []byte) string {
 }
 
 func notFound(name string) *apiError {
-	return &apiError{http.StatusNotFound, []string{fmt.Sprintf("no service %q", name)}}
+	return &apiError{http.StatusNotFound, []string{fmt.Sprintf("no service %s", model.Quote(name))}}
 }
 
 func find(svcs []Service, name string) int {

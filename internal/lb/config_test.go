@@ -209,3 +209,22 @@ func TestFileFieldErrorsNameTheField(t *testing.T) {
 		t.Errorf("listen: %v", err)
 	}
 }
+
+func TestPathLengths(t *testing.T) {
+	long := "/" + strings.Repeat("d", 4095)
+	c := Config{StateFile: long, API: &API{Socket: "/run/" + strings.Repeat("s", 103), KeyFile: long}}
+	errs := fmt.Sprint(c.Validate())
+	for _, want := range []string{
+		`loadBalancer.api.socket: "/run/sss`, `…(108 bytes) is longer than 107 bytes, the limit of a unix socket's path`,
+		`loadBalancer.api.keyFile: "/ddd`, `…(4096 bytes) is longer than 4095 bytes`,
+		`loadBalancer.stateFile: "/ddd`,
+	} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("want %q in %s", want, errs)
+		}
+	}
+	c = Config{StateFile: long[:4095], API: &API{Socket: "/run/" + strings.Repeat("s", 102), KeyFile: long[:4095]}}
+	if errs := c.Validate(); len(errs) > 0 {
+		t.Error(errs)
+	}
+}

@@ -78,7 +78,7 @@ func (o Overlay) clone() Overlay {
 // LoadOverlay reads the state file; a missing file is an empty overlay.
 func LoadOverlay(path string) (Overlay, error) {
 	var o Overlay
-	b, err := os.ReadFile(path)
+	b, err := model.ReadConfigFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return o, nil
 	}
