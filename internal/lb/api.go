@@ -42,6 +42,10 @@ import (
 // before the call returns; an invalid change is rejected (400, every error naming its
 // field) and changes nothing.
 
+// maxBody is the largest request body the API reads: a service with thousands of backends
+// is well below it.
+const maxBody = 1 << 20
+
 // applyTimeout bounds how long a change waits for the agent to apply it.
 var applyTimeout = 15 * time.Second
 
@@ -193,7 +197,11 @@ func (r *Runtime) Handler() http.Handler {
 	})
 	change := func(fn func(req *http.Request, body []byte, svcs []Service, o *Overlay) (int, error)) http.HandlerFunc {
 		return func(w http.ResponseWriter, req *http.Request) {
-			body, err := io.ReadAll(io.LimitReader(req.Body, 1<<20))
+			body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, maxBody))
+			if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+				writeErr(w, &apiError{http.StatusRequestEntityTooLarge, []string{"the request body is larger than 1 MiB, the API's limit"}})
+				return
+			}
 			if err != nil {
 				writeErr(w, badRequest(err))
 				return
@@ -261,7 +269,11 @@ func (r *Runtime) Handler() http.Handler {
 		return http.StatusOK, nil
 	}))
 	mux.HandleFunc("POST /v1/services/{name}/reset", change(func(req *http.Request, _ []byte, svcs []Service, o *Overlay) (int, error) {
-		o.reset(req.PathValue("name"))
+		name := req.PathValue("name")
+		if find(svcs, name) < 0 && !slices.Contains(o.Deleted, name) { // neither in effect nor deleted through the API
+			return 0, notFound(name)
+		}
+		o.reset(name)
 		return http.StatusOK, nil
 	}))
 	mux.HandleFunc("POST /v1/services/{name}/backends", change(func(req *http.Request, body []byte, svcs []Service, o *Overlay) (int, error) {
