@@ -3,6 +3,7 @@
 package config
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -263,17 +264,52 @@ func parseAddrs(errs *Errors, name string, in []string) []netip.Addr {
 	return out
 }
 
-// noOverlap reports overlapping prefixes within a (when b is nil) or between a and b.
+// noOverlap reports overlapping prefixes within a (when b is nil) or between a and b. CIDRs
+// either nest or are disjoint, so one sweep over the prefixes sorted by first address, keeping
+// the chain of entries that contain the current one (one per prefix length at most), finds
+// every overlapping pair: O(n log n) plus the pairs (comparing every pair took 20 s for 40k
+// excludes). Copies of a prefix are reported against its first entry, not against each other.
 func noOverlap(errs *Errors, a, b []field) {
-	for i, x := range a {
-		others, start := b, 0
-		if b == nil {
-			others, start = a, i+1
-		}
-		for _, y := range others[start:] {
-			if x.p.Overlaps(y.p) {
-				*errs = append(*errs, fmt.Errorf("%s: %s overlaps %s %s", x.name, x.p, y.name, y.p))
+	type entry struct {
+		field
+		list, idx int
+	}
+	all := make([]entry, 0, len(a)+len(b))
+	for i, f := range a {
+		all = append(all, entry{f, 0, i})
+	}
+	for i, f := range b {
+		all = append(all, entry{f, 1, i})
+	}
+	slices.SortStableFunc(all, func(x, y entry) int { return model.ComparePrefix(x.p, y.p) })
+	var chain [2][]entry // per list: the entries containing the current one, outermost first
+	var found [][2]entry // [reported, the one it overlaps]
+	for _, e := range all {
+		for l := range chain {
+			c := chain[l]
+			for len(c) > 0 && !c[len(c)-1].p.Contains(e.p.Addr()) {
+				c = c[:len(c)-1]
 			}
+			chain[l] = c
 		}
+		other := 1 - e.list
+		if b == nil {
+			other = 0
+		}
+		c := chain[other]
+		for k := len(c) - 1; k >= 0; k-- {
+			x, y := c[k], e
+			if e.list < x.list || e.list == x.list && e.idx < x.idx { // a's entry first, then the one listed first
+				x, y = y, x
+			}
+			found = append(found, [2]entry{x, y})
+		}
+		if c := chain[e.list]; len(c) == 0 || c[len(c)-1].p != e.p { // a copy stays out: the chain is at most 129 long
+			chain[e.list] = append(c, e)
+		}
+	}
+	slices.SortFunc(found, func(x, y [2]entry) int { return cmp.Or(x[0].idx-y[0].idx, x[1].idx-y[1].idx) })
+	for _, f := range found {
+		*errs = append(*errs, fmt.Errorf("%s: %s overlaps %s %s", f[0].name, f[0].p, f[1].name, f[1].p))
 	}
 }
