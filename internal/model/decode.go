@@ -40,8 +40,8 @@ func UnmarshalStrict(b []byte, v any) error {
 	} else if i := strings.LastIndex(msg, "JSON: "); i >= 0 {
 		msg = msg[i+len("JSON: "):]
 	}
-	if len(msg) > 4*MaxQuoted {
-		msg = Cut(msg[:4*MaxQuoted]) + "…"
+	if len(msg) > 4*MaxQuoted { // a message that quotes the document itself
+		msg = strings.ToValidUTF8(msg[:4*MaxQuoted], "") + "…"
 	}
 	return errors.New(msg)
 }
