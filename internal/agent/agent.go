@@ -114,7 +114,7 @@ func (a *Agent) loadConfig() (bool, error) {
 		a.cfg, a.cfgHash = c, h
 		return true, nil
 	}
-	b, err := os.ReadFile(a.opts.ConfigPath)
+	b, err := config.ReadFile(a.opts.ConfigPath)
 	if err != nil {
 		return false, err
 	}

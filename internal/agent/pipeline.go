@@ -7,6 +7,7 @@ import (
 
 	"github.com/hostaccel/hostaccel/internal/config"
 	"github.com/hostaccel/hostaccel/internal/datapath"
+	"github.com/hostaccel/hostaccel/internal/flowtable"
 	"github.com/hostaccel/hostaccel/internal/lb"
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/probe"
@@ -74,11 +75,27 @@ func Apply(ctx context.Context, cfg *config.Config, in Inputs) (Outcome, error) 
 }
 
 // Remove takes everything hostaccel installed in this network namespace out of the kernel:
-// the datapaths and the load balancer's tables.
-func Remove(ctx context.Context, mgrs *datapath.Managers) error {
+// the datapaths and the load balancer's tables. It says what it found to remove (nothing
+// when hostaccel had nothing installed).
+func Remove(ctx context.Context, mgrs *datapath.Managers) ([]string, error) {
+	var found []string
+	if mgrs.Flowtable != nil {
+		if t, err := mgrs.Flowtable.Observe(ctx); err == nil && t != nil {
+			found = append(found, "table inet "+flowtable.TableName)
+		}
+	}
+	if mgrs.TC != nil {
+		if st, err := mgrs.TC.Status(ctx); err == nil && len(st.Devices) > 0 {
+			found = append(found, "the tc datapath")
+		}
+	}
 	m, err := lb.NewManager()
 	if err == nil {
-		_, err = m.Remove(ctx)
+		var refs []lb.TableRef
+		refs, err = m.Remove(ctx)
+		for _, r := range refs {
+			found = append(found, "table "+r.String())
+		}
 	}
-	return errors.Join(mgrs.Remove(ctx), err)
+	return found, errors.Join(mgrs.Remove(ctx), err)
 }

@@ -259,15 +259,8 @@ func agentCmd(g *globals) *cobra.Command {
 				registerLBMetrics(met.Registry, a)
 				mux := http.NewServeMux()
 				mux.Handle("/metrics", met.Handler())
-				mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-					st := a.State()
-					if st.Syncs > 0 && st.LastError == "" {
-						fmt.Fprintln(w, "ok")
-						return
-					}
-					w.WriteHeader(http.StatusServiceUnavailable)
-					fmt.Fprintln(w, st.LastError)
-				})
+				mux.HandleFunc("/healthz", healthz(a.State))
+				mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 				srv := &http.Server{Addr: metricsAddr, Handler: mux}
 				go func() {
 					if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -281,12 +274,35 @@ func agentCmd(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().StringVarP(&file, "file", "f", "", "config file (required)")
-	c.Flags().StringVar(&metricsAddr, "metrics-address", "", "serve /metrics and /healthz here, e.g. 127.0.0.1:9464 (off when empty)")
+	c.Flags().StringVar(&metricsAddr, "metrics-address", "", "serve /metrics, /healthz and /livez here, e.g. 127.0.0.1:9464 (off when empty)")
 	c.Flags().StringVar(&statePath, "state-file", agent.DefaultStatePath, "where the agent publishes its state (read by hostaccel status)")
 	c.Flags().BoolVar(&cleanup, "cleanup-on-exit", false, "remove hostaccel's rules when the agent stops")
 	_ = c.MarkFlagRequired("file")
 	kube = addKubeFlags(c, true)
 	return c
+}
+
+// healthz answers 200 "ok" when the last sync was healthy (as hostaccel_healthy says), and
+// 503 with the reasons otherwise: no sync yet, the sync's error, what is degraded (a config
+// rejected and the last good one kept, a missing interface, the Kubernetes API unreachable).
+func healthz(state func() agent.State) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		st := state()
+		if st.Syncs > 0 && st.Healthy {
+			fmt.Fprintln(w, "ok")
+			return
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+		if st.Syncs == 0 {
+			fmt.Fprintln(w, "not synced yet")
+		}
+		if st.LastError != "" {
+			fmt.Fprintln(w, "error:", st.LastError)
+		}
+		for _, d := range st.Degraded {
+			fmt.Fprintln(w, "degraded:", d)
+		}
+	}
 }
 
 func statusCmd(g *globals) *cobra.Command {
@@ -423,11 +439,14 @@ func cleanupCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := agent.Remove(c.Context(), m); err != nil {
-				return err
+			removed, err := agent.Remove(c.Context(), m)
+			switch {
+			case len(removed) > 0:
+				fmt.Fprintf(c.OutOrStdout(), "removed %s\n", strings.Join(removed, ", "))
+			case err == nil:
+				fmt.Fprintln(c.OutOrStdout(), "nothing to remove: hostaccel had nothing installed in this network namespace")
 			}
-			fmt.Fprintf(c.OutOrStdout(), "removed table inet %s, the tc datapath and the load balancer's tables\n", flowtable.TableName)
-			return nil
+			return err
 		},
 	}
 }

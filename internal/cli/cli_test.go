@@ -1,11 +1,22 @@
 package cli
 
 import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/hostaccel/hostaccel/internal/agent"
+	"github.com/hostaccel/hostaccel/internal/config"
+	"github.com/hostaccel/hostaccel/internal/datapath"
+	"github.com/hostaccel/hostaccel/internal/flowtable"
+	"github.com/hostaccel/hostaccel/internal/probe"
 )
 
 // cobra reads a backquoted word in a flag's usage as the flag's type name (`--state-file
@@ -25,4 +36,46 @@ func TestFlagUsagesHaveNoBackquotes(t *testing.T) {
 		}
 	}
 	walk(newRoot())
+}
+
+// /healthz follows hostaccel_healthy: an agent that keeps its last good config because the
+// file is now invalid is unhealthy (503, with the reason); it used to answer 200.
+func TestHealthz(t *testing.T) {
+	const good = "node:\n  gateways: [gw]\n  transports: [eth0]\n  localPodCIDRs: [10.244.1.0/24]\nclasses: {pod-to-pod: true}\n"
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(path, []byte(good), 0o644)
+	ft, _ := flowtable.NewFakeManager()
+	a, err := agent.New(agent.Options{ConfigPath: path,
+		Probe: func(context.Context) probe.Result {
+			return probe.Result{Features: []probe.Feature{{Name: probe.Flowtable, Available: true}, {Name: probe.FlowtableCounter, Available: true}}}
+		},
+		Links: func() ([]config.Link, error) {
+			return []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}}, nil
+		},
+	}, &datapath.Managers{Flowtable: ft})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func() (int, string) {
+		rec := httptest.NewRecorder()
+		healthz(a.State)(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+		return rec.Code, rec.Body.String()
+	}
+	if code, body := get(); code != http.StatusServiceUnavailable || body != "not synced yet\n" {
+		t.Errorf("before the first sync: %d %q", code, body)
+	}
+	if err := a.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(); code != http.StatusOK || body != "ok\n" {
+		t.Errorf("healthy: %d %q", code, body)
+	}
+	os.WriteFile(path, []byte(good+"packetThreshold: -1\n"), 0o644)
+	if err := a.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(); code != http.StatusServiceUnavailable || a.State().Healthy ||
+		!strings.Contains(body, "degraded: config not reloaded, keeping the last good one: ") || !strings.Contains(body, "packetThreshold: -1 is negative") {
+		t.Errorf("invalid config: %d %q", code, body)
+	}
 }

@@ -54,7 +54,7 @@ func (f *lbFlags) client() (*lb.Client, error) {
 		if f.keyFile == "" {
 			return nil, fmt.Errorf("--address needs --key-file")
 		}
-		b, err := os.ReadFile(f.keyFile)
+		b, err := config.ReadFile(f.keyFile)
 		if err != nil {
 			return nil, err
 		}
@@ -292,7 +292,9 @@ func parseBackend(spec string) (lb.Backend, error) {
 		var err error
 		switch k {
 		case "weight":
-			b.Weight, err = strconv.Atoi(v)
+			var w int
+			w, err = strconv.Atoi(v)
+			b.Weight = &w
 		case "priority":
 			b.Priority, err = strconv.Atoi(v)
 		case "state":
@@ -324,7 +326,7 @@ func changeService(c *cobra.Command, f *lbFlags, method, path string, body any, 
 // merge patch (returned also as patch).
 func (s *svcFlags) body(c *cobra.Command) (body any, patch map[string]any, err error) {
 	if s.file != "" {
-		b, err := os.ReadFile(s.file)
+		b, err := config.ReadFile(s.file)
 		return b, nil, err
 	}
 	p, err := s.patch(c)
@@ -408,8 +410,9 @@ func lbResetCmd(f *lbFlags) *cobra.Command {
 func lbBackendCmd(f *lbFlags) *cobra.Command {
 	c := &cobra.Command{Use: "backend", Short: "Add, change, drain or remove a service's backends"}
 	var b lb.Backend
+	var weight int
 	addFlags := func(c *cobra.Command) {
-		c.Flags().IntVar(&b.Weight, "weight", 0, "weight (1-1000, default 1)")
+		c.Flags().IntVar(&weight, "weight", 1, "weight (1-1000)")
 		c.Flags().IntVar(&b.Priority, "priority", 0, "0: primary; higher: backup used when no lower number is up")
 		c.Flags().StringVar(&b.State, "state", "", "up, drain, down")
 		c.Flags().StringVar(&b.MAC, "mac", "", "dsr: the backend's MAC (default: from the neighbour table)")
@@ -423,7 +426,10 @@ func lbBackendCmd(f *lbFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			nb.Weight, nb.Priority, nb.State, nb.MAC = b.Weight, b.Priority, b.State, b.MAC
+			nb.Priority, nb.State, nb.MAC = b.Priority, b.State, b.MAC
+			if c.Flags().Changed("weight") {
+				nb.Weight = &weight
+			}
 			return changeService(c, f, http.MethodPost, lb.ServicePath(args[0])+"/backends", nb, "backend "+args[1]+" added")
 		},
 	}
@@ -437,7 +443,7 @@ func lbBackendCmd(f *lbFlags) *cobra.Command {
 		Args:  cobra.ExactArgs(2),
 		RunE: func(c *cobra.Command, args []string) error {
 			p := map[string]any{}
-			for flag, v := range map[string]any{"weight": b.Weight, "priority": b.Priority, "state": b.State, "mac": b.MAC} {
+			for flag, v := range map[string]any{"weight": weight, "priority": b.Priority, "state": b.State, "mac": b.MAC} {
 				if c.Flags().Changed(flag) {
 					p[flag] = v
 				}

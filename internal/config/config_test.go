@@ -122,3 +122,116 @@ func TestLoadBalancerVIPsAccelerated(t *testing.T) {
 		t.Errorf("loadBalancerIPs: %v", s.LoadBalancerIPs)
 	}
 }
+
+// An IPv6 zone is rejected wherever an address or a CIDR is written, naming the field: it
+// used to be dropped silently ("fe80::%eth0/64" became fe80::/128 and was installed).
+func TestZonesRejected(t *testing.T) {
+	lbSvc := func(vip, backend, snat string) string {
+		return fmt.Sprintf("loadBalancer:\n  services:\n  - {name: web, vips: [%q], port: 80, topology: snat, snatAddresses: [%q], backends: [{address: %q}]}\n", vip, snat, backend)
+	}
+	for _, tc := range []struct{ yaml, want string }{
+		{strings.Replace(good, "peerPodCIDRs: [10.244.2.0/24]", `peerPodCIDRs: [10.244.2.0/24, "fe80::%eth0/64"]`, 1),
+			`node.peerPodCIDRs[1]: "fe80::%eth0/64" has an IPv6 zone (%eth0/64); zones are not allowed`},
+		{strings.Replace(good, "peerPodCIDRs: [10.244.2.0/24]", `peerPodCIDRs: ["fe80::1%eth0"]`, 1),
+			`node.peerPodCIDRs[0]: "fe80::1%eth0" has an IPv6 zone (%eth0)`},
+		{good + "exclude: [\"fe80::1%eth0/128\"]\n", `exclude[0]: "fe80::1%eth0/128" has an IPv6 zone`},
+		{strings.Replace(good, "  gateways:", "  serviceCIDRs: [\"fd00::%1/112\"]\n  gateways:", 1), `node.serviceCIDRs[0]: "fd00::%1/112" has an IPv6 zone`},
+		{strings.Replace(good, "  gateways:", "  loadBalancerIPs: [\"fe80::5%gw\"]\n  gateways:", 1), `node.loadBalancerIPs[0]: "fe80::5%gw" has an IPv6 zone`},
+		{strings.Replace(good, "  gateways:", "  nodeIPs: [\"fe80::2%eth0\"]\n  gateways:", 1), `node.nodeIPs[0]: "fe80::2%eth0" has an IPv6 zone`},
+		{strings.Replace(good, "  gateways:", "  peerNodeIPs: [\"fe80::3%eth0\"]\n  gateways:", 1), `node.peerNodeIPs[0]: "fe80::3%eth0" has an IPv6 zone`},
+		{good + lbSvc("2001:db8::1%eth0", "fd00::1", "2001:db8::2"), `loadBalancer.services[0].vips[0]: "2001:db8::1%eth0" has an IPv6 zone`},
+		{good + lbSvc("2001:db8::1", "fd00::1%eth0", "2001:db8::2"), `loadBalancer.services[0].backends[0].address: "fd00::1%eth0" has an IPv6 zone`},
+		{good + lbSvc("2001:db8::1", "fd00::1", "2001:db8::2%eth0"), `loadBalancer.services[0].snatAddresses[0]: "2001:db8::2%eth0" has an IPv6 zone`},
+	} {
+		_, err := Parse([]byte(tc.yaml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("got %v, want an error containing %q", err, tc.want)
+		}
+	}
+	// The same addresses without a zone are fine.
+	if _, err := Parse([]byte(strings.Replace(good, "peerPodCIDRs: [10.244.2.0/24]", `peerPodCIDRs: ["fe80::/64", "fe81::1"]`, 1) + lbSvc("2001:db8::1", "fd00::1", "2001:db8::2"))); err != nil {
+		t.Error(err)
+	}
+}
+
+// Every decoding error names its field, with indices, and durations say what they want (they
+// used to say `time: invalid duration "99999999999999h"` or `want a duration such as "30s"`).
+func TestDecodeErrorsNameTheField(t *testing.T) {
+	svcs := `loadBalancer:
+  services:
+  - {name: a, vips: [192.0.2.1], port: 80, backends: [{address: 10.0.0.1}]}
+  - {name: b, vips: [192.0.2.2], port: 80, %s, backends: [{address: 10.0.0.1}, {address: 10.0.0.2%s}]}
+`
+	for _, tc := range []struct{ yaml, want string }{
+		{good + "agent: {resyncPeriod: 99999999999999h}\n", `agent.resyncPeriod: "99999999999999h" is not a duration such as "30s" or "1m30s"`},
+		{good + "agent: {resyncPeriod: 30}\n", `agent.resyncPeriod: 30 is not a duration; write one such as "30s"`},
+		{good + "agent: {minSyncInterval: [1s]}\n", `agent.minSyncInterval: ["1s"] is not a duration`},
+		{good + "agent: {minSyncInterval: soon}\n", `agent.minSyncInterval: "soon" is not a duration`},
+		{good + fmt.Sprintf(svcs, "persistence: 5x", ""), `loadBalancer.services[1].persistence: "5x" is not a duration`},
+		{good + fmt.Sprintf(svcs, "topology: dsr, interface: eth0, flowTimeout: 1", ""), `loadBalancer.services[1].flowTimeout: 1 is not a duration`},
+		{good + fmt.Sprintf(svcs, "healthCheck: {type: tcp, interval: 5}", ""), `loadBalancer.services[1].healthCheck.interval: 5 is not a duration`},
+		{good + fmt.Sprintf(svcs, "healthCheck: {type: tcp, timeout: 2 s}", ""), `loadBalancer.services[1].healthCheck.timeout: "2 s" is not a duration`},
+		{good + fmt.Sprintf(svcs, "ports: [80, http]", ""), `loadBalancer.services[1].ports[1]: want an integer, got a string`},
+		{good + fmt.Sprintf(svcs, "scheduler: rr", ", port: x"), `loadBalancer.services[1].backends[1].port: want an integer, got a string`},
+		{good + fmt.Sprintf(svcs, "scheduler: rr", ", weight: 1.5"), `loadBalancer.services[1].backends[1].weight: want an integer, got number 1.5`},
+		{good + "packetThreshold: lots\n", `packetThreshold: want an integer, got a string`},
+		{strings.Replace(good, "{pod-to-pod: true}", "{pod-to-pod: true, pod-to-service: 3}", 1), `classes.pod-to-service: want true or false, got a number`},
+		{good + "exclude: [10.9.0.0/16, [10.8.0.0/16]]\n", `exclude[1]: want a string, got a list`},
+	} {
+		_, err := Parse([]byte(tc.yaml))
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("got %v\nwant an error starting with %q", err, tc.want)
+		}
+	}
+}
+
+// A long value is quoted cut to 64 bytes, with its length: it used to be echoed whole (a 50 MB
+// string made a 50 MB error).
+func TestLongValuesCut(t *testing.T) {
+	long := strings.Repeat("x", 100000)
+	cut := `"` + strings.Repeat("x", model.MaxQuoted) + `"…(100000 bytes)`
+	y := strings.NewReplacer("LONG", long).Replace(`datapath: LONG
+node:
+  gateways: [LONG]
+  transports: [eth0]
+  localPodCIDRs: [LONG]
+  nodeIPs: [LONG]
+tc: {natCheck: LONG}
+loadBalancer:
+  stateFile: LONG
+  api: {socket: LONG, listen: LONG}
+  services:
+  - name: LONG
+    vips: [LONG]
+    port: 80
+    protocol: LONG
+    topology: LONG
+    scheduler: LONG
+    hashFields: [LONG]
+    snatAddresses: [LONG]
+    healthCheck: {type: LONG, path: LONG, command: [LONG]}
+    backends: [{address: LONG, state: LONG, mac: LONG}]
+`)
+	_, err := Parse([]byte(y))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	quoted := 0
+	for _, l := range strings.Split(err.Error(), "\n") {
+		if len(l) > 300 {
+			t.Errorf("%d bytes: %.300s", len(l), l)
+		}
+		if strings.Contains(l, cut) {
+			quoted++
+		}
+	}
+	if quoted < 21 {
+		t.Errorf("%d values quoted:\n%s", quoted, err)
+	}
+}
+
+func TestLoadLimit(t *testing.T) {
+	if _, err := Load("/dev/zero"); err == nil || !strings.Contains(err.Error(), "/dev/zero is larger than 16 MiB") {
+		t.Errorf("/dev/zero: %v", err)
+	}
+}

@@ -34,7 +34,7 @@ func (c *Config) State(links []Link, strict bool) (model.State, []string, error)
 				out = append(out, n)
 				continue
 			}
-			msg := fmt.Sprintf("%s[%d]: interface %q does not exist", field, i, n)
+			msg := fmt.Sprintf("%s[%d]: interface %s does not exist", field, i, model.Quote(n))
 			if strict {
 				errs = append(errs, fmt.Errorf("%s", msg))
 			} else {

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/hostaccel/hostaccel/internal/config"
+	"github.com/hostaccel/hostaccel/internal/model"
 )
 
 // Params are what a derivation needs besides the objects.
@@ -60,7 +61,7 @@ type Summary struct {
 // CIDRs) come from the API, and the merged result is validated as a whole.
 func ParseBase(b []byte) (*config.Config, error) {
 	var c config.Config
-	if err := yaml.UnmarshalStrict(b, &c); err != nil {
+	if err := model.UnmarshalStrict(b, &c); err != nil {
 		return nil, err
 	}
 	return &c, nil

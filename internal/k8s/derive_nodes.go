@@ -7,6 +7,8 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/hostaccel/hostaccel/internal/model"
 )
 
 // PeerPolicy says which other Nodes are peers whose Pod CIDRs are accelerated.
@@ -63,7 +65,7 @@ func addressesOf(n *corev1.Node, types ...corev1.NodeAddressType) []string {
 		if !slices.Contains(types, a.Type) {
 			continue
 		}
-		if ip, err := netip.ParseAddr(a.Address); err == nil && !slices.Contains(out, ip.String()) {
+		if ip, err := model.ParseAddr(a.Address); err == nil && !slices.Contains(out, ip.String()) {
 			out = append(out, ip.String())
 		}
 	}

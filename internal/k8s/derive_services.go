@@ -12,6 +12,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/hostaccel/hostaccel/internal/lb"
+	"github.com/hostaccel/hostaccel/internal/model"
 )
 
 // ServicePolicy says which Services the load balancer serves. Services always feed the
@@ -44,7 +45,7 @@ const DefaultProxyName = "hostaccel"
 func externalAddresses(svcs []*corev1.Service) []string {
 	var out []string
 	add := func(s string) {
-		if ip, err := netip.ParseAddr(s); err == nil {
+		if ip, err := model.ParseAddr(s); err == nil {
 			out = append(out, ip.String())
 		}
 	}
@@ -289,7 +290,7 @@ func backends(eps []*discoveryv1.EndpointSlice, sp corev1.ServicePort) []LBBacke
 				node = *e.NodeName
 			}
 			for _, a := range e.Addresses {
-				ip, err := netip.ParseAddr(a)
+				ip, err := model.ParseAddr(a)
 				if err != nil {
 					continue
 				}
@@ -351,13 +352,13 @@ func sameFamilies(addrs, ref []string) []string {
 	}
 	var v4, v6 bool
 	for _, r := range ref {
-		if ip, err := netip.ParseAddr(r); err == nil {
+		if ip, err := model.ParseAddr(r); err == nil {
 			v4, v6 = v4 || ip.Is4(), v6 || ip.Is6()
 		}
 	}
 	var out []string
 	for _, a := range addrs {
-		if ip, err := netip.ParseAddr(a); err == nil && (ip.Is4() && v4 || ip.Is6() && v6) {
+		if ip, err := model.ParseAddr(a); err == nil && (ip.Is4() && v4 || ip.Is6() && v6) {
 			out = append(out, a)
 		}
 	}
@@ -368,7 +369,7 @@ func sameFamilies(addrs, ref []string) []string {
 func splitFamilies(ips []string) [][]string {
 	var v4, v6 []string
 	for _, s := range ips {
-		ip, err := netip.ParseAddr(s)
+		ip, err := model.ParseAddr(s)
 		if err != nil {
 			continue
 		}

@@ -285,3 +285,24 @@ func TestNodePortFollowsServiceFamilies(t *testing.T) {
 		t.Errorf("an IPv4 Service's NodePort on %v, want the node's IPv4 address only", vips)
 	}
 }
+
+// An address with an IPv6 zone from the API is ignored like any other invalid address: it
+// must neither lose its zone on the way into the config nor make the derived config invalid.
+func TestZonedAddressesIgnored(t *testing.T) {
+	var got []string
+	for _, b := range backends([]*discoveryv1.EndpointSlice{slice("ns", "s", "s-1", "http", 8080, up("fe80::1%eth0", ""), up("fd00::1", ""))}, port("http", 80, 8080, 0)) {
+		got = append(got, b.Address)
+	}
+	if !slices.Equal(got, []string{"fd00::1"}) {
+		t.Errorf("backends: %v", got)
+	}
+	svc := service("default", "web", corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
+	svc.Spec.ExternalIPs = []string{"fe80::7%eth0", "203.0.113.7"}
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "fe80::8%eth0"}}
+	if got := externalAddresses([]*corev1.Service{svc}); !slices.Equal(got, []string{"203.0.113.7"}) {
+		t.Errorf("external addresses: %v", got)
+	}
+	if got := addressesOf(node("self", nil, "fe80::2%eth0", "172.18.0.2"), corev1.NodeInternalIP); !slices.Equal(got, []string{"172.18.0.2"}) {
+		t.Errorf("node addresses: %v", got)
+	}
+}

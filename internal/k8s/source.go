@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -422,7 +421,7 @@ func (s *Source) loadBase() (*config.Config, error) {
 	if s.opts.BaseConfigPath == "" {
 		return &config.Config{}, nil
 	}
-	b, err := os.ReadFile(s.opts.BaseConfigPath)
+	b, err := config.ReadFile(s.opts.BaseConfigPath)
 	if err != nil {
 		return nil, err
 	}

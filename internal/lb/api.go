@@ -18,6 +18,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/hostaccel/hostaccel/internal/model"
 )
 
 // The local API (docs/lb.md): JSON over HTTP on a unix socket (mode 0600), and optionally on
@@ -39,6 +41,10 @@ import (
 // A change is validated with every other service, written to the state file and applied
 // before the call returns; an invalid change is rejected (400, every error naming its
 // field) and changes nothing.
+
+// maxBody is the largest request body the API reads: a service with thousands of backends
+// is well below it.
+const maxBody = 1 << 20
 
 // applyTimeout bounds how long a change waits for the agent to apply it.
 var applyTimeout = 15 * time.Second
@@ -80,20 +86,20 @@ func (r *Runtime) startAPI(a API) (*apiServer, error) {
 	s := &apiServer{socket: a.Socket}
 	mux := r.Handler()
 	if err := os.MkdirAll(filepath.Dir(a.Socket), 0o755); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("loadBalancer.api.socket: %w", err)
 	}
 	os.Remove(a.Socket) // a stale socket from a previous run
 	ln, err := net.Listen("unix", a.Socket)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("loadBalancer.api.socket: %w", err)
 	}
 	if err := os.Chmod(a.Socket, 0o600); err != nil {
 		ln.Close()
-		return nil, err
+		return nil, fmt.Errorf("loadBalancer.api.socket: %w", err)
 	}
 	s.serve(ln, mux)
 	if a.Listen != "" {
-		key, err := os.ReadFile(a.KeyFile)
+		key, err := model.ReadConfigFile(a.KeyFile)
 		if err != nil {
 			s.close()
 			return nil, fmt.Errorf("loadBalancer.api.keyFile: %w", err)
@@ -106,7 +112,7 @@ func (r *Runtime) startAPI(a API) (*apiServer, error) {
 		tln, err := net.Listen("tcp", a.Listen)
 		if err != nil {
 			s.close()
-			return nil, err
+			return nil, fmt.Errorf("loadBalancer.api.listen: %w", err)
 		}
 		s.serve(tln, requireKey(k, mux))
 	}
@@ -191,7 +197,11 @@ func (r *Runtime) Handler() http.Handler {
 	})
 	change := func(fn func(req *http.Request, body []byte, svcs []Service, o *Overlay) (int, error)) http.HandlerFunc {
 		return func(w http.ResponseWriter, req *http.Request) {
-			body, err := io.ReadAll(io.LimitReader(req.Body, 1<<20))
+			body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, maxBody))
+			if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+				writeErr(w, &apiError{http.StatusRequestEntityTooLarge, []string{"the request body is larger than 1 MiB, the API's limit"}})
+				return
+			}
 			if err != nil {
 				writeErr(w, badRequest(err))
 				return
@@ -219,7 +229,7 @@ func (r *Runtime) Handler() http.Handler {
 			return 0, badRequest(err)
 		}
 		if find(svcs, s.Name) >= 0 {
-			return 0, &apiError{http.StatusConflict, []string{fmt.Sprintf("service %q exists (use set to change it)", s.Name)}}
+			return 0, &apiError{http.StatusConflict, []string{fmt.Sprintf("service %s exists (use set to change it)", model.Quote(s.Name))}}
 		}
 		o.put(s)
 		return http.StatusCreated, nil
@@ -230,7 +240,7 @@ func (r *Runtime) Handler() http.Handler {
 			return 0, badRequest(err)
 		}
 		if s.Name != req.PathValue("name") {
-			return 0, badRequest(fmt.Errorf("name: %q differs from the path's %q", s.Name, req.PathValue("name")))
+			return 0, badRequest(fmt.Errorf("name: %s differs from the path's %s", model.Quote(s.Name), model.Quote(req.PathValue("name"))))
 		}
 		o.put(s)
 		return http.StatusOK, nil
@@ -259,7 +269,11 @@ func (r *Runtime) Handler() http.Handler {
 		return http.StatusOK, nil
 	}))
 	mux.HandleFunc("POST /v1/services/{name}/reset", change(func(req *http.Request, _ []byte, svcs []Service, o *Overlay) (int, error) {
-		o.reset(req.PathValue("name"))
+		name := req.PathValue("name")
+		if find(svcs, name) < 0 && !slices.Contains(o.Deleted, name) { // neither in effect nor deleted through the API
+			return 0, notFound(name)
+		}
+		o.reset(name)
 		return http.StatusOK, nil
 	}))
 	mux.HandleFunc("POST /v1/services/{name}/backends", change(func(req *http.Request, body []byte, svcs []Service, o *Overlay) (int, error) {
@@ -273,7 +287,7 @@ func (r *Runtime) Handler() http.Handler {
 		}
 		s := svcs[i]
 		if findBackend(s, BackendKey(b.Address, b.Port)) >= 0 {
-			return 0, &apiError{http.StatusConflict, []string{fmt.Sprintf("service %q already has backend %s", s.Name, BackendKey(b.Address, b.Port))}}
+			return 0, &apiError{http.StatusConflict, []string{fmt.Sprintf("service %s already has backend %s", model.Quote(s.Name), model.Cut(BackendKey(b.Address, b.Port)))}}
 		}
 		s.Backends = append(slices.Clone(s.Backends), b)
 		o.put(s)
@@ -288,7 +302,7 @@ func (r *Runtime) Handler() http.Handler {
 		s.Backends = slices.Clone(s.Backends)
 		j := findBackend(s, req.PathValue("backend"))
 		if j < 0 {
-			return s, 0, &apiError{http.StatusNotFound, []string{fmt.Sprintf("service %q has no backend %s", s.Name, req.PathValue("backend"))}}
+			return s, 0, &apiError{http.StatusNotFound, []string{fmt.Sprintf("service %s has no backend %s", model.Quote(s.Name), model.Cut(req.PathValue("backend")))}}
 		}
 		return s, j, nil
 	}
@@ -322,7 +336,7 @@ func serviceName(body []byte) string {
 }
 
 func notFound(name string) *apiError {
-	return &apiError{http.StatusNotFound, []string{fmt.Sprintf("no service %q", name)}}
+	return &apiError{http.StatusNotFound, []string{fmt.Sprintf("no service %s", model.Quote(name))}}
 }
 
 func find(svcs []Service, name string) int {
@@ -388,7 +402,7 @@ func (r *Runtime) change(ctx context.Context, fn func(svcs []Service, o *Overlay
 	}
 	if err := o.Save(r.overlayPath); err != nil {
 		r.mu.Unlock()
-		return fmt.Errorf("save %s: %w", r.overlayPath, err)
+		return fmt.Errorf("loadBalancer.stateFile: %w", err)
 	}
 	r.overlay = o
 	r.gen++

@@ -1,7 +1,9 @@
 package lb
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -144,6 +146,46 @@ func TestAPI(t *testing.T) {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
+	}
+}
+
+// A reset of a service that does not exist is 404 (it was 200 with an empty object); a body
+// over 1 MiB is 413 (it was cut at 1 MiB and answered 400 "unexpected end of stream").
+func TestAPIStatusCodes(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "lb-services.yaml")
+	_, c, kernel := testRuntime(t, Config{API: &API{Disabled: true}, StateFile: state, Services: []Service{fixture(DNAT, RoundRobin)}})
+	before := kernel()
+	big := fixture(SNAT, Weighted)
+	big.Name, big.VIPs = "big", []string{"192.0.2.20"}
+	body, _ := json.Marshal(big)
+	body = append(body[:len(body)-1], []byte(`,"backends":[`+strings.Repeat(`{"address":"10.1.0.11"},`, 100000)+`{"address":"10.1.0.12"}]}`)...)
+	for _, tc := range []struct {
+		method, path string
+		body         []byte
+		code         int
+		want         string
+	}{
+		{http.MethodPost, ServicePath("nope") + "/reset", nil, http.StatusNotFound, `no service \"nope\"`},
+		{http.MethodPost, "/v1/services", body, http.StatusRequestEntityTooLarge, "the request body is larger than 1 MiB, the API's limit"},
+		{http.MethodPut, ServicePath("big"), body, http.StatusRequestEntityTooLarge, "larger than 1 MiB"},
+		{http.MethodPost, ServicePath("web") + "/reset", nil, http.StatusOK, `"name": "web"`},
+	} {
+		req, _ := http.NewRequest(tc.method, c.Base+tc.path, bytes.NewReader(tc.body))
+		resp, err := c.HTTP.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.code || !strings.Contains(string(got), tc.want) {
+			t.Errorf("%s %s: %d %.200s, want %d with %q", tc.method, tc.path, resp.StatusCode, got, tc.code, tc.want)
+		}
+		if _, err := os.Stat(state); err == nil && tc.code != http.StatusOK {
+			t.Errorf("%s %s: the state file was written", tc.method, tc.path)
+		}
+	}
+	if kernel() != before {
+		t.Error("the kernel changed")
 	}
 }
 

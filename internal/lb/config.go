@@ -49,6 +49,8 @@ const (
 	defaultFlowTimeout = 5 * time.Minute
 	maxSlots           = 4096 // map entries of one service and family, after dividing weights by their gcd
 	maxWeight          = 1000
+	maxPath            = 4095 // PATH_MAX less the NUL
+	maxSocketPath      = 107  // sun_path less the NUL
 )
 
 var (
@@ -116,7 +118,8 @@ type Backend struct {
 	// Port the backend listens on; 0 keeps the port the client asked for.
 	Port int `json:"port,omitempty"`
 	// Weight (1-1000, default 1): the share of new connections, relative to the others.
-	Weight int `json:"weight,omitempty"`
+	// nil is the default; an explicit 0 is an error (not "off": use state drain or down).
+	Weight *int `json:"weight,omitempty"`
 	// Priority: 0 (default) for primaries; backends with a higher number are used only when
 	// no backend with a lower number is up.
 	Priority int    `json:"priority,omitempty"`
@@ -190,18 +193,25 @@ func (c *Config) Validate() []error {
 	if a := c.API; a != nil {
 		if a.Listen != "" {
 			if _, _, err := net.SplitHostPort(a.Listen); err != nil {
-				errs = append(errs, fmt.Errorf("loadBalancer.api.listen: %q is not host:port", a.Listen))
+				errs = append(errs, fmt.Errorf("loadBalancer.api.listen: %s is not host:port", model.Quote(a.Listen)))
 			}
 			if a.KeyFile == "" {
-				errs = append(errs, fmt.Errorf("loadBalancer.api.listen: %q needs loadBalancer.api.keyFile (TCP clients must present the key)", a.Listen))
+				errs = append(errs, fmt.Errorf("loadBalancer.api.listen: %s needs loadBalancer.api.keyFile (TCP clients must present the key)", model.Quote(a.Listen)))
 			}
 		}
 		if a.Socket != "" && !strings.HasPrefix(a.Socket, "/") {
-			errs = append(errs, fmt.Errorf("loadBalancer.api.socket: %q is not an absolute path", a.Socket))
+			errs = append(errs, fmt.Errorf("loadBalancer.api.socket: %s is not an absolute path", model.Quote(a.Socket)))
+		} else if len(a.Socket) > maxSocketPath {
+			errs = append(errs, fmt.Errorf("loadBalancer.api.socket: %s is longer than %d bytes, the limit of a unix socket's path", model.Quote(a.Socket), maxSocketPath))
+		}
+		if len(a.KeyFile) > maxPath {
+			errs = append(errs, fmt.Errorf("loadBalancer.api.keyFile: %s is longer than %d bytes", model.Quote(a.KeyFile), maxPath))
 		}
 	}
 	if c.StateFile != "" && !strings.HasPrefix(c.StateFile, "/") {
-		errs = append(errs, fmt.Errorf("loadBalancer.stateFile: %q is not an absolute path", c.StateFile))
+		errs = append(errs, fmt.Errorf("loadBalancer.stateFile: %s is not an absolute path", model.Quote(c.StateFile)))
+	} else if len(c.StateFile) > maxPath {
+		errs = append(errs, fmt.Errorf("loadBalancer.stateFile: %s is longer than %d bytes", model.Quote(c.StateFile), maxPath))
 	}
 	return append(errs, ValidateServices(c.Services, func(i int) string { return fmt.Sprintf("loadBalancer.services[%d]", i) })...)
 }
@@ -223,19 +233,19 @@ func ValidateServices(svcs []Service, field func(i int) string) []error {
 		f := field(i)
 		errs = append(errs, s.validate(f)...)
 		if j, dup := names[s.Name]; dup && s.Name != "" {
-			errs = append(errs, fmt.Errorf("%s.name: %q is already used by %s", f, s.Name, field(j)))
+			errs = append(errs, fmt.Errorf("%s.name: %s is already used by %s", f, model.Quote(s.Name), field(j)))
 		}
 		names[s.Name] = i
 		proto := s.proto()
 		for k, v := range s.VIPs {
-			a, err := netip.ParseAddr(v)
+			a, err := model.ParseAddr(v)
 			if err != nil {
 				continue
 			}
 			for _, p := range s.ports() {
 				key := vipKey{a, proto, p}
 				if j, dup := vips[key]; dup && j != i {
-					errs = append(errs, fmt.Errorf("%s.vips[%d]: %s %s/%d is already used by service %q (%s)", f, k, a, proto, p, svcs[j].Name, field(j)))
+					errs = append(errs, fmt.Errorf("%s.vips[%d]: %s %s/%d is already used by service %s (%s)", f, k, a, proto, p, model.Quote(svcs[j].Name), field(j)))
 				}
 				vips[key] = i
 			}
@@ -244,15 +254,15 @@ func ValidateServices(svcs []Service, field func(i int) string) []error {
 		// so no other service (but dsr, whose replies bypass this host) may share the backend.
 		if s.topology() != DSR {
 			for k, b := range s.Backends {
-				a, err := netip.ParseAddr(b.Address)
+				a, err := model.ParseAddr(b.Address)
 				if err != nil {
 					continue
 				}
 				for _, p := range s.ports() {
 					key := vipKey{a, proto, cmp.Or(b.Port, p)}
 					if j, dup := reverse[key]; dup && j != i && (s.Topology == StatelessDNAT || svcs[j].Topology == StatelessDNAT) {
-						errs = append(errs, fmt.Errorf("%s.backends[%d]: %s %s/%d is also a backend of service %q (%s), and one of them is stateless-dnat: replies could not be told apart",
-							f, k, a, proto, key.port, svcs[j].Name, field(j)))
+						errs = append(errs, fmt.Errorf("%s.backends[%d]: %s %s/%d is also a backend of service %s (%s), and one of them is stateless-dnat: replies could not be told apart",
+							f, k, a, proto, key.port, model.Quote(svcs[j].Name), field(j)))
 					}
 					if _, dup := reverse[key]; !dup || s.Topology == StatelessDNAT {
 						reverse[key] = i
@@ -296,18 +306,18 @@ func (s *Service) validate(f string) []error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(f+"."+format, a...)) }
 	if !validName.MatchString(s.Name) {
-		bad("name: %q is not a valid name (lower-case letters, digits and '-', at most 32, e.g. \"web\")", s.Name)
+		bad("name: %s is not a valid name (lower-case letters, digits and '-', at most 32, e.g. \"web\")", model.Quote(s.Name))
 	}
 	topo := s.topology()
 	if !slices.Contains(topologies, topo) {
-		bad("topology: %q is not one of %s", s.Topology, strings.Join(topologies, ", "))
+		bad("topology: %s is not one of %s", model.Quote(s.Topology), strings.Join(topologies, ", "))
 	}
 	if !slices.Contains(protocols, s.proto()) {
-		bad("protocol: %q is not one of tcp, udp, sctp", s.Protocol)
+		bad("protocol: %s is not one of tcp, udp, sctp", model.Quote(s.Protocol))
 	}
 	sched := s.scheduler()
 	if !slices.Contains(schedulers, sched) {
-		bad("scheduler: %q is not one of %s", s.Scheduler, strings.Join(schedulers, ", "))
+		bad("scheduler: %s is not one of %s", model.Quote(s.Scheduler), strings.Join(schedulers, ", "))
 	}
 
 	// VIPs.
@@ -317,10 +327,10 @@ func (s *Service) validate(f string) []error {
 	}
 	seen := map[netip.Addr]bool{}
 	for i, v := range s.VIPs {
-		a, err := netip.ParseAddr(v)
+		a, err := model.ParseAddr(v)
 		switch {
-		case err != nil || a.Zone() != "":
-			bad("vips[%d]: %q is not a valid IP address", i, v)
+		case err != nil:
+			bad("vips[%d]: %v", i, err)
 			continue
 		case a.IsUnspecified() || a.IsMulticast() || a.IsLoopback():
 			bad("vips[%d]: %s cannot be a virtual IP", i, a)
@@ -358,9 +368,9 @@ func (s *Service) validate(f string) []error {
 	}
 	snatFam := map[bool]bool{}
 	for i, v := range s.SNATAddresses {
-		a, err := netip.ParseAddr(v)
-		if err != nil || a.Zone() != "" {
-			bad("snatAddresses[%d]: %q is not a valid IP address", i, v)
+		a, err := model.ParseAddr(v)
+		if err != nil {
+			bad("snatAddresses[%d]: %v", i, err)
 			continue
 		}
 		if snatFam[a.Is6()] {
@@ -372,10 +382,10 @@ func (s *Service) validate(f string) []error {
 		if s.Interface == "" {
 			bad("interface: a %s service needs the interface its clients' packets arrive on", topo)
 		} else if !model.ValidInterfaceName(s.Interface) {
-			bad("interface: %q is not a valid interface name", s.Interface)
+			bad("interface: %s is not a valid interface name", model.Quote(s.Interface))
 		}
 		if s.BackendInterface != "" && !model.ValidInterfaceName(s.BackendInterface) {
-			bad("backendInterface: %q is not a valid interface name", s.BackendInterface)
+			bad("backendInterface: %s is not a valid interface name", model.Quote(s.BackendInterface))
 		}
 	} else {
 		if s.Interface != "" {
@@ -398,13 +408,13 @@ func (s *Service) validate(f string) []error {
 		bad("persistence: %s is not between 1s and 24h", s.Persistence.Duration)
 	}
 	if len(s.HashFields) > 0 && sched != Hash {
-		bad("hashFields: only the hash scheduler hashes fields (scheduler is %q)", sched)
+		bad("hashFields: only the hash scheduler hashes fields (scheduler is %s)", model.Quote(sched))
 	}
 	for i, h := range s.HashFields {
 		if !slices.Contains(hashFields, h) {
-			bad("hashFields[%d]: %q is not one of %s", i, h, strings.Join(hashFields, ", "))
+			bad("hashFields[%d]: %s is not one of %s", i, model.Quote(h), strings.Join(hashFields, ", "))
 		} else if slices.Index(s.HashFields, h) != i {
-			bad("hashFields[%d]: %q is listed twice", i, h)
+			bad("hashFields[%d]: %s is listed twice", i, model.Quote(h))
 		}
 	}
 
@@ -421,9 +431,11 @@ func (s *Service) validate(f string) []error {
 	slots := map[bool]int{}
 	for i, b := range s.Backends {
 		bf := fmt.Sprintf("backends[%d]", i)
-		a, err := netip.ParseAddr(b.Address)
-		if err != nil || a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() {
-			bad("%s.address: %q is not a valid backend address", bf, b.Address)
+		a, err := model.ParseAddr(b.Address)
+		if err != nil {
+			bad("%s.address: %v", bf, err)
+		} else if a.IsUnspecified() || a.IsMulticast() {
+			bad("%s.address: %s cannot be a backend", bf, a)
 		} else {
 			if bseen[bkey{a, b.Port}] {
 				bad("%s: %s port %d is listed twice", bf, a, b.Port)
@@ -439,21 +451,21 @@ func (s *Service) validate(f string) []error {
 		case b.Port != 0 && topo == DSR && b.Port != s.Port:
 			bad("%s.port: dsr cannot translate ports (%d != %d); leave the backend's port out", bf, b.Port, s.Port)
 		}
-		if b.Weight < 0 || b.Weight > maxWeight {
-			bad("%s.weight: %d is not between 1 and %d", bf, b.Weight, maxWeight)
+		if b.Weight != nil && (*b.Weight < 1 || *b.Weight > maxWeight) {
+			bad("%s.weight: %d is not between 1 and %d", bf, *b.Weight, maxWeight)
 		}
-		slots[a.Is6()] += max(b.Weight, 1)
+		slots[a.Is6()] += b.weight()
 		if b.Priority < 0 {
 			bad("%s.priority: %d is negative (0 is a primary, higher numbers are backups)", bf, b.Priority)
 		}
 		if b.State != "" && !slices.Contains(states, b.State) {
-			bad("%s.state: %q is not one of up, drain, down", bf, b.State)
+			bad("%s.state: %s is not one of up, drain, down", bf, model.Quote(b.State))
 		}
 		if b.MAC != "" {
 			if topo != DSR {
 				bad("%s.mac: only dsr backends are reached by their MAC address", bf)
 			} else if hw, err := net.ParseMAC(b.MAC); err != nil || len(hw) != 6 {
-				bad("%s.mac: %q is not an Ethernet MAC address", bf, b.MAC)
+				bad("%s.mac: %s is not an Ethernet MAC address", bf, model.Quote(b.MAC))
 			}
 		}
 	}
@@ -476,6 +488,14 @@ func (s *Service) validate(f string) []error {
 	return errs
 }
 
+// weight is the backend's weight, 1 when it has none.
+func (b *Backend) weight() int {
+	if b.Weight == nil {
+		return 1
+	}
+	return *b.Weight
+}
+
 func famName(is6 bool) string {
 	if is6 {
 		return "IPv6"
@@ -487,7 +507,7 @@ func (h *HealthCheck) validate(f string) []error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(f+"."+format, a...)) }
 	if !slices.Contains(checkTypes, h.Type) {
-		bad("type: %q is not one of %s", h.Type, strings.Join(checkTypes, ", "))
+		bad("type: %s is not one of %s", model.Quote(h.Type), strings.Join(checkTypes, ", "))
 	}
 	if h.Port < 0 || h.Port > 65535 {
 		bad("port: %d is not a valid port", h.Port)
@@ -497,7 +517,7 @@ func (h *HealthCheck) validate(f string) []error {
 		bad("path, host, expectStatus: only for http and https checks")
 	}
 	if h.Path != "" && !strings.HasPrefix(h.Path, "/") {
-		bad("path: %q does not start with /", h.Path)
+		bad("path: %s does not start with /", model.Quote(h.Path))
 	}
 	if h.ExpectStatus != 0 && (h.ExpectStatus < 100 || h.ExpectStatus > 599) {
 		bad("expectStatus: %d is not an HTTP status", h.ExpectStatus)
@@ -518,7 +538,7 @@ func (h *HealthCheck) validate(f string) []error {
 		bad("command: a command check needs a command, and only a command check has one")
 	}
 	if h.Type == "command" && len(h.Command) > 0 && !strings.HasPrefix(h.Command[0], "/") {
-		bad("command[0]: %q is not an absolute path", h.Command[0])
+		bad("command[0]: %s is not an absolute path", model.Quote(h.Command[0]))
 	}
 	iv, to := h.interval(), h.timeout()
 	if iv < 50*time.Millisecond || iv > time.Hour {

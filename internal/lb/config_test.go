@@ -2,6 +2,10 @@ package lb
 
 import (
 	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -53,9 +57,11 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].hashFields: only the hash scheduler hashes fields`, func(s *Service) { s.HashFields = []string{"src-ip"} }},
 		{`services[0].hashFields[0]: "mac" is not one of src-ip, src-port, dst-ip, dst-port`, func(s *Service) { s.Scheduler, s.HashFields = Hash, []string{"mac"} }},
 		{`services[0].backends: a dnat service needs at least one backend`, func(s *Service) { s.Backends = nil }},
-		{`services[0].backends[0].address: "backend1" is not a valid backend address`, func(s *Service) { s.Backends[0].Address = "backend1" }},
+		{`services[0].backends[0].address: "backend1" is not a valid IP address`, func(s *Service) { s.Backends[0].Address = "backend1" }},
 		{`services[0].backends[1]: 10.0.1.11 port 8080 is listed twice`, func(s *Service) { s.Backends[1].Address = "10.0.1.11" }},
-		{`services[0].backends[0].weight: 1001 is not between 1 and 1000`, func(s *Service) { s.Backends[0].Weight = 1001 }},
+		{`services[0].backends[0].weight: 1001 is not between 1 and 1000`, func(s *Service) { s.Backends[0].Weight = new(1001) }},
+		{`services[0].backends[0].weight: 0 is not between 1 and 1000`, func(s *Service) { s.Backends[0].Weight = new(0) }},
+		{`services[0].backends[1].weight: -2 is not between 1 and 1000`, func(s *Service) { s.Backends[1].Weight = new(-2) }},
 		{`services[0].backends[0].priority: -1 is negative`, func(s *Service) { s.Backends[0].Priority = -1 }},
 		{`services[0].backends[0].state: "paused" is not one of up, drain, down`, func(s *Service) { s.Backends[0].State = "paused" }},
 		{`services[0].backends[0].mac: only dsr backends are reached by their MAC address`, func(s *Service) { s.Backends[0].MAC = "02:00:00:00:00:01" }},
@@ -74,7 +80,7 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].persistence: 500ms is not between 1s and 24h`, func(s *Service) { s.Persistence = D(500 * time.Millisecond) }},
 		{`services[0].backends: the IPv4 weights add up to 4101 map entries (at most 4096)`, func(s *Service) {
 			for i := range 5 {
-				s.Backends = append(s.Backends, Backend{Address: fmt.Sprintf("10.0.2.%d", i), Weight: 820})
+				s.Backends = append(s.Backends, Backend{Address: fmt.Sprintf("10.0.2.%d", i), Weight: new(820)})
 			}
 		}},
 		{`services[0].healthCheck.type: "icmp" is not one of tcp, http, https, udp, dns, command, none`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "icmp"} }},
@@ -152,5 +158,73 @@ func TestConfigSection(t *testing.T) {
 	b, _ := yaml.Marshal(Config{Services: []Service{{Name: "x", Persistence: D(time.Minute), HealthCheck: &HealthCheck{Type: "tcp", Interval: Duration{Duration: time.Second}}}}})
 	if err := yaml.UnmarshalStrict(b, &round); err != nil || round.Services[0].Persistence.Duration != time.Minute {
 		t.Errorf("round trip: %v %s", err, b)
+	}
+}
+
+// A weight written as 0 is refused (it used to count as 1); a weight left out is 1.
+func TestWeightZeroRefused(t *testing.T) {
+	s, err := DecodeService([]byte("name: web\nvips: [192.0.2.10]\nport: 80\nbackends:\n- {address: 10.0.1.11}\n- {address: 10.0.1.12, weight: 0}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := fmt.Sprint(ValidateServices([]Service{s}, byIndex))
+	if want := "loadBalancer.services[0].backends[1].weight: 0 is not between 1 and 1000"; !strings.Contains(errs, want) {
+		t.Errorf("got %s, want %q", errs, want)
+	}
+	s.Backends = s.Backends[:1]
+	if errs := ValidateServices([]Service{s}, byIndex); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if w := Resolve([]Service{s}, nil, Env{}).Services[0].Backends[0].Weight; w != 1 {
+		t.Errorf("default weight %d", w)
+	}
+	if b, _ := yaml.Marshal(s); strings.Contains(string(b), "weight") {
+		t.Errorf("a default weight is written out:\n%s", b)
+	}
+}
+
+// Errors about the files and sockets the section names say which field they come from (a
+// state file that is a directory used to give just "read /x: is a directory").
+func TestFileFieldErrorsNameTheField(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := Effective(Config{StateFile: dir, Services: []Service{valid()}}); err == nil ||
+		!strings.HasPrefix(err.Error(), "loadBalancer.stateFile: ") || !strings.Contains(err.Error(), dir) {
+		t.Errorf("state file is a directory: %v", err)
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("services:\n- {name: x, persistence: 10}\n"), 0o600)
+	if _, err := Effective(Config{StateFile: bad}); err == nil ||
+		err.Error() != "loadBalancer.stateFile: "+bad+`: services[0].persistence: 10 is not a duration; write one such as "30s" or "1m30s"` {
+		t.Errorf("bad state file: %v", err)
+	}
+	file := filepath.Join(dir, "file")
+	os.WriteFile(file, nil, 0o600)
+	r := NewRuntime(slog.New(slog.NewTextHandler(io.Discard, nil)), func() {})
+	if _, err := r.startAPI(API{Socket: filepath.Join(file, "lb.sock")}); err == nil || !strings.HasPrefix(err.Error(), "loadBalancer.api.socket: ") {
+		t.Errorf("socket under a file: %v", err)
+	}
+	key := filepath.Join(dir, "key")
+	os.WriteFile(key, []byte("0123456789abcdef0123"), 0o600)
+	if _, err := r.startAPI(API{Socket: filepath.Join(dir, "lb.sock"), Listen: "192.0.2.1:99999", KeyFile: key}); err == nil || !strings.HasPrefix(err.Error(), "loadBalancer.api.listen: ") {
+		t.Errorf("listen: %v", err)
+	}
+}
+
+func TestPathLengths(t *testing.T) {
+	long := "/" + strings.Repeat("d", 4095)
+	c := Config{StateFile: long, API: &API{Socket: "/run/" + strings.Repeat("s", 103), KeyFile: long}}
+	errs := fmt.Sprint(c.Validate())
+	for _, want := range []string{
+		`loadBalancer.api.socket: "/run/sss`, `…(108 bytes) is longer than 107 bytes, the limit of a unix socket's path`,
+		`loadBalancer.api.keyFile: "/ddd`, `…(4096 bytes) is longer than 4095 bytes`,
+		`loadBalancer.stateFile: "/ddd`,
+	} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("want %q in %s", want, errs)
+		}
+	}
+	c = Config{StateFile: long[:4095], API: &API{Socket: "/run/" + strings.Repeat("s", 102), KeyFile: long[:4095]}}
+	if errs := c.Validate(); len(errs) > 0 {
+		t.Error(errs)
 	}
 }

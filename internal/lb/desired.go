@@ -66,8 +66,9 @@ type ServiceState struct {
 // BackendState is one backend with what the load balancer does with it.
 type BackendState struct {
 	Backend
-	Key  string // "10.0.0.1" or "10.0.0.1:8080": unique within its service
-	Addr netip.Addr
+	Weight int    // the backend's weight, or the default 1
+	Key    string // "10.0.0.1" or "10.0.0.1:8080": unique within its service
+	Addr   netip.Addr
 	// ID identifies the backend in flow tables and persistent-client maps (written as an
 	// address or a MAC: see idAddr, idMAC); derived from the service and the backend, so that
 	// it survives restarts and reordering.
@@ -131,7 +132,7 @@ func resolveService(s Service, health map[string]Health, env Env) *ServiceState 
 		if bs.Port == 0 && len(ss.Ports) == 1 && ss.Topology != DSR {
 			bs.Port = ss.Ports[0]
 		}
-		bs.Weight = max(bs.Weight, 1)
+		bs.Weight = b.weight()
 		if bs.State == "" {
 			bs.State = StateUp
 		}

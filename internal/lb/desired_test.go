@@ -23,7 +23,7 @@ func TestSlots(t *testing.T) {
 		t.Errorf("1:2:3 slots: %s, want %s", got, want)
 	}
 	for i := range s.Backends {
-		s.Backends[i].Weight = 10
+		s.Backends[i].Weight = new(10)
 	}
 	if got := names(Resolve([]Service{s}, nil, testEnv).Services[0].slots(true)); got != "fd00:b::11 fd00:b::12 fd00:b::13" {
 		t.Errorf("equal weights: %s", got)

@@ -44,7 +44,7 @@ func fixture(topo, sched string) Service {
 			if topo == DSR && fam == 1 {
 				continue
 			}
-			b := Backend{Address: a, Weight: i + 1}
+			b := Backend{Address: a, Weight: new(i + 1)}
 			if topo != DSR {
 				b.Port = 8080
 			}

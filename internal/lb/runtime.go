@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/hostaccel/hostaccel/internal/model"
 )
 
 // Runtime is the load balancer inside the agent: it merges the config's services with the
@@ -165,7 +167,7 @@ func (r *Runtime) services(cfg Config) ([]Service, error) {
 	if path := cfg.StatePath(); path != r.overlayPath {
 		o, err := LoadOverlay(path)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("loadBalancer.stateFile: %w", err)
 		}
 		r.overlay, r.overlayPath = o, path
 	}
@@ -219,7 +221,7 @@ func OfflineEnv(svcs []Service, env Env) Env {
 func fieldByName(svcs []Service) func(int) string {
 	return func(i int) string {
 		if svcs[i].Name != "" {
-			return fmt.Sprintf("services[%s]", svcs[i].Name)
+			return fmt.Sprintf("services[%s]", model.Cut(svcs[i].Name))
 		}
 		return fmt.Sprintf("services[%d]", i)
 	}

@@ -6,11 +6,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
-	"strings"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/hostaccel/hostaccel/internal/model"
 )
 
 // Overlay is what the API changed, kept in the agent's state file: services added or
@@ -78,15 +78,15 @@ func (o Overlay) clone() Overlay {
 // LoadOverlay reads the state file; a missing file is an empty overlay.
 func LoadOverlay(path string) (Overlay, error) {
 	var o Overlay
-	b, err := os.ReadFile(path)
+	b, err := model.ReadConfigFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return o, nil
 	}
 	if err != nil {
 		return o, err
 	}
-	if err := yaml.UnmarshalStrict(b, &o); err != nil {
-		return o, fmt.Errorf("%s: %s", path, decodeError(err))
+	if err := model.UnmarshalStrict(b, &o); err != nil {
+		return o, fmt.Errorf("%s: %w", path, err)
 	}
 	return o, nil
 }
@@ -110,27 +110,11 @@ func (o Overlay) Save(path string) error {
 	return os.Rename(tmp, path)
 }
 
-var unknownField = regexp.MustCompile(`unknown field "([^"]+)"`)
-
-// decodeError turns a strict YAML/JSON decoding error into a short message.
-func decodeError(err error) string {
-	if m := unknownField.FindStringSubmatch(err.Error()); m != nil {
-		return fmt.Sprintf("unknown field %q", m[1])
-	}
-	msg := err.Error()
-	if i := strings.LastIndex(msg, "json: "); i >= 0 {
-		msg = msg[i+len("json: "):]
-	} else if i := strings.LastIndex(msg, "JSON: "); i >= 0 {
-		msg = msg[i+len("JSON: "):]
-	}
-	return msg
-}
-
 // DecodeService decodes one service (YAML or JSON) strictly.
 func DecodeService(b []byte) (Service, error) {
 	var s Service
-	if err := yaml.UnmarshalStrict(b, &s); err != nil {
-		return s, fmt.Errorf("service: %s", decodeError(err))
+	if err := model.UnmarshalStrict(b, &s); err != nil {
+		return s, fmt.Errorf("service: %w", err)
 	}
 	return s, nil
 }
@@ -138,8 +122,8 @@ func DecodeService(b []byte) (Service, error) {
 // DecodeBackend decodes one backend (YAML or JSON) strictly.
 func DecodeBackend(b []byte) (Backend, error) {
 	var be Backend
-	if err := yaml.UnmarshalStrict(b, &be); err != nil {
-		return be, fmt.Errorf("backend: %s", decodeError(err))
+	if err := model.UnmarshalStrict(b, &be); err != nil {
+		return be, fmt.Errorf("backend: %w", err)
 	}
 	return be, nil
 }

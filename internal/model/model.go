@@ -5,7 +5,6 @@ package model
 
 import (
 	"encoding/json"
-	"errors"
 	"net/netip"
 	"slices"
 	"strings"
@@ -126,14 +125,19 @@ func ComparePrefix(a, b netip.Prefix) int {
 // Duration is a time.Duration written as "30s" in configs (one type for every section).
 type Duration struct{ time.Duration }
 
+// UnmarshalJSON reads "30s", "1m30s"; null leaves d as it is. Its errors reach
+// UnmarshalStrict as type errors, so that they name the field.
 func (d *Duration) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
-		return errors.New(`want a duration such as "30s"`)
+		return durationError(`%s is not a duration; write one such as "30s" or "1m30s"`, Cut(string(b)))
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return err
+		return durationError(`%s is not a duration such as "30s" or "1m30s" (at most 2562047h)`, Quote(s))
 	}
 	d.Duration = v
 	return nil

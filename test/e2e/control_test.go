@@ -102,7 +102,9 @@ table ip nat {
 		}
 	}
 
-	mustHA(t, tp.Node.Name, "cleanup")
+	if out := mustHA(t, tp.Node.Name, "cleanup"); out != "removed table inet hostaccel\n" {
+		t.Errorf("cleanup says %q", out)
+	}
 	if now := ruleset(t, tp.Node); now != pristine {
 		t.Errorf("cleanup did not restore the foreign rules exactly:\n got %s\nwant %s", now, pristine)
 	}
@@ -256,6 +258,9 @@ func TestNoFlowtableFailsLoudly(t *testing.T) {
 	}
 	if code, body := httpGet(t, tp.Node, "127.0.0.1:9465", "/healthz"); code != 503 || !strings.Contains(body, "flowtable") {
 		t.Errorf("/healthz: %d %s", code, body)
+	}
+	if code, body := httpGet(t, tp.Node, "127.0.0.1:9465", "/livez"); code != 200 || body != "ok\n" {
+		t.Errorf("/livez (liveness: a restart would not help): %d %s", code, body)
 	}
 	if _, body := httpGet(t, tp.Node, "127.0.0.1:9465", "/metrics"); !strings.Contains(body, "hostaccel_healthy 0") ||
 		!strings.Contains(body, "hostaccel_table_installed 0") {

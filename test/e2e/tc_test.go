@@ -111,7 +111,9 @@ func TestTCDatapathApply(t *testing.T) {
 		t.Errorf("second apply changed something: %s", out)
 	}
 
-	mustHA(t, tp.Node.Name, "cleanup")
+	if out := mustHA(t, tp.Node.Name, "cleanup"); !strings.Contains(out, "the tc datapath") {
+		t.Errorf("cleanup says %q", out)
+	}
 	if st := status(t, tp.Node); st.TC != nil {
 		t.Errorf("cleanup left the tc datapath: %+v", st.TC)
 	}

@@ -322,8 +322,14 @@ func TestApplyAndCleanup(t *testing.T) {
 	b, _ := os.ReadFile("../../examples/lb-web.yaml")
 	os.WriteFile(cfg, []byte(strings.Replace(string(b), "/var/lib/hostaccel/lb-services.yaml", state, 1)), 0o644)
 	ha("apply", "-f", cfg)
-	ha("cleanup")
+	if out := ha("cleanup"); out != "removed table inet hostaccel-lb\n" {
+		t.Errorf("cleanup says %q", out)
+	}
 	if tables, _ := ns.Exec("nft", "list", "tables"); strings.TrimSpace(tables) != "table ip foreign" {
 		t.Errorf("after cleanup:\n%s", tables)
+	}
+	// Nothing left: cleanup says so (it used to say it removed everything).
+	if out := ha("cleanup"); out != "nothing to remove: hostaccel had nothing installed in this network namespace\n" {
+		t.Errorf("second cleanup says %q", out)
 	}
 }

@@ -41,7 +41,7 @@ var scenarios = []scenario{
 	{"weight", 82, func(s *lb.Service) {
 		s.Scheduler = lb.Weighted
 		for i := range s.Backends {
-			s.Backends[i].Weight = weights[i%3]
+			s.Backends[i].Weight = new(weights[i%3])
 		}
 	}},
 	{"hash", 83, func(s *lb.Service) { s.Scheduler, s.HashFields = lb.Hash, []string{"src-ip"} }},

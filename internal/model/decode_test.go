@@ -1,0 +1,41 @@
+package model
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestUnmarshalStrictErrors(t *testing.T) {
+	type item struct {
+		Every Duration `json:"every"`
+		Nums  []int    `json:"nums"`
+	}
+	type doc struct {
+		Items [][]item `json:"items"`
+		Name  string   `json:"name"`
+	}
+	long := strings.Repeat("k", 1000)
+	for _, tc := range []struct{ yaml, want string }{
+		{"items: [[{every: 1s}], [{every: 1s}, {every: 2}]]", `items[1][1].every: 2 is not a duration; write one such as "30s" or "1m30s"`},
+		{"items: [[{nums: [1, 2]}, {nums: [3, x]}]]", `items[0][1].nums[1]: want an integer, got a string`},
+		{"items: [[{every: null}]]\nname: 5", ""}, // null keeps the zero value; a number is a fine string in YAML
+		{"name: [x]", `name: want a string, got a list`},
+		{"items: [[{every: 1s}, {every: [1s]}]]", `items[0][1].every: ["1s"] is not a duration; write one such as "30s" or "1m30s"`},
+		{"items: [[{every: 1s}, {every: 99999999999999h}]]", `items[0][1].every: "99999999999999h" is not a duration such as "30s" or "1m30s" (at most 2562047h)`},
+		{long + ": 1", `unknown field "` + strings.Repeat("k", MaxQuoted) + `"…(1000 bytes)`},
+		{`"a\"b": 1`, `unknown field "a\"b"`},
+	} {
+		var d doc
+		err := UnmarshalStrict([]byte(tc.yaml), &d)
+		if got := errString(err); got != tc.want {
+			t.Errorf("%.40s:\n got %s\nwant %s", tc.yaml, got, tc.want)
+		}
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
