@@ -188,7 +188,7 @@ func httpGet(t *testing.T, ns *testbed.NS, addr, path string) (int, string) {
 // startAgent runs `hostaccel agent` in ns until the test ends; its log is shown on failure.
 func startAgent(t *testing.T, ns *testbed.NS, args ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns.Name, hostaccel, "agent"}, args...)...)
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns.Name, hostaccel}, withLock(append([]string{"agent"}, args...))...)...)
 	var log strings.Builder
 	cmd.Stderr = &syncWriter{w: &log}
 	if err := cmd.Start(); err != nil {
