@@ -166,8 +166,10 @@ func renderCmd() *cobra.Command {
 }
 
 func managers() (*datapath.Managers, error) {
-	ft, err := flowtable.NewManager()
-	if err != nil {
+	ft, err := flowtable.NewManager() // runs nft --check, which needs CAP_NET_ADMIN
+	if perr := probe.CheckPrivilege(probe.PartNFT); err != nil && perr != nil {
+		return nil, fmt.Errorf("%w: %v", perr, err)
+	} else if err != nil {
 		return nil, err
 	}
 	return &datapath.Managers{Flowtable: ft, TC: tc.NewManager()}, nil
