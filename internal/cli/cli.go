@@ -370,6 +370,13 @@ func writeStatus(out io.Writer, st agent.Status) {
 		for _, n := range a.PlanNotes {
 			fmt.Fprintf(out, "  note: %s\n", n)
 		}
+		if len(a.DriftRepairs) > 0 {
+			var ds []string
+			for _, d := range slices.Sorted(maps.Keys(a.DriftRepairs)) {
+				ds = append(ds, fmt.Sprintf("%s %d", d, a.DriftRepairs[d]))
+			}
+			fmt.Fprintf(out, "  drift repairs (changed outside hostaccel, restored): %s\n", strings.Join(ds, ", "))
+		}
 		if a.LastError != "" {
 			fmt.Fprintf(out, "  last error: %s\n", a.LastError)
 		}
