@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -88,7 +89,9 @@ func New(opts Options, mgrs *datapath.Managers) (*Agent, error) {
 func (a *Agent) State() State {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.state
+	st := a.state
+	st.DriftRepairs = maps.Clone(st.DriftRepairs)
+	return st
 }
 
 // Trigger asks for a sync soon; triggers coalesce.
@@ -225,6 +228,7 @@ func (a *Agent) Sync(ctx context.Context) error {
 		st.LastError = err.Error()
 	}
 	snapshot := *st
+	snapshot.DriftRepairs = maps.Clone(st.DriftRepairs)
 	a.mu.Unlock()
 	a.publish(snapshot)
 	if a.opts.OnSync != nil {
@@ -280,10 +284,39 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 	a.state.PlanNotes = o.Plan.Notes
 	a.state.LastResult = o.Result
 	a.mu.Unlock()
+	if d := o.Result.Flowtable.Drift; d != "" {
+		a.driftRepaired(DriftFlowtable, []string{d})
+	}
+	if t := o.Result.TC; t != nil && len(t.Drift) > 0 {
+		a.driftRepaired(DriftTC, t.Drift)
+	}
 	if o.Result.Changed() {
 		log.Info("applied", "plan", o.Plan.Summary(), "flowtable", o.Result.Flowtable, "tc", o.Result.TC, "devices", o.State.Devices())
 	}
 	return err
+}
+
+// The datapaths whose drift repairs the agent counts (State.DriftRepairs,
+// hostaccel_drift_repairs_total).
+const (
+	DriftFlowtable = "flowtable"
+	DriftTC        = "tc"
+	DriftLB        = "lb"
+)
+
+// DriftDatapaths lists them.
+var DriftDatapaths = []string{DriftFlowtable, DriftTC, DriftLB}
+
+// driftRepaired records that a sync found what of datapath changed outside hostaccel and
+// repaired it: a WARN, and one more repair counted.
+func (a *Agent) driftRepaired(datapath string, what []string) {
+	a.opts.Log.Warn("drift repaired: changed outside hostaccel, restored", "datapath", datapath, "drift", what)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.state.DriftRepairs == nil {
+		a.state.DriftRepairs = map[string]int{}
+	}
+	a.state.DriftRepairs[datapath]++
 }
 
 // ErrNoFlowtable: the kernel cannot do what was asked; the agent keeps retrying.

@@ -3,10 +3,13 @@ package agent
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/knftables"
 
 	"github.com/hostaccel/hostaccel/internal/config"
 	"github.com/hostaccel/hostaccel/internal/datapath"
@@ -120,5 +123,49 @@ func TestAutoWithoutNATCheckIsHealthy(t *testing.T) {
 	st := a.State()
 	if !st.Healthy || st.Plan != "flowtable: [pod-to-pod]" || len(st.PlanNotes) != 1 || !strings.Contains(st.PlanNotes[0], "bpf_skb_ct_lookup") {
 		t.Errorf("state: healthy %v, plan %q, notes %q; want healthy, the flowtable, one note naming bpf_skb_ct_lookup", st.Healthy, st.Plan, st.PlanNotes)
+	}
+}
+
+// A sync that finds the table changed outside hostaccel repairs it, logs a WARN saying what
+// drifted and counts it (hostaccel_drift_repairs_total); syncs with nothing to repair do not.
+func TestDriftRepairLoggedAndCounted(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte(cfgText), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}, {Name: "eth1", Up: true}}
+	ft, f := flowtable.NewFakeManager()
+	var log strings.Builder
+	a, err := New(Options{
+		ConfigPath: path, Probe: caps(true), Log: slog.New(slog.NewTextHandler(&log, nil)),
+		Links: func() ([]config.Link, error) { return links, nil },
+	}, &datapath.Managers{Flowtable: ft})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := a.Sync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := a.State(); st.DriftRepairs != nil || strings.Contains(log.String(), "drift") {
+		t.Fatalf("drift without drift: %+v\n%s", st.DriftRepairs, log.String())
+	}
+	tx := f.NewTransaction()
+	tx.Delete(&knftables.Table{})
+	if err := f.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := a.Sync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := a.State(); st.DriftRepairs["flowtable"] != 1 || f.Table == nil {
+		t.Errorf("after the table was deleted: repaired %v, counted %+v", f.Table != nil, st.DriftRepairs)
+	}
+	want := `level=WARN msg="drift repaired: changed outside hostaccel, restored" datapath=flowtable drift="[table missing]"`
+	if strings.Count(log.String(), "drift repaired") != 1 || !strings.Contains(log.String(), want) {
+		t.Errorf("log lacks one %q:\n%s", want, log.String())
 	}
 }

@@ -17,7 +17,10 @@ type lbRuntime struct {
 // LB returns the agent's load balancer: its Status for `hostaccel status` and metrics
 // (lb.NewCollector), its API handler.
 func (a *Agent) LB() *lb.Runtime {
-	a.lb.once.Do(func() { a.lb.rt = lb.NewRuntime(a.opts.Log.With("component", "lb"), a.Trigger) })
+	a.lb.once.Do(func() {
+		a.lb.rt = lb.NewRuntime(a.opts.Log.With("component", "lb"), a.Trigger)
+		a.lb.rt.OnDrift = func(what []string) { a.driftRepaired(DriftLB, what) }
+	})
 	return a.lb.rt
 }
 

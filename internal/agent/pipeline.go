@@ -63,7 +63,9 @@ func Apply(ctx context.Context, cfg *config.Config, in Inputs) (Outcome, error) 
 	}
 	if in.LB != nil {
 		o.LBNote, o.LBErr = in.LB(ctx, cfg.LoadBalancer)
-		if o.LBErr != nil {
+		if perr := in.Caps.Privilege(probe.PartLB); o.LBErr != nil && perr != nil {
+			o.LBErr = fmt.Errorf("%w: %v", perr, o.LBErr) // the kernel's EPERM, explained
+		} else if o.LBErr != nil {
 			o.LBErr = fmt.Errorf("load balancer: %w", o.LBErr)
 		}
 	}

@@ -34,6 +34,9 @@ type State struct {
 	Plan       string          `json:"plan"`                // which datapath serves which classes
 	PlanNotes  []string        `json:"planNotes,omitempty"` // why auto set a faster datapath aside
 	LastResult datapath.Result `json:"lastResult"`
+	// DriftRepairs counts, per datapath (flowtable, tc, lb), the syncs that found its kernel
+	// state changed outside hostaccel and repaired it.
+	DriftRepairs map[string]int `json:"driftRepairs,omitempty"`
 	// Source is the config source's report (Kubernetes mode: connectivity and what it derived).
 	Source json.RawMessage `json:"source,omitempty"`
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/hostaccel/hostaccel/internal/datapath"
 	"github.com/hostaccel/hostaccel/internal/flowtable"
 	"github.com/hostaccel/hostaccel/internal/lb"
+	"github.com/hostaccel/hostaccel/internal/lock"
 	"github.com/hostaccel/hostaccel/internal/metrics"
 	"github.com/hostaccel/hostaccel/internal/probe"
 	"github.com/hostaccel/hostaccel/internal/tc"
@@ -165,15 +166,23 @@ func renderCmd() *cobra.Command {
 }
 
 func managers() (*datapath.Managers, error) {
-	ft, err := flowtable.NewManager()
-	if err != nil {
+	ft, err := flowtable.NewManager() // runs nft --check, which needs CAP_NET_ADMIN
+	if perr := probe.CheckPrivilege(probe.PartNFT); err != nil && perr != nil {
+		return nil, fmt.Errorf("%w: %v", perr, err)
+	} else if err != nil {
 		return nil, err
 	}
 	return &datapath.Managers{Flowtable: ft, TC: tc.NewManager()}, nil
 }
 
+// addLockFlag adds --lock-file to a command that changes the kernel.
+func addLockFlag(c *cobra.Command, path *string) {
+	c.Flags().StringVar(path, "lock-file", lock.DefaultPath,
+		"held while this command may change the kernel: one writer per node (the agent, apply, cleanup)")
+}
+
 func applyCmd() *cobra.Command {
-	var file string
+	var file, lockPath string
 	c := &cobra.Command{
 		Use:   "apply -f CONFIG",
 		Short: "Install the config; nothing changes when the config or the kernel cannot do it",
@@ -183,6 +192,11 @@ func applyCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			l, err := lock.Acquire(lockPath)
+			if err != nil {
+				return err
+			}
+			defer l.Release()
 			links, err := agent.Links()
 			if err != nil {
 				return err
@@ -218,12 +232,13 @@ func applyCmd() *cobra.Command {
 		},
 	}
 	c.Flags().StringVarP(&file, "file", "f", "", "config file (required)")
+	addLockFlag(c, &lockPath)
 	_ = c.MarkFlagRequired("file")
 	return c
 }
 
 func agentCmd(g *globals) *cobra.Command {
-	var file, metricsAddr, statePath string
+	var file, metricsAddr, statePath, lockPath string
 	var cleanup bool
 	var kube *kubeFlags
 	c := &cobra.Command{
@@ -231,6 +246,13 @@ func agentCmd(g *globals) *cobra.Command {
 		Short: "Run the daemon: reconcile on config change, link events and periodically",
 		RunE: func(c *cobra.Command, _ []string) error {
 			log := g.logger()
+			// First of all: a second agent must not touch the kernel, the API socket or
+			// the state file of the one that runs.
+			l, err := lock.Acquire(lockPath)
+			if err != nil {
+				return err
+			}
+			defer l.Release()
 			m, err := managers()
 			if err != nil {
 				return err
@@ -277,6 +299,7 @@ func agentCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&metricsAddr, "metrics-address", "", "serve /metrics, /healthz and /livez here, e.g. 127.0.0.1:9464 (off when empty)")
 	c.Flags().StringVar(&statePath, "state-file", agent.DefaultStatePath, "where the agent publishes its state (read by hostaccel status)")
 	c.Flags().BoolVar(&cleanup, "cleanup-on-exit", false, "remove hostaccel's rules when the agent stops")
+	addLockFlag(c, &lockPath)
 	_ = c.MarkFlagRequired("file")
 	kube = addKubeFlags(c, true)
 	return c
@@ -363,6 +386,13 @@ func writeStatus(out io.Writer, st agent.Status) {
 		for _, n := range a.PlanNotes {
 			fmt.Fprintf(out, "  note: %s\n", n)
 		}
+		if len(a.DriftRepairs) > 0 {
+			var ds []string
+			for _, d := range slices.Sorted(maps.Keys(a.DriftRepairs)) {
+				ds = append(ds, fmt.Sprintf("%s %d", d, a.DriftRepairs[d]))
+			}
+			fmt.Fprintf(out, "  drift repairs (changed outside hostaccel, restored): %s\n", strings.Join(ds, ", "))
+		}
 		if a.LastError != "" {
 			fmt.Fprintf(out, "  last error: %s\n", a.LastError)
 		}
@@ -431,10 +461,16 @@ func table(out io.Writer, header string, n int, row func(int) []any) {
 }
 
 func cleanupCmd() *cobra.Command {
-	return &cobra.Command{
+	var lockPath string
+	c := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Remove everything hostaccel installed, and nothing else",
 		RunE: func(c *cobra.Command, _ []string) error {
+			l, err := lock.Acquire(lockPath)
+			if err != nil {
+				return err
+			}
+			defer l.Release()
 			m, err := managers()
 			if err != nil {
 				return err
@@ -449,4 +485,6 @@ func cleanupCmd() *cobra.Command {
 			return err
 		},
 	}
+	addLockFlag(c, &lockPath)
+	return c
 }

@@ -65,6 +65,18 @@ func natSafe(s model.State, caps probe.Result) bool {
 	return caps.Has(probe.ConntrackKfuncs) || s.TCNATCheck == model.NATCheckOff
 }
 
+// noFlowtable says why the flowtable cannot run: this process's privileges, else the kernel.
+func noFlowtable(caps probe.Result) error {
+	if err := caps.Privilege(probe.PartFlowtable); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: %s", ErrNoFlowtable, caps.Get(probe.Flowtable).Detail)
+}
+
+func hasTCClass(s model.State) bool {
+	return slices.ContainsFunc(s.Classes, func(c model.Class) bool { return slices.Contains(tc.Supported, c) })
+}
+
 func withClasses(s model.State, cs []model.Class) *model.State {
 	s.Classes = cs
 	return &s
@@ -78,10 +90,15 @@ func Choose(s model.State, caps probe.Result) (Plan, error) {
 		return Plan{}, nil
 	case model.DatapathFlowtable:
 		if !caps.Has(probe.Flowtable) {
-			return Plan{}, fmt.Errorf("%w: %s", ErrNoFlowtable, caps.Get(probe.Flowtable).Detail)
+			return Plan{}, noFlowtable(caps)
 		}
 		return Plan{Flowtable: &s}, nil
 	case model.DatapathTC:
+		// Privilege first: without CAP_SYS_ADMIN the tc probes fail as if the kernel lacked
+		// tc, and a program loaded could not be found again by the next sync.
+		if err := caps.Privilege(probe.PartTC); err != nil {
+			return Plan{}, err
+		}
 		if !tcAvailable(caps) {
 			return Plan{}, ErrNoTC
 		}
@@ -97,9 +114,13 @@ func Choose(s model.State, caps probe.Result) (Plan, error) {
 		// conntrack kfuncs, or on the user's word that the host stack NATs no Pod traffic
 		// (tc.natCheck: off). Otherwise nothing says this node does not DNAT, and the
 		// stateful flowtable keeps those classes.
-		useTC := tcAvailable(caps) && natSafe(s, caps)
+		privErr := caps.Privilege(probe.PartTC)
+		useTC := privErr == nil && tcAvailable(caps) && natSafe(s, caps)
 		var p Plan
-		if tcAvailable(caps) && !useTC {
+		switch {
+		case privErr != nil && hasTCClass(s):
+			p.Notes = append(p.Notes, "auto keeps pod-to-pod and node-to-remote-pod off the tc datapath: "+privErr.Error())
+		case tcAvailable(caps) && !useTC:
 			p.Notes = append(p.Notes, "auto keeps pod-to-pod and node-to-remote-pod off the tc datapath: this kernel lacks bpf_skb_ct_lookup, so tc could not tell the flows this node NATs (set tc.natCheck: off if it NATs no Pod traffic)")
 		}
 		var viaTC, rest []model.Class
@@ -115,7 +136,7 @@ func Choose(s model.State, caps probe.Result) (Plan, error) {
 		}
 		if len(rest) > 0 {
 			if !caps.Has(probe.Flowtable) {
-				return p, fmt.Errorf("classes %v stay on the normal path: %w: %s", rest, ErrNoFlowtable, caps.Get(probe.Flowtable).Detail)
+				return p, fmt.Errorf("classes %v stay on the normal path: %w", rest, noFlowtable(caps))
 			}
 			p.Flowtable = withClasses(s, rest)
 		}

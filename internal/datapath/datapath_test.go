@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/hostaccel/hostaccel/internal/model"
@@ -86,5 +87,47 @@ func TestChooseExplicit(t *testing.T) {
 	s.Datapath = model.DatapathNone
 	if p, err := Choose(s, full); err != nil || p.Summary() != "no fastpath" {
 		t.Errorf("none: %s %v", p.Summary(), err)
+	}
+}
+
+// Without CAP_SYS_ADMIN the tc probes fail as if the kernel lacked tc: the error and auto's
+// note name the capability, not the kernel; without CAP_NET_ADMIN the flowtable's say so.
+func TestChoosePrivilege(t *testing.T) {
+	noSysAdmin := kernel(probe.NFTables, probe.Flowtable, probe.FlowtableCounter, probe.RedirectNeigh, probe.ConntrackKfuncs)
+	noSysAdmin.MissingCapabilities = []string{probe.CapSysAdmin}
+	s := model.State{Datapath: model.DatapathTC, Classes: []model.Class{model.PodToPod}}
+	_, err := Choose(s, noSysAdmin)
+	var perr *probe.PrivilegeError
+	if !errors.As(err, &perr) || errors.Is(err, ErrNoTC) ||
+		err.Error() != "the tc datapath needs CAP_NET_ADMIN and CAP_SYS_ADMIN; this process lacks CAP_SYS_ADMIN (run as root, or add the capabilities to the container's securityContext: docs/deploy.md)" {
+		t.Errorf("tc without CAP_SYS_ADMIN: %v", err)
+	}
+	// Even where the probes passed (tc needs CAP_SYS_ADMIN after the probes too).
+	withTC := full
+	withTC.MissingCapabilities = []string{probe.CapSysAdmin}
+	if _, err := Choose(s, withTC); !errors.As(err, &perr) {
+		t.Errorf("tc probed, CAP_SYS_ADMIN missing: %v", err)
+	}
+
+	s.Datapath = model.DatapathAuto
+	p, err := Choose(s, noSysAdmin)
+	if err != nil || p.TC != nil || p.Flowtable == nil || len(p.Notes) != 1 || !strings.Contains(p.Notes[0], "lacks CAP_SYS_ADMIN") {
+		t.Errorf("auto without CAP_SYS_ADMIN: %s %v %v", p.Summary(), p.Notes, err)
+	}
+	// No tc class: nothing to say about tc.
+	s.Classes = []model.Class{model.ExternalToNodePort}
+	if p, err := Choose(s, noSysAdmin); err != nil || len(p.Notes) != 0 {
+		t.Errorf("auto, no tc class, without CAP_SYS_ADMIN: %v %v", p.Notes, err)
+	}
+
+	noNetAdmin := kernel()
+	noNetAdmin.MissingCapabilities = []string{probe.CapNetAdmin, probe.CapSysAdmin}
+	s = model.State{Datapath: model.DatapathFlowtable, Classes: allClass}
+	if _, err := Choose(s, noNetAdmin); !errors.As(err, &perr) || errors.Is(err, ErrNoFlowtable) || !strings.Contains(err.Error(), "the flowtable datapath needs CAP_NET_ADMIN; this process lacks CAP_NET_ADMIN") {
+		t.Errorf("flowtable without CAP_NET_ADMIN: %v", err)
+	}
+	s.Datapath = model.DatapathAuto
+	if _, err := Choose(s, noNetAdmin); !errors.As(err, &perr) || perr.Part != probe.PartFlowtable {
+		t.Errorf("auto without CAP_NET_ADMIN: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -18,7 +19,8 @@ type Manager struct {
 	NFT  knftables.Interface // bound to Family/TableName
 	List nftjson.Lister
 
-	last string // fingerprint of the table right after our last successful apply
+	last        string   // fingerprint of the table right after our last successful apply
+	lastDevices []string // its flowtable's devices
 }
 
 // NewManager returns a Manager on the real nft binary.
@@ -38,6 +40,9 @@ type Result struct {
 	ElementsAdded      int    `json:"elementsAdded"`
 	ElementsRemoved    int    `json:"elementsRemoved"`
 	Operations         int    `json:"operations"`
+	// Drift says what someone else changed in the table since this Manager's last apply,
+	// which this one repaired ("" when nothing).
+	Drift string `json:"drift,omitempty"`
 }
 
 // Observe reads the table as the kernel has it; nil, nil if it does not exist.
@@ -83,7 +88,16 @@ func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
 	if after == nil {
 		return res, fmt.Errorf("table inet %s missing right after apply", TableName)
 	}
+	// Drift is what this Manager had installed and someone changed: a table it never
+	// installed (first apply, after Remove) is no drift.
+	if m.last != "" && (res.Reason == "table missing" || strings.HasPrefix(res.Reason, "drift")) {
+		res.Drift = res.Reason
+	}
 	m.last = after.Fingerprint()
+	m.lastDevices = nil
+	if ft := after.Flowtables[FlowtableName]; ft != nil {
+		m.lastDevices = slices.Clone(ft.Devices)
+	}
 	return res, nil
 }
 
@@ -93,7 +107,7 @@ func (m *Manager) rebuildReason(cur *nftjson.Table, r *Ruleset) string {
 		return "table missing"
 	case cur.Comment != r.Comment:
 		return "spec changed"
-	case m.last != "" && cur.Fingerprint() != m.last:
+	case m.last != "" && cur.Fingerprint() != m.last && m.vanished(cur) != m.last:
 		return "drift: table changed outside hostaccel"
 	}
 	ch := cur.Chains[ChainName]
@@ -111,6 +125,22 @@ func (m *Manager) rebuildReason(cur *nftjson.Table, r *Ruleset) string {
 		}
 	}
 	return ""
+}
+
+// vanished is cur's fingerprint with the flowtable's devices as this Manager's last apply
+// left them, when the kernel has dropped some of them since (a device deleted takes itself
+// out of the flowtable): that is the link's change, not someone's edit.
+func (m *Manager) vanished(cur *nftjson.Table) string {
+	ft := cur.Flowtables[FlowtableName]
+	if ft == nil || len(ft.Devices) >= len(m.lastDevices) || slices.ContainsFunc(ft.Devices, func(d string) bool { return !slices.Contains(m.lastDevices, d) }) {
+		return ""
+	}
+	c := *cur
+	c.Flowtables = maps.Clone(cur.Flowtables)
+	f := *ft
+	f.Devices = m.lastDevices
+	c.Flowtables[FlowtableName] = &f
+	return c.Fingerprint()
 }
 
 // update adds the element diffs to tx, and recreates the flowtable when devices changed or

@@ -97,15 +97,29 @@ func TestManagerUpdatesInPlace(t *testing.T) {
 func TestManagerRepairsDrift(t *testing.T) {
 	m, f := NewFakeManager()
 	s := state()
-	apply(t, m, s)
+	if res := apply(t, m, s); res.Drift != "" {
+		t.Fatalf("first apply reports drift: %+v", res)
+	}
+	if res := apply(t, m, s); res.Drift != "" {
+		t.Fatalf("a no-op apply reports drift: %+v", res)
+	}
 
-	// Someone deletes one of our rules.
+	// Someone deletes one of our rules: repaired, and reported as drift (the agent logs
+	// and counts it).
 	f.Lock()
 	ch := f.Table.Chains[ChainName]
 	ch.Rules = ch.Rules[1:]
 	f.Unlock()
-	if res := apply(t, m, s); !res.Rebuilt || !strings.HasPrefix(res.Reason, "drift") {
+	if res := apply(t, m, s); !res.Rebuilt || !strings.HasPrefix(res.Reason, "drift") || res.Drift != res.Reason {
 		t.Fatalf("deleted rule not repaired: %+v", res)
+	}
+
+	// Someone deletes an element.
+	f.Lock()
+	f.Table.Sets["peer-pod-v4"].Elements = nil
+	f.Unlock()
+	if res := apply(t, m, s); res.Drift != "drift: table changed outside hostaccel" || elements(f, "peer-pod-v4") != "10.244.2.0/24" {
+		t.Fatalf("deleted element not repaired: %+v", res)
 	}
 
 	// Someone deletes the table.
@@ -114,8 +128,34 @@ func TestManagerRepairsDrift(t *testing.T) {
 	if err := f.Run(context.Background(), tx); err != nil {
 		t.Fatal(err)
 	}
-	if res := apply(t, m, s); !res.Rebuilt || res.Reason != "table missing" {
+	if res := apply(t, m, s); !res.Rebuilt || res.Reason != "table missing" || res.Drift != "table missing" {
 		t.Fatalf("deleted table not repaired: %+v", res)
+	}
+
+	// A device deleted takes itself out of the flowtable: the kernel's doing, not drift;
+	// the agent prunes it from the desired state.
+	f.Lock()
+	f.Table.Flowtables[FlowtableName].Devices = []string{"gw"}
+	f.Unlock()
+	gone := s
+	gone.Transports = nil
+	if res := apply(t, m, gone); res.Drift != "" || res.Rebuilt {
+		t.Fatalf("a vanished device: %+v", res)
+	}
+	// A device someone else added is.
+	f.Lock()
+	f.Table.Flowtables[FlowtableName].Devices = []string{"gw", "eth9"}
+	f.Unlock()
+	if res := apply(t, m, gone); res.Drift == "" {
+		t.Fatalf("a device added behind our back: %+v", res)
+	}
+
+	// Removing and installing again is no drift.
+	if err := m.Remove(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if res := apply(t, m, s); res.Reason != "table missing" || res.Drift != "" {
+		t.Fatalf("apply after Remove: %+v", res)
 	}
 
 	// A fresh manager (a new `hostaccel apply`) has no memory of the last apply, but still
@@ -124,7 +164,7 @@ func TestManagerRepairsDrift(t *testing.T) {
 	f.Lock()
 	f.Table.Chains[ChainName].Rules[3].Comment = knftables.PtrTo("edited")
 	f.Unlock()
-	if res := apply(t, m2, s); !res.Rebuilt {
+	if res := apply(t, m2, s); !res.Rebuilt || res.Drift != "" {
 		t.Fatalf("edited rule not repaired by a fresh manager: %+v", res)
 	}
 }

@@ -30,6 +30,10 @@ type Manager struct {
 	FullEvery time.Duration
 
 	cache kernelCache
+	// expect is every table as the last successful apply left it (nil: none since
+	// NewManager or Remove); unlike cache it survives a failed apply, so that a repair
+	// after one still sees what someone else changed (Result.Drift).
+	expect map[TableRef]*kernelTable
 }
 
 // DefaultFullEvery is how often Apply reads the tables back whole (drift repair).
@@ -61,6 +65,10 @@ type Result struct {
 	// FlowsForgotten counts flow-table and persistence entries deleted because their backend
 	// went down or away.
 	FlowsForgotten int `json:"flowsForgotten"`
+	// Drift says what someone else changed in the tables since the last apply, and this one
+	// repaired: a table, map or chain missing, elements or rules changed. It is seen where
+	// the apply reads the kernel: every table's presence, and whole tables on a full read.
+	Drift []string `json:"drift,omitempty"`
 }
 
 // Changed reports whether the kernel was changed.
@@ -133,6 +141,7 @@ func (m *Manager) apply(ctx context.Context, r *Ruleset, full bool) (Result, err
 		next.lastFull = time.Now()
 	}
 	m.cache = *next
+	m.expect = next.tables
 	return res, nil
 }
 
@@ -156,6 +165,9 @@ func (m *Manager) plan(ctx context.Context, tx *knftables.Transaction, t *Table,
 	}
 	if read {
 		p.read = kt
+	}
+	if was := m.expect[t.ref()]; was != nil && (read || kt == nil) {
+		res.Drift = append(res.Drift, m.driftOf(t.ref(), was, kt)...)
 	}
 	ref := t.ref().String()
 	switch {
@@ -494,6 +506,7 @@ func normExpr(e string) string {
 
 // Remove deletes every table of the load balancer, and nothing else.
 func (m *Manager) Remove(ctx context.Context) ([]TableRef, error) {
+	m.expect = nil
 	refs, err := m.ours(ctx)
 	if err != nil || len(refs) == 0 {
 		return nil, err

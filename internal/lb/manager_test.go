@@ -191,12 +191,12 @@ func TestManagerServicesDriftAndRemove(t *testing.T) {
 	svcs := svcSet()
 	apply(t, m, svcs, nil)
 	res, d := apply(t, m, svcs[:1], nil)
-	if !slices.Equal(res.Removed, []string{"netdev hostaccel-lb-eth0", "netdev hostaccel-lb-eth1"}) {
+	if !slices.Equal(res.Removed, []string{"netdev hostaccel-lb-eth0", "netdev hostaccel-lb-eth1"}) || res.Drift != nil {
 		t.Errorf("services removed: %+v", res)
 	}
 	checkKernel(t, f, freshDump(t, d), "services removed")
 	res, d = apply(t, m, svcs, nil)
-	if len(res.Rebuilt) != 2 {
+	if len(res.Rebuilt) != 2 || res.Drift != nil {
 		t.Errorf("services back: %+v", res)
 	}
 	checkKernel(t, f, freshDump(t, d), "services back")
@@ -212,7 +212,14 @@ func TestManagerServicesDriftAndRemove(t *testing.T) {
 	if res.ElementsAdded != 1 || !slices.Equal(res.ChainsRewritten, []string{"hostaccel-lb svc-web-v4"}) {
 		t.Errorf("drift not repaired: %+v", res)
 	}
+	if want := []string{"inet hostaccel-lb: map web-backends-v4: 1 elements removed or changed, 0 added",
+		"inet hostaccel-lb: chain svc-web-v4: rules changed", "inet hostaccel-lb: chain foreign added"}; !slices.Equal(res.Drift, want) {
+		t.Errorf("drift reported:\n%q\nwant\n%q", res.Drift, want)
+	}
 	checkKernel(t, f, freshDump(t, d), "drift")
+	if res, _ = apply(t, m, svcs, nil); res.Drift != nil {
+		t.Errorf("drift reported again after the repair: %+v", res)
+	}
 
 	tx = f.NewTransaction()
 	tx.Delete(&knftables.Set{Family: knftables.InetFamily, Table: NATTable, Name: layoutSet})
@@ -222,7 +229,7 @@ func TestManagerServicesDriftAndRemove(t *testing.T) {
 		t.Fatal(err)
 	}
 	res, _ = apply(t, m, svcs, nil)
-	if !slices.Equal(res.Rebuilt, []string{"inet hostaccel-lb: layout changed"}) {
+	if !slices.Equal(res.Rebuilt, []string{"inet hostaccel-lb: layout changed"}) || !slices.Equal(res.Drift, []string{"inet hostaccel-lb: layout changed"}) {
 		t.Errorf("layout change: %+v", res)
 	}
 	checkKernel(t, f, sortLines(freshDump(t, d)+"\nadd table ip foreign"), "layout change")
@@ -233,4 +240,69 @@ func TestManagerServicesDriftAndRemove(t *testing.T) {
 	if got := strings.TrimSpace(dumpOf(f)); got != "add table ip foreign" {
 		t.Errorf("Remove left:\n%s", got)
 	}
+	if res, _ = apply(t, m, svcs, nil); len(res.Rebuilt) != 3 || res.Drift != nil {
+		t.Errorf("apply after Remove: %+v", res)
+	}
+}
+
+// Drift is reported where an apply reads the kernel: a table gone (nft flush ruleset) on
+// every apply, a map emptied on a full read, and on the full read that follows a partial
+// apply that failed on what someone changed. Never on the first apply or on our own changes.
+func TestManagerReportsDrift(t *testing.T) {
+	eachReadMode(t, func(t *testing.T, full bool, m *Manager, f *knftables.Fake) {
+		svcs := svcSet()
+		if res, _ := apply(t, m, svcs, nil); res.Drift != nil {
+			t.Errorf("first apply: %+v", res)
+		}
+		svcs[0].Backends[0].Address = "10.1.0.21"
+		if res, _ := apply(t, m, svcs, nil); res.Drift != nil || !res.Changed() {
+			t.Errorf("our own change (full %v): %+v", full, res)
+		}
+
+		tx := f.NewTransaction()
+		tx.Delete(&knftables.Table{Family: knftables.InetFamily, Name: NATTable})
+		if err := f.Run(context.Background(), tx); err != nil {
+			t.Fatal(err)
+		}
+		res, d := apply(t, m, svcs, nil)
+		if !slices.Equal(res.Drift, []string{"inet hostaccel-lb: table missing"}) {
+			t.Errorf("table deleted (full %v): %+v", full, res)
+		}
+		checkKernel(t, f, freshDump(t, d), "table deleted")
+
+		// A map emptied: a partial apply does not read it; the periodic full read does.
+		tx = f.NewTransaction()
+		tx.Flush(&knftables.Map{Family: knftables.InetFamily, Table: NATTable, Name: "web-backends-v4"})
+		if err := f.Run(context.Background(), tx); err != nil {
+			t.Fatal(err)
+		}
+		m.FullEvery = 0
+		res, d = apply(t, m, svcs, nil)
+		if len(res.Drift) != 1 || !strings.HasPrefix(res.Drift[0], "inet hostaccel-lb: map web-backends-v4: ") || res.ElementsAdded == 0 {
+			t.Errorf("map emptied (full %v): %+v", full, res)
+		}
+		checkKernel(t, f, freshDump(t, d), "map emptied")
+		if res, _ := apply(t, m, svcs, nil); res.Drift != nil {
+			t.Errorf("after the repair (full %v): %+v", full, res)
+		}
+	})
+
+	// A partial apply that must delete an element someone already deleted fails; the full
+	// read it retries with reports the drift.
+	m, f := NewFakeManager()
+	m.FullEvery = time.Hour
+	svcs := svcSet()
+	apply(t, m, svcs, nil)
+	tx := f.NewTransaction()
+	tx.Flush(&knftables.Map{Family: knftables.InetFamily, Table: NATTable, Name: "web-backends-v4"})
+	if err := f.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+	svcs[0].Backends[0].Address = "10.1.0.21"
+	d := Resolve(svcs, nil, testEnv)
+	res, err := m.ApplyChanges(context.Background(), Render(d))
+	if err != nil || !res.FullRead || len(res.Drift) != 1 {
+		t.Errorf("partial apply on an emptied map: %+v %v", res, err)
+	}
+	checkKernel(t, f, freshDump(t, d), "partial apply on an emptied map")
 }

@@ -29,6 +29,9 @@ type Runtime struct {
 	// FullEvery: how often the tables are read back whole to repair drift (the agent sets
 	// it just under its resync period); 0: DefaultFullEvery.
 	FullEvery time.Duration
+	// OnDrift, when set, is told what a successful sync found changed outside hostaccel and
+	// repaired (Result.Drift); the agent logs and counts it.
+	OnDrift func(what []string)
 
 	mu          sync.Mutex
 	cfg         Config
@@ -126,6 +129,9 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 	r.mu.Unlock()
 	if err != nil {
 		return err
+	}
+	if len(res.Drift) > 0 && r.OnDrift != nil {
+		r.OnDrift(res.Drift)
 	}
 	if res.Changed() {
 		r.Log.Info("load balancer applied", "rebuilt", res.Rebuilt, "removed", res.Removed, "chainsRewritten", res.ChainsRewritten,

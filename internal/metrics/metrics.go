@@ -22,6 +22,8 @@ type Metrics struct {
 	duration   prometheus.Histogram
 	devices    prometheus.Gauge
 	healthy    prometheus.Gauge
+	drift      *prometheus.CounterVec
+	driftSeen  map[string]int // agent.State.DriftRepairs as last observed
 }
 
 // New registers the metrics; gather reads the kernel's view at scrape time.
@@ -35,8 +37,14 @@ func New(gather func(context.Context) agent.Status) *Metrics {
 		devices: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hostaccel_devices", Help: "Gateway and transport devices the fastpath serves."}),
 		healthy: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hostaccel_healthy",
 			Help: "1 when the last sync succeeded and nothing is degraded, else 0."}),
+		drift: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hostaccel_drift_repairs_total",
+			Help: "Syncs that found a datapath's kernel state changed outside hostaccel (rules, programs, maps) and repaired it."}, []string{"datapath"}),
+		driftSeen: map[string]int{},
 	}
-	m.Registry.MustRegister(m.syncs, m.syncErrors, m.duration, m.devices, m.healthy,
+	for _, d := range agent.DriftDatapaths {
+		m.drift.WithLabelValues(d)
+	}
+	m.Registry.MustRegister(m.syncs, m.syncErrors, m.duration, m.devices, m.healthy, m.drift,
 		&kernelCollector{gather: gather},
 		// The agent's own health under churn: go_goroutines, go_memstats_*, process_resident_memory_bytes, process_open_fds.
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -51,6 +59,12 @@ func (m *Metrics) ObserveSync(d time.Duration, st agent.State, err error) {
 	}
 	m.duration.Observe(d.Seconds())
 	m.devices.Set(float64(len(st.Devices)))
+	for d, n := range st.DriftRepairs {
+		if n > m.driftSeen[d] {
+			m.drift.WithLabelValues(d).Add(float64(n - m.driftSeen[d]))
+			m.driftSeen[d] = n
+		}
+	}
 	if st.Healthy {
 		m.healthy.Set(1)
 	} else {

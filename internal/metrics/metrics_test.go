@@ -70,3 +70,26 @@ func TestProcessAndRuntimeMetrics(t *testing.T) {
 		}
 	}
 }
+
+// hostaccel_drift_repairs_total follows the agent's count per datapath, from 0 for each.
+func TestDriftRepairs(t *testing.T) {
+	m := New(func(context.Context) agent.Status { return agent.Status{} })
+	want := func(ft, tc, lb string) {
+		t.Helper()
+		exp := `
+# HELP hostaccel_drift_repairs_total Syncs that found a datapath's kernel state changed outside hostaccel (rules, programs, maps) and repaired it.
+# TYPE hostaccel_drift_repairs_total counter
+hostaccel_drift_repairs_total{datapath="flowtable"} ` + ft + `
+hostaccel_drift_repairs_total{datapath="lb"} ` + lb + `
+hostaccel_drift_repairs_total{datapath="tc"} ` + tc + "\n"
+		if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(exp), "hostaccel_drift_repairs_total"); err != nil {
+			t.Error(err)
+		}
+	}
+	want("0", "0", "0")
+	m.ObserveSync(time.Millisecond, agent.State{DriftRepairs: map[string]int{"lb": 1}}, nil)
+	m.ObserveSync(time.Millisecond, agent.State{DriftRepairs: map[string]int{"lb": 1}}, nil)
+	want("0", "0", "1")
+	m.ObserveSync(time.Millisecond, agent.State{DriftRepairs: map[string]int{"lb": 3, "tc": 1}}, nil)
+	want("0", "1", "3")
+}

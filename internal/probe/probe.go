@@ -48,6 +48,10 @@ type Feature struct {
 type Result struct {
 	Kernel   string    `json:"kernel"`
 	Features []Feature `json:"features"`
+	// MissingCapabilities are those hostaccel needs (CAP_NET_ADMIN, CAP_SYS_ADMIN) that the
+	// probing process lacks: features it could not probe for lack of them are not the
+	// kernel's fault (Privilege).
+	MissingCapabilities []string `json:"missingCapabilities,omitempty"`
 }
 
 // Has reports whether the named feature was found available.
@@ -66,6 +70,13 @@ func (r Result) Get(name string) Feature {
 // WriteTable writes r as a human-readable table: feature, yes/no, detail.
 func (r Result) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "kernel: %s\n", r.Kernel)
+	if len(r.MissingCapabilities) > 0 {
+		them := "it"
+		if len(r.MissingCapabilities) > 1 {
+			them = "them"
+		}
+		fmt.Fprintf(w, "this process lacks %s: the features that need %s are reported missing below, whatever the kernel can do\n", and(r.MissingCapabilities), them)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "FEATURE\tAVAILABLE\tDETAIL")
 	for _, f := range r.Features {
@@ -87,7 +98,7 @@ func Run(ctx context.Context) Result {
 		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 	}
-	r := Result{Kernel: kernelRelease()}
+	r := Result{Kernel: kernelRelease(), MissingCapabilities: missingCaps()}
 	r.Features = append(r.Features, probeNFT(ctx)...)
 	r.Features = append(r.Features, probeTC(ctx)...)
 	r.Features = append(r.Features, probeBPF()...)
@@ -110,7 +121,7 @@ func feature(name string, err error, hint string) Feature {
 	msg := oneLine(err.Error())
 	// nft reports errno as text, so look at the text as well.
 	if errors.Is(err, os.ErrPermission) || strings.Contains(strings.ToLower(msg), "operation not permitted") {
-		hint = "run as root (needs CAP_NET_ADMIN, CAP_BPF and CAP_SYS_ADMIN)"
+		hint = permissionHint()
 	}
 	if hint != "" {
 		msg += "; " + hint

@@ -14,12 +14,22 @@ import (
 )
 
 // Manager owns the tc datapath in the calling thread's network namespace: one program set
-// (program and maps) shared by every device. It keeps no state between calls: every method
-// rediscovers the program set from the kernel (the attachments, then the program's maps), so
-// a later process (hostaccel status, cleanup) sees what an earlier apply installed.
+// (program and maps) shared by every device. Every method rediscovers the program set from
+// the kernel (the attachments, then the program's maps), so a later process (hostaccel
+// status, cleanup) sees what an earlier apply installed. The only thing a Manager remembers
+// is what its last apply left, to tell drift (someone else's change) from its own.
 type Manager struct {
 	// Mode forces the attach mode; empty picks tcx where the kernel has it, else cls_bpf.
 	Mode Mode
+
+	last *applied // after the last successful Apply; nil: none since New or Remove
+}
+
+// applied is the kernel as an Apply left it: the devices the program was attached to (name ->
+// ifindex) and what its maps held.
+type applied struct {
+	attached map[string]int
+	maps     contents
 }
 
 // NewManager returns a Manager that picks the attach mode itself.
@@ -39,6 +49,10 @@ type Result struct {
 	// NATCheck is false where the kernel lacks the conntrack kfuncs: NAT-ed flows are then
 	// not recognised (probe: bpf_skb_ct_lookup).
 	NATCheck bool `json:"natCheck"`
+	// Drift says what someone else changed since this Manager's last apply and this one
+	// repaired: the program detached from a device (the same device, not one re-created), map
+	// contents changed. Set only when the apply succeeded.
+	Drift []string `json:"drift,omitempty"`
 }
 
 // conntrackKfuncs caches a yes: the kernel's answer only changes from no to yes (when
@@ -84,8 +98,10 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	res.Missing = missing
 	if len(w.ifaces) == 0 {
 		res.Detached, err = o.detach(o.atts, nil)
+		m.last = nil
 		return res, err
 	}
+	drift := m.detachedBehindUs(o, w)
 
 	ct := haveConntrackKfuncs()
 	res.NATCheck = ct && w.settings.NatCheck != 0
@@ -112,6 +128,9 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	if err != nil {
 		return res, err
 	}
+	if m.last != nil && !fresh {
+		drift = append(drift, mapsDrift(m.last.maps, cur)...)
+	}
 	// Every update voids the next hops the program kept: routes, devices or neighbours may
 	// have changed (the agent updates on link events and every resync period).
 	var live fastpathSettings
@@ -129,7 +148,59 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	errs := []error{m.attachAll(o, set, mode, w, d, &res)}
 	errs = append(errs, m.widen(set, cur, w, &res))
 	slices.Sort(res.Missing)
-	return res, errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return res, err // m.last stays: the next apply still sees the drift
+	}
+	after, err := set.read()
+	if err != nil {
+		return res, err
+	}
+	m.last = &applied{attached: map[string]int{}, maps: after}
+	for name, l := range o.links {
+		if _, ok := w.ifaces[uint32(l.Attrs().Index)]; ok && !slices.Contains(res.Missing, name) {
+			m.last.attached[name] = l.Attrs().Index
+		}
+	}
+	res.Drift = drift
+	return res, nil
+}
+
+// detachedBehindUs lists the desired devices this Manager's last apply attached the program
+// to and that lost it since, although they are the same devices (a device deleted and
+// re-created has another ifindex: it lost the program with itself, which is no drift).
+func (m *Manager) detachedBehindUs(o *observed, w contents) []string {
+	if m.last == nil {
+		return nil
+	}
+	var out []string
+	for _, name := range sortedNames(o.links) {
+		idx := o.links[name].Attrs().Index
+		_, wanted := w.ifaces[uint32(idx)]
+		if was, ok := m.last.attached[name]; ok && was == idx && wanted && len(o.on(idx)) == 0 {
+			out = append(out, "program detached from "+name)
+		}
+	}
+	return out
+}
+
+// mapsDrift says how the maps changed between was (as the last apply left them) and now:
+// only Apply writes them (the program writes other maps), so any difference is someone
+// else's.
+func mapsDrift(was, now contents) []string {
+	var out []string
+	say := func(name string, changed, added int) {
+		if changed+added > 0 {
+			out = append(out, fmt.Sprintf("map %s: %d entries removed or changed, %d added", name, changed, added))
+		}
+	}
+	lost, extra := diff(now.ifaces, was.ifaces) // what now lacks of was, what was lacks of now
+	say(fastpathMapIfaces, len(lost), len(extra))
+	lostA, extraA := diff(now.addrs, was.addrs)
+	say("addrs4/addrs6", len(lostA), len(extraA))
+	if was.settings != now.settings {
+		out = append(out, "map "+fastpathMapConfig+": settings changed")
+	}
+	return out
 }
 
 // Remove detaches the program from every device of this network namespace, deletes the
@@ -144,6 +215,7 @@ func (m *Manager) Remove(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	m.last = nil
 	_, err = o.detach(o.atts, nil)
 	return err
 }

@@ -30,6 +30,7 @@ type env struct {
 	topo *testbed.Topo
 	mode Mode
 	d    *Desired
+	m    *Manager // the agent's: one for every apply
 }
 
 func newEnv(t *testing.T, mode Mode) *env {
@@ -53,7 +54,7 @@ func newEnv(t *testing.T, mode Mode) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, topo: topo, mode: mode, d: d}
+	e := &env{t: t, topo: topo, mode: mode, d: d, m: &Manager{Mode: mode}}
 	t.Cleanup(func() { e.do(func() error { return NewManager().Remove(context.Background()) }) })
 	return e
 }
@@ -70,7 +71,8 @@ func (e *env) apply() Result {
 	e.t.Helper()
 	var res Result
 	e.do(func() (err error) {
-		res, err = (&Manager{Mode: e.mode}).Apply(context.Background(), e.d)
+		e.m.Mode = e.mode
+		res, err = e.m.Apply(context.Background(), e.d)
 		return err
 	})
 	return res
@@ -408,10 +410,10 @@ func TestForwardingOff(t *testing.T) {
 
 			res := e.apply()
 			t.Logf("apply: %+v", res)
-			if res.Mode != mode || !res.Loaded || !slices.Equal(res.Attached, []string{"eth0", "gw"}) || res.ElementsAdded != 8 {
-				t.Errorf("first apply = %+v; want mode %s, loaded, attached [eth0 gw], 8 elements added", res, mode)
+			if res.Mode != mode || !res.Loaded || !slices.Equal(res.Attached, []string{"eth0", "gw"}) || res.ElementsAdded != 8 || res.Drift != nil {
+				t.Errorf("first apply = %+v; want mode %s, loaded, attached [eth0 gw], 8 elements added, no drift", res, mode)
 			}
-			if res := e.apply(); res.Loaded || len(res.Attached)+res.ElementsAdded+res.ElementsUpdated+res.ElementsRemoved > 0 {
+			if res := e.apply(); res.Loaded || len(res.Attached)+res.ElementsAdded+res.ElementsUpdated+res.ElementsRemoved > 0 || res.Drift != nil {
 				t.Errorf("second apply changed something: %+v", res)
 			}
 			st := e.status()
@@ -443,13 +445,30 @@ func TestForwardingOff(t *testing.T) {
 			t.Logf("status: %+v", st)
 
 			// Someone detaches it from eth0: the next apply repairs that.
+			// The agent reports that as drift (a WARN and hostaccel_drift_repairs_total).
 			e.do(func() error { return detachBehindOurBack(mode, e.topo.TransportName, st.ProgramID) })
 			blocked(t, e.topo, false)
-			if res := e.apply(); !slices.Equal(res.Attached, []string{"eth0"}) || res.Loaded {
-				t.Errorf("repair apply = %+v, want eth0 re-attached", res)
+			if res := e.apply(); !slices.Equal(res.Attached, []string{"eth0"}) || res.Loaded ||
+				!slices.Equal(res.Drift, []string{"program detached from eth0"}) {
+				t.Errorf("repair apply = %+v, want eth0 re-attached, reported as drift", res)
 			}
 			if err := udp(e.topo, false, 10); err != nil {
 				t.Errorf("after repair: %v", err)
+			}
+			// Someone deletes a map entry: restored, reported as drift.
+			e.do(func() error {
+				s, err := openSet(st.ProgramID)
+				if err != nil {
+					return err
+				}
+				defer s.Close()
+				return s.deleteAddr(e.topo.V4.RemotePodCIDR)
+			})
+			if res := e.apply(); res.ElementsAdded != 1 || !slices.Equal(res.Drift, []string{"map addrs4/addrs6: 1 entries removed or changed, 0 added"}) {
+				t.Errorf("apply after a map entry was deleted = %+v, want it restored, reported as drift", res)
+			}
+			if res := e.apply(); res.Drift != nil {
+				t.Errorf("apply after the repair = %+v, want no drift", res)
 			}
 
 			// A program set of another build (an upgrade) is replaced in place.
@@ -462,8 +481,8 @@ func TestForwardingOff(t *testing.T) {
 				return s.maps.Config.Put(uint32(0), fastpathSettings{Classes: 0b11, Build: 1})
 			})
 			res = e.apply()
-			if !res.Loaded || res.ProgramID == st.ProgramID || !slices.Equal(res.Attached, []string{"eth0", "gw"}) || len(res.Detached) > 0 {
-				t.Errorf("upgrade apply = %+v, want a new program on eth0 and gw", res)
+			if !res.Loaded || res.ProgramID == st.ProgramID || !slices.Equal(res.Attached, []string{"eth0", "gw"}) || len(res.Detached) > 0 || res.Drift != nil {
+				t.Errorf("upgrade apply = %+v, want a new program on eth0 and gw, no drift", res)
 			}
 			if got := attachedTo(e.status()); !slices.Equal(got, []string{"eth0/" + string(mode), "gw/" + string(mode)}) {
 				t.Errorf("after upgrade attached to %v", got)
@@ -481,12 +500,12 @@ func TestForwardingOff(t *testing.T) {
 			if err := h.LinkDel(l); err != nil {
 				t.Fatal(err)
 			}
-			if res := e.apply(); !slices.Equal(res.Missing, []string{"eth0"}) || res.ElementsRemoved != 1 {
-				t.Errorf("apply without eth0 = %+v, want it missing and its ifaces entry removed", res)
+			if res := e.apply(); !slices.Equal(res.Missing, []string{"eth0"}) || res.ElementsRemoved != 1 || res.Drift != nil {
+				t.Errorf("apply without eth0 = %+v, want it missing and its ifaces entry removed, no drift", res)
 			}
 			recreateTransport(t, e.topo)
-			if res := e.apply(); !slices.Equal(res.Attached, []string{"eth0"}) || len(res.Missing) > 0 {
-				t.Errorf("apply after re-creating eth0 = %+v, want eth0 attached", res)
+			if res := e.apply(); !slices.Equal(res.Attached, []string{"eth0"}) || len(res.Missing) > 0 || res.Drift != nil {
+				t.Errorf("apply after re-creating eth0 = %+v, want eth0 attached, no drift", res)
 			}
 			st = e.status()
 			if i := slices.IndexFunc(st.Devices, func(d Device) bool { return d.Name == "eth0" }); i < 0 || st.Devices[i].Index == oldIndex {

@@ -190,7 +190,7 @@ func httpGet(t *testing.T, ns *testbed.NS, addr, path string) (int, string) {
 // startAgent runs `hostaccel agent` in ns until the test ends; its log is shown on failure.
 func startAgent(t *testing.T, ns *testbed.NS, args ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns.Name, hostaccel, "agent"}, args...)...)
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns.Name, hostaccel}, withLock(append([]string{"agent"}, args...))...)...)
 	var log strings.Builder
 	cmd.Stderr = &syncWriter{w: &log}
 	if err := cmd.Start(); err != nil {
@@ -323,6 +323,12 @@ func TestAgent(t *testing.T) {
 	waitFor(t, "the foreign rule to be removed", slow, func() bool {
 		return len(status(t, tp.Node).Table.Chains[flowtable.ChainName].Rules) == nRules
 	})
+	// Both repairs are logged and counted (hostaccel_drift_repairs_total, below).
+	const warn = `level=WARN msg="drift repaired: changed outside hostaccel, restored" datapath=flowtable drift=`
+	waitFor(t, "the repairs logged", slow, func() bool {
+		log := cmd.Stderr.(*syncWriter).String()
+		return strings.Contains(log, warn+`"[table missing]"`) && strings.Contains(log, warn+`"[drift: table changed outside hostaccel]"`)
+	})
 
 	// Device churn: links come and go; the flowtable follows and the agent stays healthy.
 	for i := 0; i < 3; i++ {
@@ -351,7 +357,9 @@ func TestAgent(t *testing.T) {
 	tcpConn(t, tp.Pod, tp.V4.Pod, tp.Remote, tp.V4.RemotePod, 5007, 1<<20)
 	_, body := httpGet(t, tp.Node, "127.0.0.1:9464", "/metrics")
 	for _, want := range []string{"hostaccel_syncs_total", "hostaccel_sync_errors_total", "hostaccel_sync_duration_seconds_bucket",
-		"hostaccel_devices 2", `hostaccel_class_packets_total{class="pod-to-pod"}`, "hostaccel_offloaded_flows 1", "hostaccel_healthy 1"} {
+		"hostaccel_devices 2", `hostaccel_class_packets_total{class="pod-to-pod"}`, "hostaccel_offloaded_flows 1", "hostaccel_healthy 1",
+		// the two repairs above; devices that vanished with their link are no drift
+		`hostaccel_drift_repairs_total{datapath="flowtable"} 2`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q", want)
 		}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -20,6 +21,9 @@ import (
 var (
 	hostaccel string       // path of the binary under test
 	caps      probe.Result // what this kernel can do
+	// lockFile is this run's, not the node's (/run/hostaccel/hostaccel.lock): other runs
+	// may share the machine, each in namespaces of its own.
+	lockFile string
 )
 
 // needFlowtable skips tests that need the nftables flowtable on kernels without it
@@ -50,11 +54,27 @@ func run(m *testing.M) int {
 	}
 	defer cleanup()
 	hostaccel = bin
+	dir, err := os.MkdirTemp("", "hostaccel-e2e")
+	if err != nil {
+		fmt.Println("FAIL:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	lockFile = filepath.Join(dir, "hostaccel.lock")
 	return m.Run()
+}
+
+// withLock adds this run's lock file to the commands that take the lock.
+func withLock(args []string) []string {
+	if len(args) > 0 && slices.Contains([]string{"agent", "apply", "cleanup"}, args[0]) && !slices.Contains(args, "--lock-file") {
+		return append(slices.Clone(args), "--lock-file", lockFile)
+	}
+	return args
 }
 
 // ha runs the hostaccel binary inside network namespace ns.
 func ha(ns string, args ...string) (string, error) {
+	args = withLock(args)
 	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, hostaccel}, args...)...).CombinedOutput()
 	return string(out), err
 }

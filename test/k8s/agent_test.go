@@ -113,7 +113,7 @@ func TestAgentKubernetes(t *testing.T) {
 	agentCtx, stopAgent := context.WithCancel(ctx)
 	cmd := exec.CommandContext(agentCtx, "ip", "netns", "exec", ns.Name, bin, "agent", "--kubernetes",
 		"-f", basePath, "--kubeconfig", kubeconfig, "--node-name", "agent-node", "--state-file", statePath,
-		"--cleanup-on-exit")
+		"--lock-file", filepath.Join(dir, "hostaccel.lock"), "--cleanup-on-exit")
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
 	logFile, _ := os.Create(filepath.Join(dir, "agent.log"))
 	cmd.Stdout, cmd.Stderr = logFile, logFile

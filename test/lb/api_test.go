@@ -281,8 +281,10 @@ func TestApplyAndCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ns.Close()
+	lockFile := filepath.Join(t.TempDir(), "hostaccel.lock") // not the agent's: another namespace
 	ha := func(args ...string) string {
 		t.Helper()
+		args = append(args, "--lock-file", lockFile)
 		out, err := exec.Command("ip", append([]string{"netns", "exec", ns.Name, hostaccel}, args...)...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("%v: %v\n%s", args, err, out)

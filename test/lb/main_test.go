@@ -302,7 +302,8 @@ func (t *lbTopo) startAgent() error {
 		want = len(st.Services)
 	}
 	t.agentLog = &syncBuffer{}
-	cmd := exec.Command("ip", "netns", "exec", t.lb.Name, hostaccel, "agent", "-f", t.cfg, "--state-file", filepath.Join(t.dir, "agent.json"))
+	cmd := exec.Command("ip", "netns", "exec", t.lb.Name, hostaccel, "agent", "-f", t.cfg, "--state-file", filepath.Join(t.dir, "agent.json"),
+		"--lock-file", filepath.Join(t.dir, "hostaccel.lock"))
 	cmd.Stdout, cmd.Stderr = t.agentLog, t.agentLog
 	if err := cmd.Start(); err != nil {
 		return err
@@ -359,10 +360,14 @@ func (t *lbTopo) status() (lb.Status, error) {
 	return st, err
 }
 
-// ha runs the hostaccel binary in the load balancer's namespace.
+// ha runs the hostaccel binary in the load balancer's namespace (apply and cleanup with the
+// agent's lock file).
 func (t *lbTopo) ha(args ...string) (string, error) {
 	if len(args) > 0 && args[0] == "lb" {
 		args = append([]string{"lb", "--socket", t.socket}, args[1:]...)
+	}
+	if len(args) > 0 && (args[0] == "apply" || args[0] == "cleanup") {
+		args = append(args, "--lock-file", filepath.Join(t.dir, "hostaccel.lock"))
 	}
 	out, err := exec.Command("ip", append([]string{"netns", "exec", t.lb.Name, hostaccel}, args...)...).CombinedOutput()
 	return string(out), err
