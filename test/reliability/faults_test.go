@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -266,15 +267,20 @@ func TestFlushRepair(t *testing.T) {
 		}
 	}
 	var figs []any
+	drift := func(dp string) float64 {
+		return n.metric(t, `hostaccel_drift_repairs_total{datapath="`+dp+`"}`)
+	}
 	for _, c := range []struct {
-		name     string
-		do       func()
-		repaired func() bool
+		name, datapath string
+		do             func()
+		repaired       func() bool
 	}{
-		{"ruleset_flushed", nft("flush", "ruleset"), vipUp},
-		{"lb_map_emptied", nft("flush", "map", "inet", lb.NATTable, "web-backends-v4"), vipUp},
-		{"tc_detached", func() { n.detachTC(t, n.GatewayName) }, func() bool { return n.attached(t)[n.GatewayName] != 0 }},
+		{"ruleset_flushed", "lb", nft("flush", "ruleset"), vipUp},
+		{"lb_map_emptied", "lb", nft("flush", "map", "inet", lb.NATTable, "web-backends-v4"), vipUp},
+		{"tc_detached", "tc", func() { n.detachTC(t, n.GatewayName) }, func() bool { return n.attached(t)[n.GatewayName] != 0 }},
 	} {
+		before := drift(c.datapath)
+		logs := strings.Count(a.log.String(), "drift repaired")
 		c.do()
 		if c.repaired() {
 			out, _ := n.Node.Exec("nft", "list", "table", "inet", lb.NATTable)
@@ -282,6 +288,11 @@ func TestFlushRepair(t *testing.T) {
 		}
 		d := waitFor(t, c.name+" repaired", 3*period, c.repaired)
 		figs = append(figs, c.name+"_repaired_ms", d.Milliseconds())
+		waitFor(t, c.name+": counted in hostaccel_drift_repairs_total{datapath=\""+c.datapath+"\"}", 3*period,
+			func() bool { return drift(c.datapath) > before })
+		if strings.Count(a.log.String(), "drift repaired") <= logs {
+			t.Errorf("%s: no log line says the drift was repaired", c.name)
+		}
 		if d > period+time.Second {
 			t.Errorf("%s: repaired after %s, more than one resync period (%s)", c.name, d, period)
 		}
@@ -357,7 +368,7 @@ func TestAPIAbuse(t *testing.T) {
 		{"malformed", `{"state":`, 400, "unexpected"},
 		{"unknown field", `{"stat":"up"}`, 400, "stat"},
 		{"bad value", `{"state":"sideways"}`, 400, "sideways"},
-		{"oversized", `{"state":"up","x":"` + strings.Repeat("a", 2<<20) + `"}`, 413, "too large"},
+		{"oversized", `{"state":"up","x":"` + strings.Repeat("a", 2<<20) + `"}`, 413, "larger than 1 MiB"},
 	} {
 		code, body := do("PATCH", be, []byte(c.body))
 		if code != c.want || !strings.Contains(body, c.msg) {
@@ -387,4 +398,46 @@ func answers(codes map[int]int) string {
 		out = append(out, fmt.Sprintf("%dx%d", c, codes[c]))
 	}
 	return strings.Join(out, ",")
+}
+
+// A second agent on the node refuses at once, naming the first one's pid, and changes nothing:
+// the first keeps its API socket, and the kernel keeps its rules.
+func TestTwoAgents(t *testing.T) {
+	n := newNode(t)
+	a := n.startAgent(t)
+	n.ready(t, a.pid(), 30*time.Second)
+	before := n.kernelView(t)
+	b := exec.Command("ip", "netns", "exec", n.Node.Name, hostaccel, "agent", "-f", n.cfg, "--state-file", n.state+".b",
+		"--metrics-address", "", "--lock-file", n.lock)
+	start := time.Now()
+	out, err := b.CombinedOutput()
+	refused := time.Since(start)
+	if err == nil || !strings.Contains(string(out), fmt.Sprintf("pid %d", a.pid())) {
+		t.Errorf("second agent: %v\n%s", err, out)
+	}
+	if after := n.kernelView(t); after != before {
+		t.Errorf("the second agent changed the kernel")
+	}
+	if code, body := apiGet(n, "/v1/services/web"); code != http.StatusOK {
+		t.Errorf("the first agent's API after the second tried: %d %s", code, body)
+	}
+	if !a.alive() {
+		t.Error("the first agent died")
+	}
+	figure(t, "second_agent_refused", err != nil, "refused_in_ms", refused.Milliseconds())
+}
+
+// apiGet asks the agent's API over its unix socket.
+func apiGet(n *node, path string) (int, string) {
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", n.socket)
+		}}}
+	resp, err := c.Get("http://lb" + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

@@ -75,6 +75,7 @@ var (
 type node struct {
 	*testbed.Topo
 	dir, cfg, state, socket string
+	lock                    string // the agent's --lock-file
 	metrics                 string // host:port of /metrics in the Node's namespace
 	agent                   *proc
 }
@@ -129,6 +130,7 @@ func setupNode(t *testing.T) *node {
 	t.Helper()
 	n := &node{Topo: testbed.NewTopoT(t, testbed.TopoOptions{}), dir: t.TempDir()}
 	n.cfg, n.state, n.socket = filepath.Join(n.dir, "hostaccel.yaml"), filepath.Join(n.dir, "agent.json"), filepath.Join(n.dir, "lb.sock")
+	n.lock = filepath.Join(n.dir, "hostaccel.lock")
 	n.metrics = fmt.Sprintf("127.0.0.1:%d", 9500+metricsPort.Add(1))
 	for _, a := range []netip.Addr{n.V4.RemotePod, n.V6.RemotePod} {
 		if _, err := n.Remote.ListenTCP(netip.AddrPortFrom(a, uint16(bePort)).String()); err != nil {
@@ -168,7 +170,7 @@ func (n *node) startAgent(t *testing.T, args ...string) *proc {
 	t.Helper()
 	p := &proc{log: &syncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command("ip", append([]string{"netns", "exec", n.Node.Name, hostaccel, "agent", "-f", n.cfg,
-		"--state-file", n.state, "--metrics-address", n.metrics}, args...)...)
+		"--state-file", n.state, "--metrics-address", n.metrics, "--lock-file", n.lock}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
