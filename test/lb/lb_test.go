@@ -128,7 +128,12 @@ func TestHealthChecks(t *testing.T) {
 			combos = append(combos, combo{topoName, fam})
 		}
 	}
-	const slack = 900 * time.Millisecond // the failing check's own duration, one sync, the probes' round, a loaded machine
+	// The failing check's own duration, one sync, the probes' round (8 combinations x 6
+	// connections, measured from its start), and a loaded machine: two helpers saw 1.44 s and
+	// 1.96 s against 1.3 s at load average 15-25, with the transition logged in time. This
+	// bounds the reaction (a lost transition or a map never updated fails); it is no timing
+	// benchmark.
+	const slack = 2 * time.Second
 	// clean: a round of 6 new connections that all succeed, and (back) that reach b2.
 	probe := func(c combo, wantB2 bool) bool {
 		got, err := requests(source(c.topo, c.fam), target(c.topo, s, c.fam), 6)
