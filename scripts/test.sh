@@ -1,7 +1,8 @@
 #!/bin/bash
 # The whole test suite (run as root on Debian bookworm): installs what is missing, then
 #  0. go vet; where clang is present, the generated BPF objects match their source,
-#  1. unit tests (golden renders with the knftables Fake, config validation, parsers),
+#  1. unit tests (golden renders with the knftables Fake, config validation, parsers), then
+#     every fuzz target for 10 s (scripts/fuzz.sh; 6 targets, one at a time),
 #  2. host tests in network namespaces with the real nft, conntrack and netlink,
 #  3. kernel tests that need the nftables flowtable, inside the project's VM (qemu TCG, Debian
 #     cloud kernel) when this kernel lacks it, natively otherwise.
@@ -34,6 +35,8 @@ go build -o .cache/bin/hostaccel ./cmd/hostaccel
 
 echo "== unit and host tests (and the Kubernetes tests against a real API server)"
 HOSTACCEL_REQUIRE_K8S=1 HOSTACCEL_BIN=$ROOT/.cache/bin/hostaccel go test -count=1 -p 1 ./...
+echo "== fuzzing: every target for 10 s (scripts/fuzz.sh DURATION runs them longer)"
+"$ROOT/scripts/fuzz.sh" 10s
 if .cache/bin/hostaccel probe -o json | grep -A1 '"name": "flowtable"' | grep -q '"available": true'; then
 	echo "== kernel tests (native: this kernel has the flowtable)"
 	HOSTACCEL_REQUIRE_FLOWTABLE=1 HOSTACCEL_BIN=$ROOT/.cache/bin/hostaccel go test -count=1 -p 1 -v ./test/e2e/ 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'
@@ -41,5 +44,8 @@ else
 	echo "== kernel tests in the VM ($(cat .cache/kernel/VERSION 2>/dev/null || basename "$(readlink -f .cache/kernel)"))"
 	VMEXEC_FILES="$ROOT/.cache/bin/hostaccel" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_REQUIRE_FLOWTABLE=1 HOSTACCEL_BIN=/vmtest/hostaccel" \
 		go test -count=1 -p 1 -timeout 40m -exec "$ROOT/vmtest/vmexec.sh" ./test/e2e/ ./test/reliability/ ./internal/probe/ ./internal/conntrack/ ./internal/tc/
+	# The kernel accepts the flowtable of every config validation accepted (the fuzz corpus).
+	VMEXEC_MIRROR="../lb/testdata" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_REQUIRE_FLOWTABLE=1" \
+		go test -count=1 -p 1 -timeout 30m -exec "$ROOT/vmtest/vmexec.sh" -run '^TestFuzzCorpusKernelAccepts$' ./internal/config/
 fi
 echo "== all tests passed in $(($(date +%s) - T0)) s"

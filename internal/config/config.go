@@ -66,6 +66,10 @@ type Transports struct {
 }
 
 func (t *Transports) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" { // `transports:` left empty (json.Marshal writes no transports so too)
+		*t = Transports{}
+		return nil
+	}
 	var s string
 	if json.Unmarshal(b, &s) == nil {
 		if s != "auto" {
@@ -196,6 +200,25 @@ func (c *Config) validate() error {
 	noOverlap(&errs, svc, peer)
 	noOverlap(&errs, lb, nil)
 	noOverlap(&errs, excl, nil)
+	// The tc datapath reads an IPv4-mapped IPv6 prefix as IPv4, the flowtable as IPv6 (where
+	// it never matches), and the overlap checks above as IPv6: only one spelling is allowed.
+	for _, fs := range [][]field{local, peer, svc, lb, excl} {
+		for _, f := range fs {
+			if f.p.Addr().Is4In6() {
+				bad("%s: %s is an IPv4-mapped IPv6 prefix; write it as IPv4", f.name, f.p)
+			}
+		}
+	}
+	for _, l := range []struct {
+		name string
+		in   []string
+	}{{"node.nodeIPs", c.Node.NodeIPs}, {"node.peerNodeIPs", c.Node.PeerNodeIPs}} {
+		for i, s := range l.in {
+			if a, err := netip.ParseAddr(s); err == nil && a.Is4In6() {
+				bad("%s[%d]: %q is an IPv4-mapped IPv6 address; write it as IPv4 (%s)", l.name, i, s, a.Unmap())
+			}
+		}
+	}
 
 	for name, on := range c.Classes {
 		switch {
@@ -204,6 +227,9 @@ func (c *Config) validate() error {
 		case on && c.Datapath == model.DatapathTC && !slices.Contains(model.TCClasses, model.Class(name)):
 			bad("classes.%s: datapath tc cannot serve it (it needs the host stack's NAT); use flowtable or auto", name)
 		}
+	}
+	if c.TC.NATCheck == "false" { // YAML 1.1 reads the documented bare `off` as the boolean false
+		c.TC.NATCheck = model.NATCheckOff
 	}
 	if n := c.TC.NATCheck; n != "" && !slices.Contains(model.NATChecks, n) {
 		bad("tc.natCheck: %s is not one of both, toward-pods, off", model.Quote(string(n)))

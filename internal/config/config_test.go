@@ -51,6 +51,9 @@ func TestParseErrors(t *testing.T) {
 			"classes.external-to-nodeport: datapath tc cannot serve it"},
 		{"sockmap not built", good + "datapath: sockmap\n", `datapath: "sockmap" is not built yet; use flowtable, tc, auto or none`},
 		{"tc nat check", good + "tc: {natCheck: sometimes}\n", `tc.natCheck: "sometimes" is not one of both, toward-pods, off`},
+		// FuzzParse: tc read these as IPv4, the flowtable and the overlap checks as IPv6.
+		{"mapped prefix", strings.Replace(good, "10.244.2.0/24", `"::ffff:10.244.1.0/120"`, 1), `node.peerPodCIDRs[0]: ::ffff:10.244.1.0/120 is an IPv4-mapped IPv6 prefix; write it as IPv4`},
+		{"mapped address", strings.Replace(good, "  gateways:", "  peerNodeIPs: [\"::ffff:172.18.0.2\"]\n  gateways:", 1), `node.peerNodeIPs[0]: "::ffff:172.18.0.2" is an IPv4-mapped IPv6 address; write it as IPv4 (172.18.0.2)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.yaml))
@@ -58,6 +61,31 @@ func TestParseErrors(t *testing.T) {
 				t.Fatalf("got %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// `natCheck: off` as docs/config.md writes it, unquoted: YAML 1.1 reads it as the boolean
+// false (found by FuzzParse's seeds).
+func TestNATCheckOffUnquoted(t *testing.T) {
+	for _, v := range []string{"off", `"off"`, "false"} {
+		c, err := Parse([]byte(good + "datapath: auto\ntc: {natCheck: " + v + "}\n"))
+		if err != nil || c.TC.NATCheck != model.NATCheckOff {
+			t.Errorf("natCheck: %s: %v %+v", v, err, c)
+		}
+	}
+}
+
+// An empty `transports:` is no transports (json.Marshal writes a Config without them so):
+// a load-balancer-only config written back parses (found by FuzzParse's round trip).
+func TestTransportsNull(t *testing.T) {
+	for _, y := range []string{"datapath: none\nnode: {transports: null}\n", "datapath: none\nnode:\n  transports:\n"} {
+		c, err := Parse([]byte(y))
+		if err != nil || c.Node.Transports.Auto || c.Node.Transports.Names != nil {
+			t.Errorf("%q: %v %+v", y, err, c)
+		}
+	}
+	if _, err := Parse([]byte(strings.Replace(good, "[eth0]", "null", 1))); err == nil || !strings.Contains(err.Error(), `node.transports: list at least one interface, or say "auto"`) {
+		t.Errorf("a fastpath without transports: %v", err)
 	}
 }
 

@@ -1,6 +1,7 @@
 package golden
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -51,5 +52,35 @@ func TestCheck(t *testing.T) {
 	Check(ft, path, "new\n")
 	if b, _ := os.ReadFile(path); string(b) != "new\n" || len(ft.errors) != 1 {
 		t.Errorf("-update: file %q, %d failures", b, len(ft.errors))
+	}
+}
+
+// Corpus files read back what was written, in Go's format (a file `go test -fuzz` wrote, too).
+func TestFuzzFiles(t *testing.T) {
+	dir := t.TempDir()
+	vals := []any{[]byte("a\n\"b\"\x00"), "ünï", true, 3, uint(7), int64(-2), uint64(1 << 63)}
+	path := filepath.Join(dir, "x")
+	if err := os.WriteFile(path, MarshalFuzz(vals...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadFuzz(path)
+	if err != nil || fmt.Sprintf("%#v", got) != fmt.Sprintf("%#v", vals) {
+		t.Errorf("ReadFuzz: %v\n got %#v\nwant %#v", err, got, vals)
+	}
+	os.WriteFile(path, []byte("go test fuzz v1\n[]byte(\"\\x01\")\nuint(300)\n"), 0o644)
+	if got, err := ReadFuzz(path); err != nil || len(got) != 2 || got[1] != uint(300) {
+		t.Errorf("go's file: %v %#v", err, got)
+	}
+	os.WriteFile(path, []byte("[]byte(\"x\")\n"), 0o644)
+	if _, err := ReadFuzz(path); err == nil {
+		t.Error("a file without the header was read")
+	}
+
+	ft := &fakeT{TB: t}
+	os.WriteFile(filepath.Join(dir, "seed-old"), nil, 0o644)
+	os.WriteFile(filepath.Join(dir, "0123abcd"), nil, 0o644) // a crasher: left alone
+	FuzzSeeds(ft, dir, map[string][]any{"x": {[]byte("x")}})
+	if len(ft.errors) != 2 {
+		t.Errorf("FuzzSeeds: missing seed-x and stale seed-old not both reported: %q", ft.errors)
 	}
 }

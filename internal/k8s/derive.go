@@ -128,18 +128,19 @@ func Derive(base *config.Config, snap Snapshot, p Params) (*Derived, error) {
 	lbIPs := externalAddresses(snap.Services)
 	sum.ExternalIPs = lbIPs
 	fronts := balance(snap, p, self, sum.NodeIPs, warn)
-	sum.Balanced = fronts
 
 	c, err := clone(base)
 	if err != nil {
 		return nil, err
 	}
+	svcs := lbServices(c.LoadBalancer.Services, fronts, warn)
+	sum.Balanced = fronts
 	c.Node.LocalPodCIDRs = union(c.Node.LocalPodCIDRs, sum.LocalPodCIDRs)
 	c.Node.PeerPodCIDRs = union(c.Node.PeerPodCIDRs, peerCIDRs)
 	c.Node.NodeIPs = union(c.Node.NodeIPs, sum.NodeIPs)
 	c.Node.PeerNodeIPs = union(c.Node.PeerNodeIPs, peerIPs)
 	c.Node.LoadBalancerIPs = union(c.Node.LoadBalancerIPs, hostPrefixes(lbIPs))
-	c.LoadBalancer.Services = append(c.LoadBalancer.Services, lbServices(fronts)...)
+	c.LoadBalancer.Services = append(c.LoadBalancer.Services, svcs...)
 
 	y, err := marshalConfig(c)
 	if err != nil {

@@ -7,8 +7,6 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
-
-	"github.com/hostaccel/hostaccel/internal/model"
 )
 
 // PeerPolicy says which other Nodes are peers whose Pod CIDRs are accelerated.
@@ -49,7 +47,7 @@ func podCIDRs(n *corev1.Node, warn func(string, ...any)) []string {
 	var out []string
 	for _, s := range in {
 		pfx, err := netip.ParsePrefix(s)
-		if err != nil {
+		if err != nil || pfx.Addr().Is4In6() {
 			warn("node %s: podCIDR %q is not a CIDR; ignored", n.Name, s)
 			continue
 		}
@@ -65,7 +63,7 @@ func addressesOf(n *corev1.Node, types ...corev1.NodeAddressType) []string {
 		if !slices.Contains(types, a.Type) {
 			continue
 		}
-		if ip, err := model.ParseAddr(a.Address); err == nil && !slices.Contains(out, ip.String()) {
+		if ip, ok := apiIP(a.Address); ok && !slices.Contains(out, ip.String()) {
 			out = append(out, ip.String())
 		}
 	}
@@ -118,4 +116,15 @@ func prefixStrings(ps []netip.Prefix) []string {
 		out[i] = p.String()
 	}
 	return out
+}
+
+// apiIP parses an address from an API object. An IPv4-mapped IPv6 address is the IPv4
+// address (as the tc datapath reads it; config validation wants it written so); a zoned one
+// is no address a node serves, routes or balances to.
+func apiIP(s string) (netip.Addr, bool) {
+	ip, err := netip.ParseAddr(s)
+	if err != nil || ip.Zone() != "" {
+		return netip.Addr{}, false
+	}
+	return ip.Unmap(), true
 }

@@ -12,7 +12,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/hostaccel/hostaccel/internal/lb"
-	"github.com/hostaccel/hostaccel/internal/model"
 )
 
 // ServicePolicy says which Services the load balancer serves. Services always feed the
@@ -45,7 +44,7 @@ const DefaultProxyName = "hostaccel"
 func externalAddresses(svcs []*corev1.Service) []string {
 	var out []string
 	add := func(s string) {
-		if ip, err := model.ParseAddr(s); err == nil {
+		if ip, ok := apiIP(s); ok {
 			out = append(out, ip.String())
 		}
 	}
@@ -290,8 +289,8 @@ func backends(eps []*discoveryv1.EndpointSlice, sp corev1.ServicePort) []LBBacke
 				node = *e.NodeName
 			}
 			for _, a := range e.Addresses {
-				ip, err := model.ParseAddr(a)
-				if err != nil {
+				ip, ok := apiIP(a)
+				if !ok {
 					continue
 				}
 				k := netip.AddrPortFrom(ip, uint16(port)).String()
@@ -352,13 +351,13 @@ func sameFamilies(addrs, ref []string) []string {
 	}
 	var v4, v6 bool
 	for _, r := range ref {
-		if ip, err := model.ParseAddr(r); err == nil {
+		if ip, ok := apiIP(r); ok {
 			v4, v6 = v4 || ip.Is4(), v6 || ip.Is6()
 		}
 	}
 	var out []string
 	for _, a := range addrs {
-		if ip, err := model.ParseAddr(a); err == nil && (ip.Is4() && v4 || ip.Is6() && v6) {
+		if ip, ok := apiIP(a); ok && (ip.Is4() && v4 || ip.Is6() && v6) {
 			out = append(out, a)
 		}
 	}
@@ -369,8 +368,8 @@ func sameFamilies(addrs, ref []string) []string {
 func splitFamilies(ips []string) [][]string {
 	var v4, v6 []string
 	for _, s := range ips {
-		ip, err := model.ParseAddr(s)
-		if err != nil {
+		ip, ok := apiIP(s)
+		if !ok {
 			continue
 		}
 		if ip.Is4() {

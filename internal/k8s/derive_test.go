@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -304,5 +305,57 @@ func TestZonedAddressesIgnored(t *testing.T) {
 	}
 	if got := addressesOf(node("self", nil, "fe80::2%eth0", "172.18.0.2"), corev1.NodeInternalIP); !slices.Equal(got, []string{"172.18.0.2"}) {
 		t.Errorf("node addresses: %v", got)
+	}
+}
+
+// A Service the load balancer cannot take (two Services claiming one external IP and port, as
+// the API allows; an endpoint port out of range) is left out with a warning instead of making
+// the whole derived config invalid, which would freeze this node's config, peers and all
+// (found by FuzzDerive). API addresses that are IPv4-mapped count as IPv4, zoned ones not at all.
+func TestDeriveOneServiceNeverBreaksTheConfig(t *testing.T) {
+	a := service("default", "a", corev1.ServiceTypeClusterIP, "10.96.0.10", port("http", 80, 8080, 0))
+	a.Spec.ExternalIPs = []string{"203.0.113.7"}
+	b := service("team-b", "b", corev1.ServiceTypeClusterIP, "10.96.0.11", port("http", 80, 8080, 0))
+	b.Spec.ExternalIPs = []string{"203.0.113.7", "::ffff:203.0.113.8", "fe80::1%eth0"}
+	bad := service("default", "bad", corev1.ServiceTypeClusterIP, "10.96.0.12", port("http", 80, 8080, 0))
+	self := node("self", []string{"10.244.0.0/24"}, "172.18.0.2", "fe80::2%eth0")
+	snap := Snapshot{
+		Nodes:    []*corev1.Node{self, node("n1", []string{"10.244.1.0/24", "::ffff:10.244.9.0/120"}, "::ffff:172.18.0.3")},
+		Services: []*corev1.Service{a, b, bad},
+		EndpointSlices: []*discoveryv1.EndpointSlice{
+			slice("default", "a", "a-1", "http", 8080, up("10.244.1.5", "n1")),
+			slice("team-b", "b", "b-1", "http", 8080, up("10.244.1.6", "n1"), up("::ffff:10.244.1.7", "n1")),
+			slice("default", "bad", "bad-1", "http", 70000, up("10.244.1.8", "n1")),
+		},
+	}
+	d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range d.Config.LoadBalancer.Services {
+		got = append(got, fmt.Sprintf("%v:%d %v", s.VIPs, s.Port, s.Backends))
+	}
+	want := []string{
+		"[10.96.0.10]:80 [{10.244.1.5 8080 <nil> 0 up }]",
+		"[203.0.113.7]:80 [{10.244.1.5 8080 <nil> 0 up }]",
+		"[10.96.0.11]:80 [{10.244.1.6 8080 <nil> 0 up } {10.244.1.7 8080 <nil> 0 up }]",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("load balancer services:\n got %q\nwant %q", got, want)
+	}
+	warnings := strings.Join(d.Summary.Warnings, "\n")
+	for _, w := range []string{
+		"team-b/b:http/external: not balanced: 203.0.113.7 tcp/80 is already served by " + lbName("default/a:http/external"),
+		"default/bad:http/cluster: not balanced: the load balancer rejects it: service.backends[0].port: 70000 is not a valid port",
+		`node n1: podCIDR "::ffff:10.244.9.0/120" is not a CIDR; ignored`,
+	} {
+		if !strings.Contains(warnings, w) {
+			t.Errorf("warnings lack %q:\n%s", w, warnings)
+		}
+	}
+	if n := d.Config.Node; !slices.Equal(n.NodeIPs, []string{"172.18.0.2"}) || !slices.Equal(n.PeerNodeIPs, []string{"172.18.0.3"}) ||
+		!slices.Equal(n.PeerPodCIDRs, []string{"10.244.1.0/24"}) || !slices.Contains(n.LoadBalancerIPs, "203.0.113.8/32") {
+		t.Errorf("node: %+v", n)
 	}
 }

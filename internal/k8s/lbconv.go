@@ -1,8 +1,11 @@
 package k8s
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"net/netip"
 	"strings"
 
 	"github.com/hostaccel/hostaccel/internal/lb"
@@ -10,10 +13,42 @@ import (
 
 // lbServices turns the derived fronts into the load balancer's services: one per front, with
 // Kubernetes readiness as the backends' admin state (no health check of its own). Fronts
-// without endpoints are left out: the load balancer needs a backend.
-func lbServices(fronts []LBFront) []lb.Service {
+// without endpoints are left out: the load balancer needs a backend. So is a front the load
+// balancer would reject (a port or address it cannot serve, a name, VIP and port that the
+// base config's services or another front already have): its Skipped says why, and a warning.
+// One Service must not break the whole derived config, which would keep this node's last good
+// config in force (peers and all) until someone fixes the Service.
+func lbServices(static []lb.Service, fronts []LBFront, warn func(string, ...any)) []lb.Service {
+	type key struct {
+		vip   netip.Addr
+		proto string
+		port  int
+	}
+	used, names := map[key]string{}, map[string]bool{}
+	keys := func(s lb.Service) []key {
+		ports := s.Ports
+		if s.Port != 0 {
+			ports = []int{s.Port}
+		}
+		var ks []key
+		for _, v := range s.VIPs {
+			if a, err := netip.ParseAddr(v); err == nil {
+				for _, p := range ports {
+					ks = append(ks, key{a, cmp.Or(s.Protocol, "tcp"), p})
+				}
+			}
+		}
+		return ks
+	}
+	for _, s := range static {
+		names[s.Name] = true
+		for _, k := range keys(s) {
+			used[k] = s.Name
+		}
+	}
 	var out []lb.Service
-	for _, f := range fronts {
+	for i := range fronts {
+		f := &fronts[i]
 		if f.Skipped != "" {
 			continue
 		}
@@ -33,6 +68,26 @@ func lbServices(fronts []LBFront) []lb.Service {
 		}
 		for _, b := range f.Backends {
 			s.Backends = append(s.Backends, lb.Backend{Address: b.Address, Port: int(b.Port), State: b.State})
+		}
+		if errs := lb.ValidateServices([]lb.Service{s}, func(int) string { return "service" }); len(errs) > 0 {
+			f.Skipped = "the load balancer rejects it: " + errs[0].Error()
+		} else if names[s.Name] {
+			f.Skipped = fmt.Sprintf("the name %s is already used", s.Name)
+		} else {
+			for _, k := range keys(s) {
+				if other, dup := used[k]; dup {
+					f.Skipped = fmt.Sprintf("%s %s/%d is already served by %s", k.vip, k.proto, k.port, other)
+					break
+				}
+			}
+		}
+		if f.Skipped != "" {
+			warn("%s: not balanced: %s", f.Name, f.Skipped)
+			continue
+		}
+		names[s.Name] = true
+		for _, k := range keys(s) {
+			used[k] = s.Name
 		}
 		out = append(out, s)
 	}

@@ -17,7 +17,7 @@ import (
 
 // testRuntime is a Runtime on a fake kernel whose syncs run on their own goroutine, as the
 // agent's loop would run them.
-func testRuntime(t *testing.T, cfg Config) (*Runtime, *Client, func() string) {
+func testRuntime(t testing.TB, cfg Config) (*Runtime, *Client, func() string) {
 	t.Helper()
 	m, f := NewFakeManager()
 	wake := make(chan struct{}, 1)
@@ -31,6 +31,7 @@ func testRuntime(t *testing.T, cfg Config) (*Runtime, *Client, func() string) {
 	r.NewManager = func() (*Manager, error) { return m, nil }
 	r.Env = func([]string) (Env, error) { return testEnv, nil }
 	r.FlushConntrack = func([]netip.Addr, string, netip.Addr) error { return nil }
+	r.Solicit = func([]netip.Addr) {}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {

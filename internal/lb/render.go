@@ -640,7 +640,19 @@ func addEach[O knftables.Object](tx *knftables.Transaction, objs []O) {
 func (r *Ruleset) Dump() (string, error) {
 	fake := knftables.NewFake("", "")
 	tx := fake.NewTransaction()
-	r.AddAll(tx)
+	// knftables' Fake sets the Handle of the named counters it is given (its other objects it
+	// copies): give it copies, or the ruleset, once dumped, cannot be added to a kernel.
+	cp := &Ruleset{}
+	for _, t := range r.Tables {
+		t2 := *t
+		t2.Counters = nil
+		for _, c := range t.Counters {
+			c2 := *c
+			t2.Counters = append(t2.Counters, &c2)
+		}
+		cp.Tables = append(cp.Tables, &t2)
+	}
+	cp.AddAll(tx)
 	if err := fake.Run(context.Background(), tx); err != nil {
 		return "", err
 	}

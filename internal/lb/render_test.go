@@ -153,6 +153,28 @@ func rename(s Service, name string, vips ...string) Service {
 }
 
 // Render is deterministic and every rule, map and set carries a comment.
+// Dump leaves the ruleset as it was: the knftables Fake used to give the named counters a
+// handle, and a dumped ruleset then failed in the kernel ("cannot specify Handle in add
+// operation"; found by TestFuzzCorpusKernelAccepts).
+func TestDumpKeepsRuleset(t *testing.T) {
+	r := Render(Resolve([]Service{fixture(SNAT, Weighted)}, nil, testEnv))
+	if _, err := r.Dump(); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, tab := range r.Tables {
+		for _, c := range tab.Counters {
+			n++
+			if c.Handle != nil {
+				t.Errorf("counter %s has handle %d after Dump", c.Name, *c.Handle)
+			}
+		}
+	}
+	if n == 0 {
+		t.Error("no named counters to check")
+	}
+}
+
 func TestRenderComments(t *testing.T) {
 	r := Render(Resolve([]Service{fixture(SNAT, Hash), rename(fixture(DSR, RoundRobin), "dsr", "192.0.2.11")}, nil, testEnv))
 	for _, tab := range r.Tables {

@@ -26,6 +26,7 @@ type Runtime struct {
 	NewManager     func() (*Manager, error)
 	Env            func(devs []string) (Env, error)
 	FlushConntrack func(vips []netip.Addr, proto string, backend netip.Addr) error
+	Solicit        func(addrs []netip.Addr) // makes the kernel resolve dsr backends' MACs
 	// FullEvery: how often the tables are read back whole to repair drift (the agent sets
 	// it just under its resync period); 0: DefaultFullEvery.
 	FullEvery time.Duration
@@ -59,7 +60,7 @@ func NewRuntime(log *slog.Logger, trigger func()) *Runtime {
 		log = slog.Default()
 	}
 	return &Runtime{Log: log, Trigger: trigger, NewManager: NewManager, Env: HostEnv, FlushConntrack: flushConntrack,
-		synced: make(chan struct{})}
+		Solicit: solicitNeighbours, synced: make(chan struct{})}
 }
 
 // Sync applies cfg (with the API's changes and current health) to the kernel.
@@ -337,7 +338,7 @@ func (r *Runtime) solicit(d *Desired) {
 		return
 	}
 	r.solicited = time.Now()
-	solicitNeighbours(missing)
+	r.Solicit(missing)
 	time.AfterFunc(time.Second, r.Trigger)
 }
 

@@ -134,7 +134,12 @@ func Parse(out []byte) (*Table, error) {
 			var err error
 			switch kind {
 			case "table":
-				err = json.Unmarshal(raw, t)
+				// Only these: the other fields of Table are ours, not nft's (a listing that
+				// had them, e.g. "sets": null, would otherwise replace the maps).
+				var tt struct{ Family, Name, Comment string }
+				if err = json.Unmarshal(raw, &tt); err == nil {
+					t.Family, t.Name, t.Comment = tt.Family, tt.Name, tt.Comment
+				}
 			case "flowtable":
 				var f struct {
 					Name  string          `json:"name"`

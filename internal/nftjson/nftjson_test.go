@@ -86,3 +86,17 @@ func TestTableCommentFromText(t *testing.T) {
 		t.Errorf("a set comment was taken for the table's: %s", out)
 	}
 }
+
+// A table object's fields other than family, name and comment are not read: "sets": null
+// panicked on the next set, a chain with a null rule in the fingerprint (FuzzParse's seeds
+// seed-table-nulls and seed-table-fields).
+func TestParseTableObjectFields(t *testing.T) {
+	tab, err := Parse([]byte(`{"nftables": [{"table": {"family": "inet", "name": "x", "sets": null, "chains": {"c": {"rules": [null]}}}}, {"set": {"name": "s", "type": "ifname"}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tab.Name != "x" || tab.Sets["s"] == nil || len(tab.Chains) != 0 {
+		t.Errorf("table: %+v", tab)
+	}
+	tab.Fingerprint()
+}
