@@ -1,19 +1,14 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -156,31 +151,10 @@ func TestFailedTransactionKeepsPreviousState(t *testing.T) {
 	}
 }
 
-// httpGet fetches a URL from inside ns (dialing in the goroutine that Do switched into the
-// namespace; http.Client would dial from another thread, outside it).
+// httpGet fetches a URL from inside ns; an error fails the test.
 func httpGet(t *testing.T, ns *testbed.NS, addr, path string) (int, string) {
 	t.Helper()
-	var code int
-	var body string
-	err := ns.Do(func() error {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		req, _ := http.NewRequest("GET", "http://"+addr+path, nil)
-		if err := req.Write(c); err != nil {
-			return err
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(c), req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		code, body = resp.StatusCode, string(b)
-		return err
-	})
+	code, body, err := ns.HTTPGet(addr, path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,8 +165,7 @@ func httpGet(t *testing.T, ns *testbed.NS, addr, path string) (int, string) {
 func startAgent(t *testing.T, ns *testbed.NS, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command("ip", append([]string{"netns", "exec", ns.Name, hostaccel}, withLock(append([]string{"agent"}, args...))...)...)
-	var log strings.Builder
-	cmd.Stderr = &syncWriter{w: &log}
+	cmd.Stderr = &testbed.SyncBuffer{}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -202,27 +175,10 @@ func startAgent(t *testing.T, ns *testbed.NS, args ...string) *exec.Cmd {
 			cmd.Wait()
 		}
 		if t.Failed() {
-			t.Logf("agent log:\n%s", cmd.Stderr.(*syncWriter).String())
+			t.Logf("agent log:\n%s", cmd.Stderr.(*testbed.SyncBuffer).String())
 		}
 	})
 	return cmd
-}
-
-type syncWriter struct {
-	mu sync.Mutex
-	w  *strings.Builder
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
-}
-
-func (s *syncWriter) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.String()
 }
 
 // On a kernel without the flowtable, apply fails with a message that says so and what to
@@ -326,7 +282,7 @@ func TestAgent(t *testing.T) {
 	// Both repairs are logged and counted (hostaccel_drift_repairs_total, below).
 	const warn = `level=WARN msg="drift repaired: changed outside hostaccel, restored" datapath=flowtable drift=`
 	waitFor(t, "the repairs logged", slow, func() bool {
-		log := cmd.Stderr.(*syncWriter).String()
+		log := cmd.Stderr.(*testbed.SyncBuffer).String()
 		return strings.Contains(log, warn+`"[table missing]"`) && strings.Contains(log, warn+`"[drift: `) // "table changed outside hostaccel" or "chain or flowtable differs", by what the sync read
 	})
 

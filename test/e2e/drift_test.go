@@ -68,7 +68,7 @@ func TestDriftRepairVisible(t *testing.T) {
 		lbSection(t.TempDir(), ""))
 	statePath := filepath.Join(t.TempDir(), "agent.json")
 	cmd := startAgent(t, tp.Node, "-f", cfg, "--state-file", statePath, "--metrics-address", "127.0.0.1:9468")
-	log := func() string { return cmd.Stderr.(*syncWriter).String() }
+	log := func() string { return cmd.Stderr.(*testbed.SyncBuffer).String() }
 	attached := func(dev string) bool {
 		st := status(t, tp.Node)
 		if st.TC == nil {

@@ -114,20 +114,28 @@ func TestHashAndPersistence(t *testing.T) {
 	}
 }
 
-// A killed backend stops getting new connections within fall x interval (plus one sync), in
-// every topology and family, and gets them back within rise x interval after it returns.
-func TestHealthChecks(t *testing.T) {
-	s := sc("health")
-	type combo struct {
-		topo string
-		fam  int
-	}
+// combo is one topology with one family (0: IPv4, 1: IPv6).
+type combo struct {
+	topo string
+	fam  int
+}
+
+// allCombos is every topology with both families.
+func allCombos() []combo {
 	var combos []combo
 	for _, topoName := range topologies {
 		for fam := range 2 {
 			combos = append(combos, combo{topoName, fam})
 		}
 	}
+	return combos
+}
+
+// A killed backend stops getting new connections within fall x interval (plus one sync), in
+// every topology and family, and gets them back within rise x interval after it returns.
+func TestHealthChecks(t *testing.T) {
+	s := sc("health")
+	combos := allCombos()
 	// The failing check's own duration, one sync, the probes' round (8 combinations x 6
 	// connections, measured from its start), and a loaded machine: two helpers saw 1.44 s and
 	// 1.96 s against 1.3 s at load average 15-25, with the transition logged in time. This
@@ -557,16 +565,7 @@ func (p *preparedConn) connect() (net.Conn, error) {
 // also once the old one is back.
 func TestPersistenceForgetsDownBackends(t *testing.T) {
 	s := sc("persist")
-	type combo struct {
-		topo string
-		fam  int
-	}
-	var combos []combo
-	for _, topoName := range topologies {
-		for fam := range 2 {
-			combos = append(combos, combo{topoName, fam})
-		}
-	}
+	combos := allCombos()
 	src := func(c combo) netip.Addr { return clientAddr(0, c.fam, c.topo == lb.DSR) }
 	one := func(c combo) string {
 		t.Helper()

@@ -21,7 +21,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -109,7 +108,7 @@ type lbTopo struct {
 	servers                map[string]*http.Server // "b1:90"
 	udp                    []net.PacketConn
 	agent                  *exec.Cmd
-	agentLog               *syncBuffer
+	agentLog               *testbed.SyncBuffer
 	socket, cfg, stateFile string
 }
 
@@ -301,7 +300,7 @@ func (t *lbTopo) startAgent() error {
 	if st, err := t.status(); err == nil {
 		want = len(st.Services)
 	}
-	t.agentLog = &syncBuffer{}
+	t.agentLog = &testbed.SyncBuffer{}
 	cmd := exec.Command("ip", "netns", "exec", t.lb.Name, hostaccel, "agent", "-f", t.cfg, "--state-file", filepath.Join(t.dir, "agent.json"),
 		"--lock-file", filepath.Join(t.dir, "hostaccel.lock"))
 	cmd.Stdout, cmd.Stderr = t.agentLog, t.agentLog
@@ -371,21 +370,4 @@ func (t *lbTopo) ha(args ...string) (string, error) {
 	}
 	out, err := exec.Command("ip", append([]string{"netns", "exec", t.lb.Name, hostaccel}, args...)...).CombinedOutput()
 	return string(out), err
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

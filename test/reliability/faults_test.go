@@ -3,7 +3,6 @@ package reliability
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -22,7 +21,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 
-	"github.com/hostaccel/hostaccel/internal/agent"
 	"github.com/hostaccel/hostaccel/internal/lb"
 )
 
@@ -101,10 +99,9 @@ func (n *node) kernelView(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err, rules)
 	}
-	out, err := ha(n.Node, "status", "-o", "json", "--state-file", "")
-	var st agent.Status
-	if err != nil || json.Unmarshal([]byte(out), &st) != nil || st.TC == nil {
-		t.Fatalf("status: %v\n%s", err, out)
+	st := n.status(t)
+	if st.TC == nil {
+		t.Fatalf("status shows no tc datapath: %+v", st)
 	}
 	return fmt.Sprintf("%s\ntc program %d on %v", rules, st.TC.ProgramID, st.TC.Devices)
 }

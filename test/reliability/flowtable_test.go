@@ -1,7 +1,6 @@
 package reliability
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hostaccel/hostaccel/internal/agent"
 	"github.com/hostaccel/hostaccel/internal/flowtable"
 	"github.com/hostaccel/hostaccel/internal/probe"
 )
@@ -39,14 +37,7 @@ func (n *node) flowtableDevices(t *testing.T) []string {
 // flowtableStatus returns the flowtable's devices and the connections conntrack shows offloaded.
 func (n *node) flowtableStatus(t *testing.T) (devices []string, offloaded int) {
 	t.Helper()
-	out, err := ha(n.Node, "status", "-o", "json", "--state-file", "")
-	if err != nil {
-		t.Fatalf("status: %v\n%s", err, out)
-	}
-	var st agent.Status
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		t.Fatalf("status json: %v\n%s", err, out)
-	}
+	st := n.status(t)
 	if st.Table != nil && st.Table.Flowtables[flowtable.FlowtableName] != nil {
 		devices = st.Table.Flowtables[flowtable.FlowtableName].Devices
 	}

@@ -7,13 +7,10 @@
 package reliability
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -151,7 +148,7 @@ func (n *node) writeConfig(t *testing.T, body string) {
 // proc is a running agent with its log.
 type proc struct {
 	cmd  *exec.Cmd
-	log  *syncBuffer
+	log  *testbed.SyncBuffer
 	done chan struct{}
 }
 
@@ -168,7 +165,7 @@ func (p *proc) alive() bool {
 // shows its log if the test failed.
 func (n *node) startAgent(t *testing.T, args ...string) *proc {
 	t.Helper()
-	p := &proc{log: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{log: &testbed.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command("ip", append([]string{"netns", "exec", n.Node.Name, hostaccel, "agent", "-f", n.cfg,
 		"--state-file", n.state, "--metrics-address", n.metrics, "--lock-file", n.lock}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
@@ -182,7 +179,7 @@ func (n *node) startAgent(t *testing.T, args ...string) *proc {
 			<-p.done
 		}
 		if t.Failed() {
-			t.Logf("agent (pid %d) log:\n%s", p.cmd.Process.Pid, p.log.tail(60))
+			t.Logf("agent (pid %d) log:\n%s", p.cmd.Process.Pid, p.log.Tail(60))
 		}
 	})
 	n.agent = p
@@ -209,8 +206,8 @@ func (n *node) ready(t *testing.T, pid int, timeout time.Duration) {
 	waitFor(t, "the VIP to answer", timeout, func() bool { return n.vipWorks(0) == nil && n.vipWorks(1) == nil })
 }
 
-// attached returns the devices the tc program is attached to, name -> ifindex.
-func (n *node) attached(t *testing.T) map[string]int {
+// status is `hostaccel status -o json` in the Node's namespace (the kernel's view).
+func (n *node) status(t *testing.T) agent.Status {
 	t.Helper()
 	out, err := ha(n.Node, "status", "-o", "json", "--state-file", "")
 	if err != nil {
@@ -220,6 +217,13 @@ func (n *node) attached(t *testing.T) map[string]int {
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("status json: %v\n%s", err, out)
 	}
+	return st
+}
+
+// attached returns the devices the tc program is attached to, name -> ifindex.
+func (n *node) attached(t *testing.T) map[string]int {
+	t.Helper()
+	st := n.status(t)
 	devs := map[string]int{}
 	if st.TC != nil {
 		for _, d := range st.TC.Devices {
@@ -258,7 +262,7 @@ func exchange(from *testbed.NS, to netip.AddrPort, size int) error {
 // exposition format) on the agent's /metrics, or -1.
 func (n *node) metric(t *testing.T, name string) float64 {
 	t.Helper()
-	body, err := httpGet(n.Node, n.metrics, "/metrics")
+	_, body, err := n.Node.HTTPGet(n.metrics, "/metrics")
 	if err != nil {
 		return -1
 	}
@@ -269,32 +273,6 @@ func (n *node) metric(t *testing.T, name string) float64 {
 	}
 	v, _ := strconv.ParseFloat(m[1], 64)
 	return v
-}
-
-// httpGet fetches a URL from inside ns (dialing in the thread Do moved into the namespace).
-func httpGet(ns *testbed.NS, addr, path string) (string, error) {
-	var body string
-	err := ns.Do(func() error {
-		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		req, _ := http.NewRequest("GET", "http://"+addr+path, nil)
-		if err := req.Write(c); err != nil {
-			return err
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(c), req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		body = string(b)
-		return err
-	})
-	return body, err
 }
 
 // ha runs the hostaccel binary in ns.
@@ -421,28 +399,6 @@ func (s *stream) close() (error, time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.err, s.stall
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (s *syncBuffer) tail(n int) string {
-	lines := strings.Split(s.String(), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // exchangeOn moves 64 KiB over an open connection and reads the echo.
