@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -61,4 +62,18 @@ func (n *NS) HTTPGet(addr, path string) (code int, body string, err error) {
 		return err
 	})
 	return code, body, err
+}
+
+// WaitFor checks cond every interval until it holds and returns how long that took; it fails
+// tb if cond does not hold within timeout.
+func WaitFor(tb testing.TB, what string, timeout, interval time.Duration, cond func() bool) time.Duration {
+	tb.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			tb.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(interval)
+	}
+	return time.Since(start)
 }

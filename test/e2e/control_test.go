@@ -224,15 +224,10 @@ func TestNoFlowtableFailsLoudly(t *testing.T) {
 	}
 }
 
+// waitFor polls cond every 200 ms (each poll may run the binary, slow under TCG).
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	testbed.WaitFor(t, what, timeout, 200*time.Millisecond, cond)
 }
 
 func devices(t *testing.T, ns *testbed.NS) string {

@@ -281,16 +281,10 @@ func ha(ns *testbed.NS, args ...string) (string, error) {
 	return string(out), err
 }
 
+// waitFor polls cond every 50 ms: the repair and re-attach times it returns are the figures.
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) time.Duration {
 	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return time.Since(start)
+	return testbed.WaitFor(t, what, timeout, 50*time.Millisecond, cond)
 }
 
 // rss is a process's resident memory in bytes (0 if it is gone).
