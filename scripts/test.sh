@@ -16,6 +16,8 @@ T0=$(date +%s)
 
 echo "== go vet"
 go vet ./...
+# The benchmark is built only with -tags bench (hostaccel-bench; the agent leaves it out).
+go vet -tags bench ./internal/cli/ ./cmd/...
 
 # The BPF objects bpf2go generated from internal/tc/bpf are committed; they must be what the
 # source compiles to (where clang is here to say so).
@@ -30,6 +32,7 @@ fi
 
 mkdir -p .cache/bin
 go build -o .cache/bin/hostaccel ./cmd/hostaccel
+go build -tags bench -o .cache/bin/hostaccel-bench ./cmd/hostaccel
 # A real kube-apiserver + etcd for test/k8s, built from the Go module proxy (cached per machine).
 "$ROOT/scripts/k8s-build-test-bins.sh" >/dev/null
 
