@@ -1,7 +1,8 @@
 #!/bin/bash
 # Installs everything hostaccel needs to build, run its demo and run its whole test suite on a
 # fresh Debian bookworm machine (run as root). Idempotent: re-running only fills in what is missing.
-#   - Debian packages: nftables, conntrack, iproute2, iperf3, netperf (non-free), qemu, busybox, clang
+#   - Debian packages: nftables, conntrack, iproute2, iperf3, netperf (non-free), qemu, busybox, clang,
+#     and for the container image (scripts/image.sh, test/image): podman, runc, skopeo, mmdebstrap, umoci
 #   - the Debian cloud kernel (unpacked under .cache/, NOT installed on the host) for the VM tests
 #   - Go modules
 set -euo pipefail
@@ -20,7 +21,8 @@ SRC
 fi
 
 PKGS="nftables conntrack iproute2 iperf3 netperf ethtool kmod cpio busybox-static
-      qemu-system-x86 clang llvm libbpf-dev tcpdump procps wrk curl"
+      qemu-system-x86 clang llvm libbpf-dev tcpdump procps wrk curl jq
+      podman runc skopeo mmdebstrap umoci"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
