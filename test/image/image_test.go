@@ -441,9 +441,9 @@ agent: {resyncPeriod: 2s, minSyncInterval: 100ms}
 
 	n := newNode(tp)
 	p := runPod(t, img, baseDaemonSet(t, ""), n, cfg)
-	testbed.WaitFor(t, "the readiness probe to answer", 30*time.Second, 200*time.Millisecond, func() bool {
-		code, _ := p.readiness()
-		return code != 0
+	testbed.WaitFor(t, "the readiness probe to answer after the first sync", 30*time.Second, 200*time.Millisecond, func() bool {
+		code, body := p.readiness()
+		return code != 0 && !strings.Contains(body, "not synced yet")
 	})
 	code, body := p.readiness()
 	if code != 503 || !strings.Contains(body, "CAP_SYS_ADMIN") {
