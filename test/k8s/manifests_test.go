@@ -9,8 +9,13 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/hostaccel/hostaccel/internal/k8s"
+	"github.com/hostaccel/hostaccel/internal/k8s/k8stest"
 )
 
 // `kubectl apply --dry-run=server -k` of deploy/ and deploy/tc/ is accepted by the real API
@@ -40,6 +45,34 @@ func TestManifestsServerDryRun(t *testing.T) {
 			}
 		}
 		t.Logf("%s:\n%s", filepath.Base(dir), out)
+
+		// The ConfigMap's config, with what the API adds for a node, is a valid agent config.
+		built, err := env.Kubectl(ctx, "kustomize", dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cm corev1.ConfigMap
+		for _, doc := range strings.Split(built, "\n---\n") {
+			if strings.Contains(doc, "kind: ConfigMap") {
+				if err := yaml.UnmarshalStrict([]byte(doc), &cm); err != nil {
+					t.Fatalf("%s: ConfigMap: %v", dir, err)
+				}
+			}
+		}
+		base, err := k8s.ParseBase([]byte(cm.Data["config.yaml"]))
+		if err != nil {
+			t.Fatalf("%s: config.yaml: %v", dir, err)
+		}
+		snap := k8s.Snapshot{Nodes: []*corev1.Node{
+			k8stest.Node("node-1", []string{"10.244.0.0/24"}, "172.18.0.2"),
+			k8stest.Node("node-2", []string{"10.244.1.0/24"}, "172.18.0.3"),
+		}}
+		d, err := k8s.Derive(base, snap, k8s.Params{NodeName: "node-1"})
+		if err != nil {
+			t.Errorf("%s: the ConfigMap's config with a node's facts: %v", dir, err)
+		} else {
+			t.Logf("%s: datapath %s", filepath.Base(dir), d.Config.Datapath)
+		}
 	}
 	// Nothing was created.
 	if _, err := admin.AppsV1().DaemonSets("hostaccel-system").Get(ctx, "hostaccel-agent", metav1.GetOptions{}); err == nil {
