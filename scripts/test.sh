@@ -3,7 +3,8 @@
 #  0. go vet; where clang is present, the generated BPF objects match their source,
 #  1. unit tests (golden renders with the knftables Fake, config validation, parsers), then
 #     every fuzz target for 10 s (scripts/fuzz.sh; 6 targets, one at a time),
-#  2. host tests in network namespaces with the real nft, conntrack and netlink,
+#  2. host tests in network namespaces with the real nft, conntrack and netlink; the container
+#     image (scripts/image.sh) run under podman as the DaemonSet runs it (test/image),
 #  3. kernel tests that need the nftables flowtable, inside the project's VM (qemu TCG, Debian
 #     cloud kernel) when this kernel lacks it, natively otherwise.
 # Tests that need root fail (not skip) here: HOSTACCEL_REQUIRE_ROOT=1.
@@ -16,6 +17,8 @@ T0=$(date +%s)
 
 echo "== go vet"
 go vet ./...
+# The benchmark is built only with -tags bench (hostaccel-bench; the agent leaves it out).
+go vet -tags bench ./internal/cli/ ./cmd/...
 
 # The BPF objects bpf2go generated from internal/tc/bpf are committed; they must be what the
 # source compiles to (where clang is here to say so).
@@ -30,10 +33,24 @@ fi
 
 mkdir -p .cache/bin
 go build -o .cache/bin/hostaccel ./cmd/hostaccel
+go build -tags bench -o .cache/bin/hostaccel-bench ./cmd/hostaccel
 # A real kube-apiserver + etcd for test/k8s, built from the Go module proxy (cached per machine).
 "$ROOT/scripts/k8s-build-test-bins.sh" >/dev/null
 
-echo "== unit and host tests (and the Kubernetes tests against a real API server)"
+# The agent's container image (scripts/image.sh: mmdebstrap + umoci, no Docker), which test/image
+# runs with podman as deploy/'s DaemonSet runs it. Where podman or mmdebstrap could not be
+# installed, test/image skips and says why.
+if command -v podman >/dev/null && command -v mmdebstrap >/dev/null && command -v umoci >/dev/null && command -v skopeo >/dev/null; then
+	echo "== the container image (scripts/image.sh)"
+	t=$(date +%s)
+	IMAGE=localhost/hostaccel:test "$ROOT/scripts/image.sh" | sed 's/^/   /'
+	echo "   (built in $(($(date +%s) - t)) s)"
+	export HOSTACCEL_IMAGE=localhost/hostaccel:test HOSTACCEL_REQUIRE_IMAGE=1
+else
+	echo "== skipping the container image and test/image: podman, mmdebstrap, umoci or skopeo is not installed (scripts/setup.sh could not install them)"
+fi
+
+echo "== unit and host tests (and the Kubernetes tests against a real API server, the image under podman)"
 HOSTACCEL_REQUIRE_K8S=1 HOSTACCEL_BIN=$ROOT/.cache/bin/hostaccel go test -count=1 -p 1 ./...
 echo "== fuzzing: every target for 10 s (scripts/fuzz.sh DURATION runs them longer)"
 "$ROOT/scripts/fuzz.sh" 10s
@@ -42,7 +59,8 @@ if .cache/bin/hostaccel probe -o json | grep -A1 '"name": "flowtable"' | grep -q
 	HOSTACCEL_REQUIRE_FLOWTABLE=1 HOSTACCEL_BIN=$ROOT/.cache/bin/hostaccel go test -count=1 -p 1 -v ./test/e2e/ 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'
 else
 	echo "== kernel tests in the VM ($(cat .cache/kernel/VERSION 2>/dev/null || basename "$(readlink -f .cache/kernel)"))"
-	VMEXEC_FILES="$ROOT/.cache/bin/hostaccel" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_REQUIRE_FLOWTABLE=1 HOSTACCEL_BIN=/vmtest/hostaccel" \
+	# deploy/grafana: test/e2e checks the dashboard's flowtable metrics against the agent's here.
+	VMEXEC_MIRROR="../../deploy/grafana" VMEXEC_FILES="$ROOT/.cache/bin/hostaccel" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_REQUIRE_FLOWTABLE=1 HOSTACCEL_BIN=/vmtest/hostaccel" \
 		go test -count=1 -p 1 -timeout 40m -exec "$ROOT/vmtest/vmexec.sh" ./test/e2e/ ./test/reliability/ ./internal/probe/ ./internal/conntrack/ ./internal/tc/
 	# The kernel accepts the flowtable of every config validation accepted (the fuzz corpus).
 	VMEXEC_MIRROR="../lb/testdata" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_REQUIRE_FLOWTABLE=1" \

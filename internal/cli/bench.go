@@ -1,3 +1,9 @@
+//go:build bench
+
+// The benchmark (netperf orchestration, PNG charts, google/nftables) is built only with
+// -tags bench (scripts/bench.sh builds it as hostaccel-bench): the agent does not carry it.
+// Without the tag, bench_stub.go's `bench` runs that binary.
+
 package cli
 
 import (
