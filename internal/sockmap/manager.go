@@ -39,11 +39,18 @@ type Manager struct {
 // PinName is the file name of a set's pinned sockhash in PinDir, by its sock_ops program's ID.
 func PinName(id ebpf.ProgramID) string { return fmt.Sprintf("sockmap-%d", id) }
 
-func (m *Manager) pinDir() (string, error) {
+// pinDir returns the pin directory, mounting the BPF filesystem if none is (Apply).
+func (m *Manager) pinDir() (string, error) { return m.pins(true) }
+
+// pins returns the pin directory; with mount, it mounts the BPF filesystem if none is.
+func (m *Manager) pins(mount bool) (string, error) {
 	if m.PinDir != "" {
 		return m.PinDir, nil
 	}
 	fs, err := BPFFS()
+	if err != nil && !mount {
+		return "", err
+	}
 	if err != nil {
 		// As other eBPF agents do: mount it where it belongs (a DaemonSet mounts the host's).
 		if merr := unix.Mount("bpf", DefaultBPFFS, "bpf", 0, "mode=0700"); merr != nil {
@@ -370,10 +377,10 @@ func (m *Manager) Remove(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pins, err := m.pinDir()
+	pins, err := m.pins(false)
 	if err != nil {
 		if len(o.sets) == 0 {
-			return nil
+			return nil // no BPF filesystem: nothing of ours was pinned
 		}
 		return err
 	}

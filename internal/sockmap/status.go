@@ -51,7 +51,7 @@ func (m *Manager) Status(ctx context.Context) (*Status, error) {
 	}
 	cg, err := m.cgroup()
 	if err != nil {
-		return nil, err
+		return nil, nil // no cgroup v2: nothing can be attached
 	}
 	o, err := observe(cg)
 	defer o.Close()
@@ -68,7 +68,7 @@ func (m *Manager) Status(ctx context.Context) (*Status, error) {
 		}
 	}
 	var draining int
-	if pins, err := m.pinDir(); err == nil {
+	if pins, err := m.pins(false); err == nil {
 		draining, _ = drained(pins, o.sets, false)
 	}
 	if set == nil {
