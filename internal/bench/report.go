@@ -325,7 +325,7 @@ func netperfSection(b *strings.Builder, r *Run) {
 	w("%s", head)
 	w("%s", sep)
 	variants := ran(r)
-	for _, t := range Traffics {
+	for _, t := range allTraffics() {
 		best := map[string]float64{}
 		for _, test := range tests {
 			for _, v := range variants {
@@ -413,7 +413,7 @@ func pathSection(b *strings.Builder, r *Run) {
 	}
 	w("%s", head)
 	w("%s", sep)
-	for _, t := range append(slices.Clone(Traffics), DirectLink) {
+	for _, t := range append(allTraffics(), DirectLink) {
 		for _, v := range ran(r) {
 			if !slices.ContainsFunc(r.Cells, func(c Cell) bool { return c.Variant == v.Name && c.Traffic == t }) {
 				continue

@@ -218,7 +218,9 @@ func (m *Managers) Apply(ctx context.Context, p Plan, caps probe.Result) (Result
 	} else if m.TC != nil {
 		errs = append(errs, m.TC.Remove(ctx))
 	}
-	if p.Sockmap != nil {
+	if p.Sockmap != nil && m.Sockmap == nil {
+		errs = append(errs, errors.New("the plan has the sockmap datapath, but no manager for it"))
+	} else if p.Sockmap != nil {
 		r, err := m.Sockmap.Apply(ctx, sockmap.Render(*p.Sockmap))
 		res.Sockmap = &r
 		errs = append(errs, err)
