@@ -81,7 +81,7 @@ func noFlowtable(caps probe.Result) error {
 // sockmapAvailable: the kernel has the sockmap's program and map types and a cgroup v2 mount,
 // and this process may attach to it.
 func sockmapAvailable(caps probe.Result) bool {
-	return caps.Privilege(probe.PartTC) == nil && caps.Has(probe.SockMap)
+	return caps.Privilege(probe.PartTC) == nil && caps.Has(probe.SockMap) && caps.Has(probe.SockMapFIONREAD)
 }
 
 func hasTCClass(s model.State) bool {
@@ -124,7 +124,11 @@ func Choose(s model.State, caps probe.Result) (Plan, error) {
 		if !caps.Has(probe.SockMap) {
 			return Plan{}, fmt.Errorf("%w: %s", ErrNoSockmap, caps.Get(probe.SockMap).Detail)
 		}
-		return Plan{Sockmap: &s}, nil
+		p := Plan{Sockmap: &s}
+		if !caps.Has(probe.SockMapFIONREAD) {
+			p.Notes = append(p.Notes, "sockmap runs as asked, but "+sockmapWhyNot(caps))
+		}
+		return p, nil
 	case model.DatapathAuto:
 		// tc wins for the classes it serves (no connection setup: best for short
 		// connections, seed 000's TCP_CRR); the flowtable takes the rest, which need the
@@ -179,7 +183,10 @@ func sockmapWhyNot(caps probe.Result) string {
 	if err := caps.Privilege(probe.PartTC); err != nil {
 		return err.Error()
 	}
-	return "this kernel lacks it (" + caps.Get(probe.SockMap).Detail + ")"
+	if !caps.Has(probe.SockMap) {
+		return "this kernel lacks it (" + caps.Get(probe.SockMap).Detail + ")"
+	}
+	return "on this kernel FIONREAD does not count the data sockmap moves to a socket (" + caps.Get(probe.SockMapFIONREAD).Detail + "): programs that size their reads with it could hang"
 }
 
 // Managers apply plans; each is the only code of its datapath that touches the kernel.

@@ -143,7 +143,15 @@ func TestChooseSockmap(t *testing.T) {
 	if p, err := Choose(s, noSM); err != nil || p.Summary() != "tc: [pod-to-pod]; flowtable: [local-pod-to-pod]" || len(p.Notes) != 1 {
 		t.Errorf("no sockmap: %s %v %v", p.Summary(), p.Notes, err)
 	}
+	// sockmap without the FIONREAD fix: auto passes, an explicit choice runs with a note.
+	noFIONREAD := kernel(probe.NFTables, probe.Flowtable, probe.TCX, probe.ClsBPF, probe.RedirectNeigh, probe.ConntrackKfuncs, probe.SockMap)
+	if p, err := Choose(s, noFIONREAD); err != nil || p.Sockmap != nil || len(p.Notes) != 1 || !strings.Contains(p.Notes[0], "FIONREAD") {
+		t.Errorf("no FIONREAD fix: %s %v %v", p.Summary(), p.Notes, err)
+	}
 	s.Datapath, s.Classes = model.DatapathSockmap, []model.Class{model.LocalPodToPod}
+	if p, err := Choose(s, noFIONREAD); err != nil || p.Sockmap == nil || len(p.Notes) != 1 {
+		t.Errorf("datapath sockmap, no FIONREAD fix: %s %v %v", p.Summary(), p.Notes, err)
+	}
 	if p, err := Choose(s, full); err != nil || p.Sockmap == nil || p.TC != nil || p.Flowtable != nil {
 		t.Errorf("datapath sockmap: %s %v", p.Summary(), err)
 	}
