@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/probe"
@@ -52,15 +55,27 @@ var localSetups = map[string]func(ctx context.Context, p *testbed.LocalPods, cap
 	VariantDefault:  nil,
 	VariantLoopback: nil,
 	VariantSockmap: func(ctx context.Context, p *testbed.LocalPods, _ probe.Result) (func() error, error) {
-		m := sockmap.NewManager()
-		s := model.State{Datapath: model.DatapathSockmap, LocalPodCIDRs: p.CIDRs, Classes: []model.Class{model.LocalPodToPod}}
-		if _, err := m.Apply(ctx, sockmap.Render(s)); err != nil {
+		// A BPF filesystem of its own for the pin, so that the bench never mounts one on
+		// the host's /sys/fs/bpf.
+		dir, err := os.MkdirTemp("", "hostaccel-bench-bpffs")
+		if err != nil {
 			return nil, err
 		}
-		return func() error {
+		if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+			os.Remove(dir)
+			return nil, fmt.Errorf("bpffs for the sockmap pin: %w", err)
+		}
+		m := &sockmap.Manager{PinDir: dir}
+		undo := func() error {
 			m.Drain = 5 * time.Second // netperf's connections are closed: the map empties
-			return m.Remove(context.Background())
-		}, nil
+			err := m.Remove(context.Background())
+			return errors.Join(err, unix.Unmount(dir, unix.MNT_DETACH), os.Remove(dir))
+		}
+		s := model.State{Datapath: model.DatapathSockmap, LocalPodCIDRs: p.CIDRs, Classes: []model.Class{model.LocalPodToPod}}
+		if _, err := m.Apply(ctx, sockmap.Render(s)); err != nil {
+			return nil, errors.Join(err, undo())
+		}
+		return undo, nil
 	},
 	VariantTC: func(ctx context.Context, p *testbed.LocalPods, _ probe.Result) (func() error, error) {
 		d, err := tc.Render(localTCState(p))

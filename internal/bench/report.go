@@ -414,6 +414,9 @@ func pathSection(b *strings.Builder, r *Run) {
 	w("%s", head)
 	w("%s", sep)
 	for _, t := range append(allTraffics(), DirectLink) {
+		if t.local() {
+			continue // no path evidence for the same-node traffic
+		}
 		for _, v := range ran(r) {
 			if !slices.ContainsFunc(r.Cells, func(c Cell) bool { return c.Variant == v.Name && c.Traffic == t }) {
 				continue

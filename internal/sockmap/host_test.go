@@ -406,7 +406,7 @@ func TestEarlyData(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		set := o.current()
+		set := o.current(filepath.Join(mustBPFFS(t), "hostaccel"))
 		keys, err := set.sockets()
 		if err != nil {
 			t.Fatal(err)
@@ -479,7 +479,7 @@ func TestLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	set := o.current()
+	set := o.current(filepath.Join(mustBPFFS(t), "hostaccel"))
 	set.deletePod(b.pods.CIDRs[0])
 	res, err := b.m.Apply(context.Background(), b.desired())
 	if err != nil || len(res.Drift) != 1 || res.ElementsAdded != 1 {

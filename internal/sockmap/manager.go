@@ -137,10 +137,17 @@ func observe(cgroup string) (*observed, error) {
 	return o, nil
 }
 
-// current is an attached set of this build, or nil.
-func (o *observed) current() *progSet {
+// current is an attached set of this build whose sockhash has its sk_msg program, or nil.
+// Where the kernel cannot say (before 6.0), the set's pin vouches for it.
+func (o *observed) current(pins string) *progSet {
 	for _, s := range o.sets {
-		if s.usable() && s.build == buildID() && s.msg != nil {
+		if !s.usable() || s.build != buildID() {
+			continue
+		}
+		if s.msg != nil {
+			return s
+		}
+		if _, err := os.Stat(filepath.Join(pins, PinName(s.opsID))); err == nil && s.msgUnknown {
 			return s
 		}
 	}
@@ -149,16 +156,19 @@ func (o *observed) current() *progSet {
 
 // attachedMsg opens the sk_msg program attached to the sockhash (BPF_PROG_QUERY on a
 // sockmap: Linux >= 6.0); nil if none is or the kernel cannot say.
-func attachedMsg(socks *ebpf.Map) (*ebpf.Program, error) {
+func attachedMsg(socks *ebpf.Map) (_ *ebpf.Program, unknown bool, _ error) {
 	q, err := link.QueryPrograms(link.QueryOptions{Target: socks.FD(), Attach: ebpf.AttachSkMsgVerdict})
-	if err != nil || len(q.Programs) == 0 {
-		return nil, nil
+	if err != nil {
+		return nil, true, nil
+	}
+	if len(q.Programs) == 0 {
+		return nil, false, nil
 	}
 	p, err := ebpf.NewProgramFromID(q.Programs[0].ID)
 	if err != nil {
-		return nil, fmt.Errorf("sk_msg program %d: %w", q.Programs[0].ID, err)
+		return nil, false, fmt.Errorf("sk_msg program %d: %w", q.Programs[0].ID, err)
 	}
-	return p, nil
+	return p, false, nil
 }
 
 // Apply makes the kernel match d: a program set of this build attached to the cgroup (loaded,
@@ -188,7 +198,7 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 		return res, err
 	}
 	want := d.entries()
-	set := o.current()
+	set := o.current(pins)
 	if m.last != nil && (set == nil || set.opsID != m.last.ops) {
 		if slices.ContainsFunc(o.sets, func(s *progSet) bool { return s.opsID == m.last.ops }) {
 			res.Drift = append(res.Drift, "sk_msg program detached from the sockhash (its pin removed?): program set replaced")

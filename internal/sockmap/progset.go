@@ -33,8 +33,11 @@ type progSet struct {
 	ops   *ebpf.Program
 	opsID ebpf.ProgramID
 	msg   *ebpf.Program // nil when found again and no sk_msg program is attached to the map
-	maps  sockmapMaps
-	build uint64
+	// msgUnknown: the kernel cannot say which sk_msg program the map has (BPF_PROG_QUERY on a
+	// sockmap needs Linux >= 6.0); the pin then vouches for it.
+	msgUnknown bool
+	maps       sockmapMaps
+	build      uint64
 }
 
 func loadSet() (*progSet, error) {
@@ -96,7 +99,7 @@ func openSet(id ebpf.ProgramID) (*progSet, error) {
 	if s.maps.Config.Lookup(uint32(0), &cfg) == nil {
 		s.build = cfg.Build
 	}
-	s.msg, err = attachedMsg(s.maps.HostaccelSocks)
+	s.msg, s.msgUnknown, err = attachedMsg(s.maps.HostaccelSocks)
 	return s, err
 }
 

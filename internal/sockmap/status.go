@@ -58,7 +58,8 @@ func (m *Manager) Status(ctx context.Context) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	set := o.current()
+	pins, _ := m.pins(false)
+	set := o.current(pins)
 	if set == nil {
 		for _, s := range o.sets {
 			if s.usable() {
@@ -68,7 +69,7 @@ func (m *Manager) Status(ctx context.Context) (*Status, error) {
 		}
 	}
 	var draining int
-	if pins, err := m.pins(false); err == nil {
+	if pins != "" {
 		draining, _ = drained(pins, o.sets, false)
 	}
 	if set == nil {
