@@ -41,7 +41,9 @@ func TestSockmapDriftRepaired(t *testing.T) {
 		Probe: func(context.Context) probe.Result {
 			return probe.Result{Features: []probe.Feature{{Name: probe.SockMap, Available: true}, {Name: probe.SockMapFIONREAD, Available: true}}}
 		},
-		Links: func() ([]config.Link, error) { return []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}}, nil },
+		Links: func() ([]config.Link, error) {
+			return []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}}, nil
+		},
 	}, &datapath.Managers{Sockmap: m})
 	if err != nil {
 		t.Fatal(err)
