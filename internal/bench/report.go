@@ -402,6 +402,9 @@ func (c *Cell) errorText() string {
 // (forward hook) path, and that the direct link did not touch a node.
 func pathSection(b *strings.Builder, r *Run) {
 	w := func(format string, a ...any) { fmt.Fprintf(b, format+"\n", a...) }
+	if !slices.ContainsFunc(r.Cells, func(c Cell) bool { return !c.Traffic.local() }) {
+		return // the same-node traffic has no path evidence
+	}
 	w("### Which path the packets took (%s)", r.Env)
 	w("")
 	w("Share of the packets the nodes on the path received that went through their forward hook (counted by the bench's own forward chain, right after the node's forward rules; offloaded packets skip it), median over the repetitions: 100%% is the normal path, near 0%% offloaded. For the direct link: the most packets the nodes received while it ran (0, or the odd neighbour probe of their own, against tens of thousands it moved: no node was touched).")
