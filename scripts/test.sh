@@ -20,15 +20,17 @@ go vet ./...
 # The benchmark is built only with -tags bench (hostaccel-bench; the agent leaves it out).
 go vet -tags bench ./internal/cli/ ./cmd/...
 
-# The BPF objects bpf2go generated from internal/tc/bpf are committed; they must be what the
-# source compiles to (where clang is here to say so).
+# The BPF objects bpf2go generated from internal/tc/bpf and internal/sockmap/bpf are committed;
+# they must be what the source compiles to (where clang is here to say so).
 if command -v clang >/dev/null && git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
 	echo "== generated BPF objects are current"
-	go generate ./internal/tc
-	if ! git diff --exit-code --stat -- internal/tc || [ -n "$(git ls-files --others --exclude-standard -- internal/tc)" ]; then
-		echo "internal/tc: the committed BPF objects are not what internal/tc/bpf compiles to: run 'go generate ./internal/tc' and commit the result" >&2
-		exit 1
-	fi
+	for pkg in internal/tc internal/sockmap; do
+		go generate "./$pkg"
+		if ! git diff --exit-code --stat -- "$pkg" || [ -n "$(git ls-files --others --exclude-standard -- "$pkg")" ]; then
+			echo "$pkg: the committed BPF objects are not what $pkg/bpf compiles to: run 'go generate ./$pkg' and commit the result" >&2
+			exit 1
+		fi
+	done
 fi
 
 mkdir -p .cache/bin

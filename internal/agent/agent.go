@@ -290,8 +290,11 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 	if t := o.Result.TC; t != nil && len(t.Drift) > 0 {
 		a.driftRepaired(DriftTC, t.Drift)
 	}
+	if sm := o.Result.Sockmap; sm != nil && len(sm.Drift) > 0 {
+		a.driftRepaired(DriftSockmap, sm.Drift)
+	}
 	if o.Result.Changed() {
-		log.Info("applied", "plan", o.Plan.Summary(), "flowtable", o.Result.Flowtable, "tc", o.Result.TC, "devices", o.State.Devices())
+		log.Info("applied", "plan", o.Plan.Summary(), "flowtable", o.Result.Flowtable, "tc", o.Result.TC, "sockmap", o.Result.Sockmap, "devices", o.State.Devices())
 	}
 	return err
 }
@@ -301,11 +304,12 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 const (
 	DriftFlowtable = "flowtable"
 	DriftTC        = "tc"
+	DriftSockmap   = "sockmap"
 	DriftLB        = "lb"
 )
 
 // DriftDatapaths lists them.
-var DriftDatapaths = []string{DriftFlowtable, DriftTC, DriftLB}
+var DriftDatapaths = []string{DriftFlowtable, DriftTC, DriftSockmap, DriftLB}
 
 // driftRepaired records that a sync found what of datapath changed outside hostaccel and
 // repaired it: a WARN, and one more repair counted.

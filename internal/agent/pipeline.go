@@ -69,7 +69,7 @@ func Apply(ctx context.Context, cfg *config.Config, in Inputs) (Outcome, error) 
 			o.LBErr = fmt.Errorf("load balancer: %w", o.LBErr)
 		}
 	}
-	if o.PlanErr != nil && o.Plan.Flowtable == nil && o.Plan.TC == nil {
+	if o.PlanErr != nil && o.Plan.Flowtable == nil && o.Plan.TC == nil && o.Plan.Sockmap == nil {
 		return o, errors.Join(o.LBErr, o.PlanErr) // nothing can run: leave the kernel as it is
 	}
 	o.Result, err = in.Mgrs.Apply(ctx, o.Plan, in.Caps)
@@ -89,6 +89,11 @@ func Remove(ctx context.Context, mgrs *datapath.Managers) ([]string, error) {
 	if mgrs.TC != nil {
 		if st, err := mgrs.TC.Status(ctx); err == nil && len(st.Devices) > 0 {
 			found = append(found, "the tc datapath")
+		}
+	}
+	if mgrs.Sockmap != nil {
+		if st, err := mgrs.Sockmap.Status(ctx); err == nil && st != nil {
+			found = append(found, "the sockmap datapath")
 		}
 	}
 	m, err := lb.NewManager()

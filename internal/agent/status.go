@@ -13,6 +13,7 @@ import (
 	"github.com/hostaccel/hostaccel/internal/flowtable"
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/nftjson"
+	"github.com/hostaccel/hostaccel/internal/sockmap"
 	"github.com/hostaccel/hostaccel/internal/tc"
 )
 
@@ -46,8 +47,9 @@ type Status struct {
 	Table     *nftjson.Table    `json:"table"` // nil: not installed
 	Rules     []RuleStatus      `json:"rules"`
 	Classes   []ClassStatus     `json:"classes"`
-	Offloaded []string          `json:"offloaded"`    // conntrack entries with [OFFLOAD]
-	TC        *tc.Status        `json:"tc,omitempty"` // nil: the tc datapath is not attached
+	Offloaded []string          `json:"offloaded"`         // conntrack entries with [OFFLOAD]
+	TC        *tc.Status        `json:"tc,omitempty"`      // nil: the tc datapath is not attached
+	Sockmap   *sockmap.Status   `json:"sockmap,omitempty"` // nil: the sockmap datapath is not attached
 	Agent     *State            `json:"agent,omitempty"`
 	Errors    map[string]string `json:"errors,omitempty"`
 }
@@ -77,6 +79,13 @@ func Gather(ctx context.Context, m *datapath.Managers, statePath string) Status 
 		} else if ts.Mode != "" {
 			st.TC = &ts
 		}
+	}
+	if m.Sockmap != nil {
+		ss, err := m.Sockmap.Status(ctx)
+		if err != nil {
+			st.Errors["sockmap"] = err.Error()
+		}
+		st.Sockmap = ss
 	}
 	t, err := m.Flowtable.Observe(ctx)
 	if err != nil {

@@ -8,7 +8,6 @@ import (
 	"image/draw"
 	"image/png"
 	"math"
-	"slices"
 
 	"golang.org/x/image/font"
 	"golang.org/x/image/font/basicfont"
@@ -26,7 +25,8 @@ const (
 )
 
 // shortTraffic labels the groups (the full names do not fit under the bars).
-var shortTraffic = map[Traffic]string{PodToPod: "pod-pod", PodToService: "pod-svc", ExternalToNodePort: "ext-nodeport", DirectLink: "no hop"}
+var shortTraffic = map[Traffic]string{PodToPod: "pod-pod", PodToService: "pod-svc", ExternalToNodePort: "ext-nodeport", DirectLink: "no hop",
+	LocalPodToPod64: "local 64B", LocalPodToPod64K: "local 64K"}
 
 // shortDirection labels the pktgen groups.
 var shortDirection = map[Direction]string{PodToRemote: "pod -> remote", RemoteToPod: "remote -> pod"}
@@ -81,7 +81,7 @@ func (rep *Report) Chart() ([]byte, error) {
 		var row []panel
 		for _, test := range Tests {
 			p := panel{title: test + " vs Default", line: 1, ylabel: "x Default"}
-			for _, t := range append(slices.Clone(Traffics), DirectLink) {
+			for _, t := range append(allTraffics(), DirectLink) {
 				g := group{label: shortTraffic[t]}
 				baseT := t
 				if t == DirectLink {

@@ -120,6 +120,8 @@ type NetperfCmd struct {
 	Data     int    // data port (netserver listens on it; a Service must carry it)
 	Duration time.Duration
 	Pin      Pinning
+	// MsgSize is the message size (-m for TCP_STREAM, -r N,N for the others); 0: netperf's.
+	MsgSize int
 }
 
 // Args returns the command line (without the namespace).
@@ -130,7 +132,13 @@ func (c NetperfCmd) Args() []string {
 	if c.Pin.Enabled {
 		args = append(args, "-T", fmt.Sprintf("%d,%d", c.Pin.CPU, c.Pin.CPU))
 	}
-	return append(args, "--", "-P", ","+strconv.Itoa(c.Data), "-k", netperfKeys)
+	args = append(args, "--", "-P", ","+strconv.Itoa(c.Data), "-k", netperfKeys)
+	if c.MsgSize > 0 && c.Test == TCPStream {
+		args = append(args, "-m", strconv.Itoa(c.MsgSize))
+	} else if c.MsgSize > 0 {
+		args = append(args, "-r", fmt.Sprintf("%d,%d", c.MsgSize, c.MsgSize))
+	}
+	return args
 }
 
 // Run runs netperf in the client namespace and parses its result.

@@ -53,6 +53,10 @@ func (t Traffic) Title() string {
 		return "External-to-NodePort"
 	case DirectLink:
 		return "no hop"
+	case LocalPodToPod64:
+		return "Pod-to-Pod (same node), 64 B"
+	case LocalPodToPod64K:
+		return "Pod-to-Pod (same node), 64 KiB"
 	}
 	return string(t)
 }
@@ -192,8 +196,8 @@ func (o *Options) Validate() error {
 		}
 	}
 	for _, t := range o.Traffic {
-		if !slices.Contains(Traffics, t) {
-			errs = append(errs, fmt.Sprintf("traffic: unknown traffic %q (want %s)", t, joinTraffic(Traffics)))
+		if !slices.Contains(allTraffics(), t) {
+			errs = append(errs, fmt.Sprintf("traffic: unknown traffic %q (want %s)", t, joinTraffic(allTraffics())))
 		}
 	}
 	for _, v := range o.Variants {

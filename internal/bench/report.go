@@ -325,7 +325,7 @@ func netperfSection(b *strings.Builder, r *Run) {
 	w("%s", head)
 	w("%s", sep)
 	variants := ran(r)
-	for _, t := range Traffics {
+	for _, t := range allTraffics() {
 		best := map[string]float64{}
 		for _, test := range tests {
 			for _, v := range variants {
@@ -402,6 +402,9 @@ func (c *Cell) errorText() string {
 // (forward hook) path, and that the direct link did not touch a node.
 func pathSection(b *strings.Builder, r *Run) {
 	w := func(format string, a ...any) { fmt.Fprintf(b, format+"\n", a...) }
+	if !slices.ContainsFunc(r.Cells, func(c Cell) bool { return !c.Traffic.local() }) {
+		return // the same-node traffic has no path evidence
+	}
 	w("### Which path the packets took (%s)", r.Env)
 	w("")
 	w("Share of the packets the nodes on the path received that went through their forward hook (counted by the bench's own forward chain, right after the node's forward rules; offloaded packets skip it), median over the repetitions: 100%% is the normal path, near 0%% offloaded. For the direct link: the most packets the nodes received while it ran (0, or the odd neighbour probe of their own, against tens of thousands it moved: no node was touched).")
@@ -413,7 +416,10 @@ func pathSection(b *strings.Builder, r *Run) {
 	}
 	w("%s", head)
 	w("%s", sep)
-	for _, t := range append(slices.Clone(Traffics), DirectLink) {
+	for _, t := range append(allTraffics(), DirectLink) {
+		if t.local() {
+			continue // no path evidence for the same-node traffic
+		}
 		for _, v := range ran(r) {
 			if !slices.ContainsFunc(r.Cells, func(c Cell) bool { return c.Variant == v.Name && c.Traffic == t }) {
 				continue

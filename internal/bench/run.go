@@ -186,21 +186,42 @@ func RunHere(ctx context.Context, o Options, env string, prog *Progress) (*Run, 
 		}
 	}
 	total := 0
-	for _, v := range variants {
-		if v.Direct {
-			total += len(o.Tests) * o.Reps
+	var cluster, local []Traffic
+	for _, t := range o.Traffic {
+		if t.local() {
+			local = append(local, t)
 		} else {
-			total += len(o.Tests) * len(o.Traffic) * o.Reps
+			cluster = append(cluster, t)
 		}
 	}
+	var clusterVariants []Variant
+	for _, v := range variants {
+		if !v.LocalOnly {
+			clusterVariants = append(clusterVariants, v)
+		}
+		switch {
+		case v.Direct && len(cluster) > 0:
+			total += len(o.Tests) * o.Reps
+		case !v.LocalOnly && !v.Direct:
+			total += len(o.Tests) * len(cluster) * o.Reps
+		}
+	}
+	total += len(o.Tests) * len(local) * len(localVariants(variants)) * o.Reps
 	if o.Pktgen && pktgenErr == nil {
 		total += len(variants) * o.Reps * len(o.PktgenDirections)
 	}
 	prog.Add(total)
 
 	var errs []error
-	if len(o.Tests) > 0 && len(variants) > 0 {
-		if err := r.netperf(ctx, o, variants, caps, prog); err != nil {
+	if len(o.Tests) > 0 && len(clusterVariants) > 0 && len(cluster) > 0 {
+		co := o
+		co.Traffic = cluster
+		if err := r.netperf(ctx, co, clusterVariants, caps, prog); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(o.Tests) > 0 && len(local) > 0 && ctx.Err() == nil {
+		if err := r.localPods(ctx, o, variants, caps, prog); err != nil {
 			errs = append(errs, err)
 		}
 	}

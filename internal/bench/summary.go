@@ -20,7 +20,7 @@ func (r *Run) summarize() {
 		if !vi.Ran {
 			continue
 		}
-		for _, t := range append(slices.Clone(Traffics), DirectLink) {
+		for _, t := range append(allTraffics(), DirectLink) {
 			for _, test := range Tests {
 				var vals, shares []float64
 				errs, n, first := 0, 0, ""

@@ -40,6 +40,8 @@ type Variant struct {
 	Ruleset func(n *Node) (string, error)
 	// Note is shown under the table.
 	Note string
+	// LocalOnly variants run only the same-node traffic (LocalTraffics).
+	LocalOnly bool
 }
 
 var registry []Variant
@@ -125,6 +127,15 @@ func init() {
 	Register(tcVariant)
 	Register(autoVariant)
 	Register(Variant{
+		Name: VariantSockmap, Title: "hostaccel sockmap", Default: true, LocalOnly: true,
+		Needs: []string{probe.SockMap},
+		Note:  "hostaccel's sockmap datapath (internal/sockmap: sock_ops + SOCKHASH + sk_msg ingress redirect), the local-pod-to-pod class: same-node traffic only",
+	})
+	Register(Variant{
+		Name: VariantLoopback, Title: "Loopback in one Pod (limit)", Default: true, LocalOnly: true,
+		Note: "netperf to 127.0.0.1 inside one Pod: the same-node limit",
+	})
+	Register(Variant{
 		Name: VariantAntrea, Title: "Antrea ruleset", Default: true,
 		Needs:    []string{probe.Flowtable},
 		Setup:    func(ctx context.Context, n *Node) error { return nftApply(ctx, n, AntreaRuleset(n.NodeSpec)) },
@@ -156,7 +167,10 @@ func flowtableState(n *Node, datapath string) model.State {
 		ServiceCIDRs:  []netip.Prefix{ServiceCIDR},
 		NodeIPs:       []netip.Addr{n.IP},
 		PeerNodeIPs:   slices.Clone(n.PeerIPs),
-		Classes:       slices.Clone(model.Classes),
+		// Every class but local-pod-to-pod: the cluster has no same-node traffic, and the
+		// sockmap datapath attaches to the host's cgroup root, where it would see other
+		// processes' sockets between these Pod CIDRs.
+		Classes: slices.DeleteFunc(slices.Clone(model.Classes), func(c model.Class) bool { return c == model.LocalPodToPod }),
 	}
 	s.Normalize()
 	return s

@@ -28,6 +28,7 @@ import (
 	"github.com/hostaccel/hostaccel/internal/lock"
 	"github.com/hostaccel/hostaccel/internal/metrics"
 	"github.com/hostaccel/hostaccel/internal/probe"
+	"github.com/hostaccel/hostaccel/internal/sockmap"
 	"github.com/hostaccel/hostaccel/internal/tc"
 )
 
@@ -153,7 +154,13 @@ func renderCmd() *cobra.Command {
 					return err
 				}
 			}
-			if plan.Flowtable == nil && plan.TC == nil {
+			if plan.Sockmap != nil {
+				fmt.Fprintln(out, "# sockmap datapath: sock_ops on the cgroup v2 root, sk_msg on a sockhash; Pod CIDR tries with these contents")
+				if err := writeJSON(out, sockmap.Render(*plan.Sockmap)); err != nil {
+					return err
+				}
+			}
+			if plan.Flowtable == nil && plan.TC == nil && plan.Sockmap == nil {
 				fmt.Fprintln(out, "# no fastpath (datapath: none)")
 			}
 			return nil
@@ -172,7 +179,7 @@ func managers() (*datapath.Managers, error) {
 	} else if err != nil {
 		return nil, err
 	}
-	return &datapath.Managers{Flowtable: ft, TC: tc.NewManager()}, nil
+	return &datapath.Managers{Flowtable: ft, TC: tc.NewManager(), Sockmap: sockmap.NewManager()}, nil
 }
 
 // addLockFlag adds --lock-file to a command that changes the kernel.
@@ -206,7 +213,7 @@ func applyCmd() *cobra.Command {
 				return err
 			}
 			o, err := agent.Apply(ctx, cfg, agent.Inputs{Links: links, Strict: true, Caps: probe.Run(ctx), LB: lb.Apply, Mgrs: m})
-			if errors.Is(err, datapath.ErrNoFlowtable) || errors.Is(err, datapath.ErrNoTC) {
+			if errors.Is(err, datapath.ErrNoFlowtable) || errors.Is(err, datapath.ErrNoTC) || errors.Is(err, datapath.ErrNoSockmap) {
 				err = fmt.Errorf("%w\n(`hostaccel probe` lists what this kernel can do; the README's demo runs the flowtable in a VM on such hosts)", err)
 			}
 			if o.LBNote != "" {
@@ -227,6 +234,10 @@ func applyCmd() *cobra.Command {
 			if t := res.TC; t != nil {
 				fmt.Fprintf(c.OutOrStdout(), "applied tc datapath (%s, program %d): classes %v, attached %v, missing %v, elements +%d ~%d -%d\n",
 					t.Mode, t.ProgramID, plan.TC.Classes, t.Attached, t.Missing, t.ElementsAdded, t.ElementsUpdated, t.ElementsRemoved)
+			}
+			if r := res.Sockmap; r != nil {
+				fmt.Fprintf(c.OutOrStdout(), "applied sockmap datapath (cgroup %s, program %d): classes %v, elements +%d ~%d -%d\n",
+					r.Cgroup, r.ProgramID, plan.Sockmap.Classes, r.ElementsAdded, r.ElementsUpdated, r.ElementsRemoved)
 			}
 			return nil
 		},
@@ -436,6 +447,16 @@ func writeStatus(out io.Writer, st agent.Status) {
 			fmt.Fprintf(out, " %s=%d", k, t.Passed[k].Packets)
 		}
 		fmt.Fprintln(out)
+	}
+	if m := st.Sockmap; m != nil {
+		if m.ProgramID != 0 {
+			fmt.Fprintf(out, "\nsockmap datapath: cgroup %s, sock_ops program %d, sk_msg program %d\n", m.Cgroup, m.ProgramID, m.MsgProgramID)
+			fmt.Fprintf(out, "  sockets in the map: %d (entered: ipv4=%d ipv6=%d, failed=%d)\n", m.Sockets, m.Entered["ipv4"], m.Entered["ipv6"], m.EnterFailed)
+			fmt.Fprintf(out, "  messages redirected socket to socket: %d (%d bytes); left on TCP: %d (%d bytes)\n", m.Redirected.Count, m.Redirected.Bytes, m.Passed.Count, m.Passed.Bytes)
+		}
+		if m.Draining > 0 {
+			fmt.Fprintf(out, "  draining: %d sockets of removed program sets (their messages take TCP; the maps go when they close)\n", m.Draining)
+		}
 	}
 	fmt.Fprintf(out, "\noffloaded connections (conntrack [OFFLOAD]): %d\n", len(st.Offloaded))
 	for _, f := range st.Offloaded {

@@ -17,7 +17,7 @@ import (
 
 // Config is the file format. See docs/config.md and examples/.
 type Config struct {
-	// Datapath: flowtable, tc, auto or none.
+	// Datapath: flowtable, tc, sockmap, auto or none.
 	Datapath string `json:"datapath"`
 	Node     Node   `json:"node"`
 	// Classes to accelerate, each on or off. Classes left out are off.
@@ -155,11 +155,9 @@ func (c *Config) validate() error {
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 
 	switch c.Datapath {
-	case model.DatapathFlowtable, model.DatapathTC, model.DatapathAuto, model.DatapathNone:
-	case model.DatapathSockmap:
-		bad("datapath: %s is not built yet; use flowtable, tc, auto or none", model.Quote(c.Datapath))
+	case model.DatapathFlowtable, model.DatapathTC, model.DatapathSockmap, model.DatapathAuto, model.DatapathNone:
 	default:
-		bad("datapath: %s is not one of flowtable, tc, auto, none", model.Quote(c.Datapath))
+		bad("datapath: %s is not one of flowtable, tc, sockmap, auto, none", model.Quote(c.Datapath))
 	}
 	fastpath := c.Datapath != model.DatapathNone
 	if fastpath && len(c.Node.Gateways) == 0 {
@@ -224,8 +222,12 @@ func (c *Config) validate() error {
 		switch {
 		case !slices.Contains(model.Classes, model.Class(name)):
 			bad("classes: unknown class %s (known: %s)", model.Quote(name), classList())
+		case on && c.Datapath == model.DatapathTC && model.Class(name) == model.LocalPodToPod:
+			bad("classes.%s: datapath tc does not serve it; use sockmap, flowtable or auto", name)
 		case on && c.Datapath == model.DatapathTC && !slices.Contains(model.TCClasses, model.Class(name)):
 			bad("classes.%s: datapath tc cannot serve it (it needs the host stack's NAT); use flowtable or auto", name)
+		case on && c.Datapath == model.DatapathSockmap && model.Class(name) != model.LocalPodToPod:
+			bad("classes.%s: datapath sockmap serves only local-pod-to-pod; use auto to give the other classes to tc or the flowtable", name)
 		}
 	}
 	if c.TC.NATCheck == "false" { // YAML 1.1 reads the documented bare `off` as the boolean false

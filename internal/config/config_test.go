@@ -49,7 +49,8 @@ func TestParseErrors(t *testing.T) {
 		{"threshold type", good + "packetThreshold: lots\n", "packetThreshold"},
 		{"tc cannot NAT", strings.Replace(good, "{pod-to-pod: true}", "{pod-to-pod: true, external-to-nodeport: true}", 1) + "datapath: tc\n",
 			"classes.external-to-nodeport: datapath tc cannot serve it"},
-		{"sockmap not built", good + "datapath: sockmap\n", `datapath: "sockmap" is not built yet; use flowtable, tc, auto or none`},
+		{"sockmap other class", good + "datapath: sockmap\n", `classes.pod-to-pod: datapath sockmap serves only local-pod-to-pod; use auto to give the other classes to tc or the flowtable`},
+		{"unknown datapath", good + "datapath: ovs\n", `datapath: "ovs" is not one of flowtable, tc, sockmap, auto, none`},
 		{"tc nat check", good + "tc: {natCheck: sometimes}\n", `tc.natCheck: "sometimes" is not one of both, toward-pods, off`},
 		// FuzzParse: tc read these as IPv4, the flowtable and the overlap checks as IPv6.
 		{"mapped prefix", strings.Replace(good, "10.244.2.0/24", `"::ffff:10.244.1.0/120"`, 1), `node.peerPodCIDRs[0]: ::ffff:10.244.1.0/120 is an IPv4-mapped IPv6 prefix; write it as IPv4`},

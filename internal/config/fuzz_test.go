@@ -125,7 +125,7 @@ var fuzzSeedYAML = map[string]string{
 	"bad-host-bits":      strings.Replace(seedNode, "10.244.2.0/24", "10.244.2.7/24", 1),
 	"bad-overlap":        strings.Replace(seedNode, "10.244.2.0/24", "10.244.0.0/16", 1),
 	"bad-threshold-type": seedNode + "packetThreshold: lots\n",
-	"bad-datapath":       seedNode + "datapath: sockmap\n",
+	"bad-datapath":       seedNode + "datapath: ovs\n",
 	"bad-transports":     strings.Replace(seedNode, "[eth0]", "all", 1),
 	"bad-ifname":         strings.Replace(seedNode, "[gw]", "[a/b]", 1),
 	"bad-tc-nat":         seedNode + "datapath: tc\nclasses: {external-to-nodeport: true}\n",

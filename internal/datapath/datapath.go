@@ -12,6 +12,7 @@ import (
 	"github.com/hostaccel/hostaccel/internal/flowtable"
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/probe"
+	"github.com/hostaccel/hostaccel/internal/sockmap"
 	"github.com/hostaccel/hostaccel/internal/tc"
 )
 
@@ -25,11 +26,15 @@ var ErrNoTC = errors.New("this kernel cannot run the tc datapath (needs eBPF wit
 // this node NATs.
 var ErrTCNotNATSafe = errors.New("the tc datapath runs without its NAT check: this kernel lacks the conntrack kfuncs (bpf_skb_ct_lookup, Linux >= 5.18 with BTF), so replies of connections this node's stack NATs to or from local Pods (a ClusterIP, a NodePort without SNAT) skip the un-NAT and break; use datapath auto, or set tc.natCheck: off if this node NATs no Pod traffic")
 
+// ErrNoSockmap: the kernel cannot run the sockmap datapath.
+var ErrNoSockmap = errors.New("this kernel cannot run the sockmap datapath (needs sockhash, sk_msg and sock_ops: CONFIG_BPF_STREAM_PARSER, CONFIG_NET_SOCK_MSG, and a cgroup v2 mount)")
+
 // Plan says which classes each datapath serves; a nil State means the datapath is unused
 // (and its kernel state is removed).
 type Plan struct {
 	Flowtable *model.State `json:"flowtable,omitempty"`
 	TC        *model.State `json:"tc,omitempty"`
+	Sockmap   *model.State `json:"sockmap,omitempty"`
 	// Notes say why auto chose as it did where a faster datapath was set aside.
 	Notes []string `json:"notes,omitempty"`
 }
@@ -40,7 +45,7 @@ func (p Plan) Summary() string {
 	for _, x := range []struct {
 		name string
 		st   *model.State
-	}{{"tc", p.TC}, {"flowtable", p.Flowtable}} {
+	}{{"sockmap", p.Sockmap}, {"tc", p.TC}, {"flowtable", p.Flowtable}} {
 		if x.st == nil {
 			continue
 		}
@@ -71,6 +76,12 @@ func noFlowtable(caps probe.Result) error {
 		return err
 	}
 	return fmt.Errorf("%w: %s", ErrNoFlowtable, caps.Get(probe.Flowtable).Detail)
+}
+
+// sockmapAvailable: the kernel has the sockmap's program and map types and a cgroup v2 mount,
+// and this process may attach to it.
+func sockmapAvailable(caps probe.Result) bool {
+	return caps.Privilege(probe.PartTC) == nil && caps.Has(probe.SockMap) && caps.Has(probe.SockMapFIONREAD)
 }
 
 func hasTCClass(s model.State) bool {
@@ -106,6 +117,18 @@ func Choose(s model.State, caps probe.Result) (Plan, error) {
 			return Plan{TC: &s}, ErrTCNotNATSafe
 		}
 		return Plan{TC: &s}, nil
+	case model.DatapathSockmap:
+		if err := caps.Privilege(probe.PartTC); err != nil {
+			return Plan{}, err
+		}
+		if !caps.Has(probe.SockMap) {
+			return Plan{}, fmt.Errorf("%w: %s", ErrNoSockmap, caps.Get(probe.SockMap).Detail)
+		}
+		p := Plan{Sockmap: &s}
+		if !caps.Has(probe.SockMapFIONREAD) {
+			p.Notes = append(p.Notes, "sockmap runs as asked, but "+sockmapWhyNot(caps))
+		}
+		return p, nil
 	case model.DatapathAuto:
 		// tc wins for the classes it serves (no connection setup: best for short
 		// connections, seed 000's TCP_CRR); the flowtable takes the rest, which need the
@@ -123,9 +146,17 @@ func Choose(s model.State, caps probe.Result) (Plan, error) {
 		case tcAvailable(caps) && !useTC:
 			p.Notes = append(p.Notes, "auto keeps pod-to-pod and node-to-remote-pod off the tc datapath: this kernel lacks bpf_skb_ct_lookup, so tc could not tell the flows this node NATs (set tc.natCheck: off if it NATs no Pod traffic)")
 		}
-		var viaTC, rest []model.Class
+		// local-pod-to-pod goes socket to socket where the kernel can; else the flowtable
+		// takes it (it passes the forward hook between two gateway veths).
+		useSockmap := sockmapAvailable(caps)
+		if !useSockmap && s.Enabled(model.LocalPodToPod) {
+			p.Notes = append(p.Notes, "auto keeps local-pod-to-pod off the sockmap datapath: "+sockmapWhyNot(caps))
+		}
+		var viaTC, viaSockmap, rest []model.Class
 		for _, c := range s.Classes {
-			if useTC && slices.Contains(tc.Supported, c) {
+			if useSockmap && slices.Contains(sockmap.Supported, c) {
+				viaSockmap = append(viaSockmap, c)
+			} else if useTC && slices.Contains(tc.Supported, c) {
 				viaTC = append(viaTC, c)
 			} else {
 				rest = append(rest, c)
@@ -133,6 +164,9 @@ func Choose(s model.State, caps probe.Result) (Plan, error) {
 		}
 		if len(viaTC) > 0 {
 			p.TC = withClasses(s, viaTC)
+		}
+		if len(viaSockmap) > 0 {
+			p.Sockmap = withClasses(s, viaSockmap)
 		}
 		if len(rest) > 0 {
 			if !caps.Has(probe.Flowtable) {
@@ -145,22 +179,35 @@ func Choose(s model.State, caps probe.Result) (Plan, error) {
 	return Plan{}, fmt.Errorf("datapath %q is not available in this build", s.Datapath)
 }
 
+func sockmapWhyNot(caps probe.Result) string {
+	if err := caps.Privilege(probe.PartTC); err != nil {
+		return err.Error()
+	}
+	if !caps.Has(probe.SockMap) {
+		return "this kernel lacks it (" + caps.Get(probe.SockMap).Detail + ")"
+	}
+	return "on this kernel FIONREAD does not count the data sockmap moves to a socket (" + caps.Get(probe.SockMapFIONREAD).Detail + "): programs that size their reads with it could hang"
+}
+
 // Managers apply plans; each is the only code of its datapath that touches the kernel.
 type Managers struct {
 	Flowtable *flowtable.Manager
 	TC        *tc.Manager
+	Sockmap   *sockmap.Manager
 }
 
 // Result says what one Apply did.
 type Result struct {
 	Flowtable flowtable.Result `json:"flowtable"`
 	TC        *tc.Result       `json:"tc,omitempty"`
+	Sockmap   *sockmap.Result  `json:"sockmap,omitempty"`
 }
 
 // Changed reports whether the kernel was changed.
 func (r Result) Changed() bool {
 	t := r.TC
-	return r.Flowtable.Operations > 0 || (t != nil && (t.Loaded || len(t.Attached)+len(t.Detached)+t.ElementsAdded+t.ElementsUpdated+t.ElementsRemoved > 0))
+	return r.Flowtable.Operations > 0 || (t != nil && (t.Loaded || len(t.Attached)+len(t.Detached)+t.ElementsAdded+t.ElementsUpdated+t.ElementsRemoved > 0)) ||
+		(r.Sockmap != nil && r.Sockmap.Changed())
 }
 
 // Apply makes the kernel match the plan: each datapath in it applied, the others removed.
@@ -178,6 +225,15 @@ func (m *Managers) Apply(ctx context.Context, p Plan, caps probe.Result) (Result
 	} else if m.TC != nil {
 		errs = append(errs, m.TC.Remove(ctx))
 	}
+	if p.Sockmap != nil && m.Sockmap == nil {
+		errs = append(errs, errors.New("the plan has the sockmap datapath, but no manager for it"))
+	} else if p.Sockmap != nil {
+		r, err := m.Sockmap.Apply(ctx, sockmap.Render(*p.Sockmap))
+		res.Sockmap = &r
+		errs = append(errs, err)
+	} else if m.Sockmap != nil {
+		errs = append(errs, m.Sockmap.Remove(ctx))
+	}
 	if p.Flowtable != nil {
 		r, err := m.Flowtable.Apply(ctx, flowtable.Render(*p.Flowtable, flowtable.Options{FlowtableCounter: caps.Has(probe.FlowtableCounter)}))
 		res.Flowtable = r
@@ -193,6 +249,9 @@ func (m *Managers) Remove(ctx context.Context) error {
 	var errs []error
 	if m.TC != nil {
 		errs = append(errs, m.TC.Remove(ctx))
+	}
+	if m.Sockmap != nil {
+		errs = append(errs, m.Sockmap.Remove(ctx))
 	}
 	if m.Flowtable != nil {
 		errs = append(errs, m.Flowtable.Remove(ctx))

@@ -131,3 +131,31 @@ func TestChoosePrivilege(t *testing.T) {
 		t.Errorf("auto without CAP_NET_ADMIN: %v", err)
 	}
 }
+
+// local-pod-to-pod: socket to socket where the kernel has sockmap, else the flowtable (it
+// passes the forward hook) with a note; datapath sockmap without it is an error.
+func TestChooseSockmap(t *testing.T) {
+	s := model.State{Datapath: model.DatapathAuto, Classes: []model.Class{model.LocalPodToPod, model.PodToPod}}
+	if p, err := Choose(s, full); err != nil || p.Summary() != "sockmap: [local-pod-to-pod]; tc: [pod-to-pod]" || len(p.Notes) > 0 {
+		t.Errorf("full kernel: %s %v %v", p.Summary(), p.Notes, err)
+	}
+	noSM := kernel(probe.NFTables, probe.Flowtable, probe.FlowtableCounter, probe.TCX, probe.ClsBPF, probe.RedirectNeigh, probe.ConntrackKfuncs)
+	if p, err := Choose(s, noSM); err != nil || p.Summary() != "tc: [pod-to-pod]; flowtable: [local-pod-to-pod]" || len(p.Notes) != 1 {
+		t.Errorf("no sockmap: %s %v %v", p.Summary(), p.Notes, err)
+	}
+	// sockmap without the FIONREAD fix: auto passes, an explicit choice runs with a note.
+	noFIONREAD := kernel(probe.NFTables, probe.Flowtable, probe.TCX, probe.ClsBPF, probe.RedirectNeigh, probe.ConntrackKfuncs, probe.SockMap)
+	if p, err := Choose(s, noFIONREAD); err != nil || p.Sockmap != nil || len(p.Notes) != 1 || !strings.Contains(p.Notes[0], "FIONREAD") {
+		t.Errorf("no FIONREAD fix: %s %v %v", p.Summary(), p.Notes, err)
+	}
+	s.Datapath, s.Classes = model.DatapathSockmap, []model.Class{model.LocalPodToPod}
+	if p, err := Choose(s, noFIONREAD); err != nil || p.Sockmap == nil || len(p.Notes) != 1 {
+		t.Errorf("datapath sockmap, no FIONREAD fix: %s %v %v", p.Summary(), p.Notes, err)
+	}
+	if p, err := Choose(s, full); err != nil || p.Sockmap == nil || p.TC != nil || p.Flowtable != nil {
+		t.Errorf("datapath sockmap: %s %v", p.Summary(), err)
+	}
+	if _, err := Choose(s, noSM); !errors.Is(err, ErrNoSockmap) {
+		t.Errorf("datapath sockmap without it: %v", err)
+	}
+}

@@ -152,6 +152,8 @@ func classMatches(c model.Class, f family, haveServiceCIDRs bool) []match {
 			{o("saddr", "@local-pod") + " " + o("daddr", "@peer-pod"), "local Pods to peer Pods"},
 			{o("saddr", "@peer-pod") + " " + o("daddr", "@local-pod"), "peer Pods to local Pods"},
 		}
+	case model.LocalPodToPod:
+		return []match{{"meta l4proto tcp " + o("saddr", "@local-pod") + " " + o("daddr", "@local-pod"), "local Pods to local Pods (TCP)"}}
 	case model.PodToService:
 		m := o("saddr", "@local-pod") + " ct status dnat"
 		if haveServiceCIDRs {

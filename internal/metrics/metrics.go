@@ -93,6 +93,18 @@ var (
 		"Packets the tc datapath handed to the normal stack, by reason.", []string{"reason"}, nil)
 	tcVia = prometheus.NewDesc("hostaccel_tc_redirected_via_packets_total",
 		"Packets the tc datapath redirected another way than to the FIB's next hop as it is: peer (into a Pod's namespace), neigh (next hop resolved by the neighbour code), forwarding-off (the agent's route).", []string{"via"}, nil)
+	smSockets = prometheus.NewDesc("hostaccel_sockmap_sockets",
+		"Sockets in the sockmap datapath's map now (both ends of each local-pod-to-pod connection).", nil, nil)
+	smDraining = prometheus.NewDesc("hostaccel_sockmap_draining_sockets",
+		"Sockets still in the maps of removed or replaced sockmap program sets (their messages take TCP).", nil, nil)
+	smEntered = prometheus.NewDesc("hostaccel_sockmap_entered_sockets_total",
+		"Sockets the sockmap datapath entered into its map, by family.", []string{"family"}, nil)
+	smEnterFailed = prometheus.NewDesc("hostaccel_sockmap_enter_failed_total",
+		"Sockets that qualified for the sockmap datapath but could not be entered (map full, or another sockmap user's socket).", nil, nil)
+	smMessages = prometheus.NewDesc("hostaccel_sockmap_messages_total",
+		"Messages (sendmsg, sendfile) of sockets in the map: redirected socket to socket, or passed to TCP.", []string{"result"}, nil)
+	smBytes = prometheus.NewDesc("hostaccel_sockmap_bytes_total",
+		"Bytes of those messages.", []string{"result"}, nil)
 )
 
 // kernelCollector turns rule counters into monotonic counters: a rebuilt table starts its
@@ -103,7 +115,7 @@ type kernelCollector struct {
 }
 
 func (c *kernelCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{classPackets, classBytes, offloaded, installed, tcPackets, tcBytes, tcPassed, tcVia} {
+	for _, d := range []*prometheus.Desc{classPackets, classBytes, offloaded, installed, tcPackets, tcBytes, tcPassed, tcVia, smSockets, smDraining, smEntered, smEnterFailed, smMessages, smBytes} {
 		ch <- d
 	}
 }
@@ -133,6 +145,18 @@ func (c *kernelCollector) Collect(ch chan<- prometheus.Metric) {
 		for via, n := range t.Via {
 			c.counter(ch, tcVia, n.Packets, via)
 		}
+	}
+	if sm := st.Sockmap; sm != nil {
+		ch <- prometheus.MustNewConstMetric(smSockets, prometheus.GaugeValue, float64(sm.Sockets))
+		ch <- prometheus.MustNewConstMetric(smDraining, prometheus.GaugeValue, float64(sm.Draining))
+		for fam, n := range sm.Entered {
+			c.counter(ch, smEntered, n, fam)
+		}
+		c.counter(ch, smEnterFailed, sm.EnterFailed)
+		c.counter(ch, smMessages, sm.Redirected.Count, "redirected")
+		c.counter(ch, smMessages, sm.Passed.Count, "passed")
+		c.counter(ch, smBytes, sm.Redirected.Bytes, "redirected")
+		c.counter(ch, smBytes, sm.Passed.Bytes, "passed")
 	}
 	ch <- prometheus.MustNewConstMetric(offloaded, prometheus.GaugeValue, float64(len(st.Offloaded)))
 	inst := 0.0

@@ -81,6 +81,7 @@ func TestDriftRepairs(t *testing.T) {
 # TYPE hostaccel_drift_repairs_total counter
 hostaccel_drift_repairs_total{datapath="flowtable"} ` + ft + `
 hostaccel_drift_repairs_total{datapath="lb"} ` + lb + `
+hostaccel_drift_repairs_total{datapath="sockmap"} 0
 hostaccel_drift_repairs_total{datapath="tc"} ` + tc + "\n"
 		if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(exp), "hostaccel_drift_repairs_total"); err != nil {
 			t.Error(err)

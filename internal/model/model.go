@@ -22,11 +22,14 @@ const (
 	ExternalToLoadBalancer Class = "external-to-loadbalancer"
 	ExternalToService      Class = "external-to-service"
 	NodeToRemotePod        Class = "node-to-remote-pod"
+	// LocalPodToPod is TCP between two Pods of this node (both ends in the local Pod
+	// CIDRs): the sockmap datapath carries it socket to socket.
+	LocalPodToPod Class = "local-pod-to-pod"
 )
 
 // Classes lists every class in rule order: the most specific first, so that a connection is
 // counted under the class that describes it best.
-var Classes = []Class{PodToService, ExternalToNodePort, ExternalToLoadBalancer, PodToPod, NodeToRemotePod, ExternalToService}
+var Classes = []Class{PodToService, ExternalToNodePort, ExternalToLoadBalancer, LocalPodToPod, PodToPod, NodeToRemotePod, ExternalToService}
 
 // TCClasses are the classes the stateless tc datapath can serve: no NAT involved.
 var TCClasses = []Class{PodToPod, NodeToRemotePod}

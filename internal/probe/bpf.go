@@ -8,6 +8,8 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/features"
+
+	"github.com/hostaccel/hostaccel/internal/sockmap"
 )
 
 // probeBPF asks cilium/ebpf's feature probes about helpers and types the tc and sockmap
@@ -21,16 +23,18 @@ func probeBPF() []Feature {
 	}
 	sockmap := try(func() error {
 		removeMemlock()
+		_, cgErr := sockmap.CgroupRoot()
 		return errors.Join(
 			features.HaveMapType(ebpf.SockHash),
 			features.HaveProgramType(ebpf.SkMsg),
-			features.HaveProgramType(ebpf.SockOps))
+			features.HaveProgramType(ebpf.SockOps),
+			cgErr)
 	})
 	return []Feature{
 		feature(RedirectNeigh, helper(asm.FnRedirectNeigh), "needs Linux >= 5.10"),
 		feature(RedirectPeer, helper(asm.FnRedirectPeer), "needs Linux >= 5.10"),
 		feature(ConntrackKfuncs, try(HaveConntrackKfuncs), "needs Linux >= 5.18 with BTF (CONFIG_DEBUG_INFO_BTF, and _MODULES when nf_conntrack is a module) and nf_conntrack loaded; without it the tc datapath cannot tell NAT-ed flows and auto keeps them off tc"),
-		feature(SockMap, sockmap, "needs CONFIG_BPF_STREAM_PARSER and CONFIG_NET_SOCK_MSG (sockhash, sk_msg, sock_ops)"),
+		feature(SockMap, sockmap, "needs CONFIG_BPF_STREAM_PARSER and CONFIG_NET_SOCK_MSG (sockhash, sk_msg, sock_ops) and a cgroup v2 mount"),
 	}
 }
 

@@ -34,7 +34,7 @@ const (
 )
 
 // All lists every feature Run probes, in its order.
-var All = []string{NFTables, Flowtable, FlowtableCounter, NetdevFwd, Conntrack, ClsBPF, ClsFlower, TCX, RedirectNeigh, RedirectPeer, ConntrackKfuncs, SockMap}
+var All = []string{NFTables, Flowtable, FlowtableCounter, NetdevFwd, Conntrack, ClsBPF, ClsFlower, TCX, RedirectNeigh, RedirectPeer, ConntrackKfuncs, SockMap, SockMapFIONREAD}
 
 // Feature is the outcome of one probe.
 type Feature struct {
@@ -102,6 +102,7 @@ func Run(ctx context.Context) Result {
 	r.Features = append(r.Features, probeNFT(ctx)...)
 	r.Features = append(r.Features, probeTC(ctx)...)
 	r.Features = append(r.Features, probeBPF()...)
+	r.Features = append(r.Features, probeSockmapFIONREAD(ctx))
 	return r
 }
 

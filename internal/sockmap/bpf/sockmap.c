@@ -1,0 +1,259 @@
+//go:build ignore
+
+// SPDX-License-Identifier: GPL-2.0
+//
+// hostaccel's sockmap datapath: TCP between two local Pods carried socket to socket.
+//
+// hostaccel_so (sock_ops, on the cgroup v2 root) enters every TCP socket that reaches
+// ESTABLISHED (either side) into the sockhash when both its ends are local Pod addresses,
+// not excluded, and not the same address (a Pod talking to itself, or any loopback address,
+// is never entered). A Pod's address belongs to one network namespace on the node, so the
+// 4-tuple of such a socket is unique on the node: it is the key.
+//
+// hostaccel_sm (sk_msg, attached to the sockhash) runs for each sendmsg/sendfile of a socket
+// in the map: it looks up the peer socket (the reversed 4-tuple) and moves the message to the
+// peer's receive queue (bpf_msg_redirect_hash, BPF_F_INGRESS), past both TCP/IP stacks. A
+// peer that is not in the map (a connection through a Service DNAT, the peer entered by
+// another sockmap user, the map full) leaves the message on the normal TCP path.
+//
+// IPv4 keys are written as IPv4-mapped IPv6 addresses, so a dual-stack socket (AF_INET6
+// talking to ::ffff:a.b.c.d) and its AF_INET peer have matching keys.
+#include <stddef.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define AF_INET 2
+#define AF_INET6 10
+
+/* addr.flags, the value of the pods tries. */
+enum addr_flag {
+	ADDR_LOCAL_POD = 1 << 0,
+	ADDR_EXCLUDE = 1 << 1,
+};
+
+/* A TCP socket's ends: addresses in network byte order (IPv4 as ::ffff:a.b.c.d), ports in
+ * host byte order. */
+struct sock_key {
+	__u32 local[4];
+	__u32 remote[4];
+	__u32 local_port;
+	__u32 remote_port;
+};
+
+struct lpm4 {
+	__u32 prefixlen;
+	__u8 addr[4];
+};
+
+struct lpm6 {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+struct addr {
+	__u32 flags;
+};
+
+struct settings {
+	__u64 build;   /* agent bookkeeping: which object is loaded */
+	__u32 enabled;  /* 0: no socket is entered (a set being replaced or removed) */
+	__u32 draining; /* 1: no message is redirected any more (removal): see sk_msg */
+};
+
+enum stat {
+	STAT_ENTERED4,     /* sockets entered into the map, IPv4 */
+	STAT_ENTERED6,     /* sockets entered into the map, IPv6 */
+	STAT_ENTER_FAILED, /* entering failed: map full, or the socket has another sockmap user's programs */
+	STAT_REDIRECTED,   /* messages moved to the peer socket */
+	STAT_PASSED,       /* messages left on the TCP path: the peer is not in the map */
+	NUM_STATS,
+};
+
+struct counter {
+	__u64 count;
+	__u64 bytes;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, 65536);
+	__type(key, struct sock_key);
+	__type(value, __u64);
+} hostaccel_socks SEC(".maps");
+
+/* Directions of connections (the sender's key) that sent a message over TCP because the peer
+ * was not in the map yet (the passive side is entered when the handshake's last ACK arrives,
+ * after the active side may have sent): that data waits in the peer's TCP receive queue, and
+ * a later message moved to the peer's socket queue would be read before it. Such a direction
+ * stays on TCP for the connection's life. An LRU: entries of closed connections age out; a
+ * new connection with the same tuple clears its own when it is entered. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct sock_key);
+	__type(value, __u8);
+} tcp_only SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct lpm4);
+	__type(value, struct addr);
+} pods4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct lpm6);
+	__type(value, struct addr);
+} pods6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct settings);
+} config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NUM_STATS);
+	__type(key, __u32);
+	__type(value, struct counter);
+} stats SEC(".maps");
+
+/* Context fields are read with an explicit load at a constant offset: clang otherwise merges
+ * the loads of the two families' branches into one load through a computed pointer, which the
+ * verifier refuses for the context ("dereference of modified ctx ptr"). */
+#define CTX(ctx, field) ({ \
+	__u32 __v; \
+	asm volatile("%0 = *(u32 *)(%1 + %2)" : "=r"(__v) : "r"(ctx), "i"(offsetof(typeof(*ctx), field))); \
+	__v; \
+})
+
+static __always_inline void count(__u32 idx, __u64 bytes)
+{
+	struct counter *c = bpf_map_lookup_elem(&stats, &idx);
+	if (c) {
+		c->count++;
+		c->bytes += bytes;
+	}
+}
+
+/* pod reports whether addr (16 bytes, IPv4 mapped) is a local Pod's and not excluded. */
+static __always_inline int pod(const __u32 *a)
+{
+	struct addr *v;
+	if (a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0xffff)) {
+		struct lpm4 k = {.prefixlen = 32};
+		__builtin_memcpy(k.addr, &a[3], 4);
+		v = bpf_map_lookup_elem(&pods4, &k);
+	} else {
+		struct lpm6 k = {.prefixlen = 128};
+		__builtin_memcpy(k.addr, a, 16);
+		v = bpf_map_lookup_elem(&pods6, &k);
+	}
+	return v && (v->flags & (ADDR_LOCAL_POD | ADDR_EXCLUDE)) == ADDR_LOCAL_POD;
+}
+
+SEC("sockops")
+int hostaccel_so(struct bpf_sock_ops *skops)
+{
+	__u32 op = skops->op;
+	if (op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB)
+		return 1;
+	__u32 zero = 0;
+	struct settings *cfg = bpf_map_lookup_elem(&config, &zero);
+	if (!cfg || !cfg->enabled)
+		return 1;
+	struct sock_key key = {};
+	__u32 family = skops->family;
+	if (family == AF_INET) {
+		key.local[2] = bpf_htonl(0xffff);
+		key.local[3] = CTX(skops, local_ip4);
+		key.remote[2] = bpf_htonl(0xffff);
+		key.remote[3] = CTX(skops, remote_ip4);
+	} else if (family == AF_INET6) {
+		key.local[0] = CTX(skops, local_ip6[0]);
+		key.local[1] = CTX(skops, local_ip6[1]);
+		key.local[2] = CTX(skops, local_ip6[2]);
+		key.local[3] = CTX(skops, local_ip6[3]);
+		key.remote[0] = CTX(skops, remote_ip6[0]);
+		key.remote[1] = CTX(skops, remote_ip6[1]);
+		key.remote[2] = CTX(skops, remote_ip6[2]);
+		key.remote[3] = CTX(skops, remote_ip6[3]);
+	} else {
+		return 1;
+	}
+	/* The same address at both ends: one network namespace (a Pod to itself). */
+	if (key.local[0] == key.remote[0] && key.local[1] == key.remote[1] &&
+	    key.local[2] == key.remote[2] && key.local[3] == key.remote[3])
+		return 1;
+	if (!pod(key.local) || !pod(key.remote))
+		return 1;
+	key.local_port = skops->local_port;
+	key.remote_port = bpf_ntohl(skops->remote_port);
+	bpf_map_delete_elem(&tcp_only, &key);
+	if (bpf_sock_hash_update(skops, &hostaccel_socks, &key, BPF_NOEXIST) == 0)
+		count(key.local[2] == bpf_htonl(0xffff) && key.local[0] == 0 && key.local[1] == 0 ? STAT_ENTERED4 : STAT_ENTERED6, 0);
+	else
+		count(STAT_ENTER_FAILED, 0);
+	return 1;
+}
+
+SEC("sk_msg")
+int hostaccel_sm(struct sk_msg_md *msg)
+{
+	/* The peer's key: its local end is our remote end. */
+	struct sock_key key = {};
+	__u32 family = msg->family;
+	if (family == AF_INET) {
+		key.local[2] = bpf_htonl(0xffff);
+		key.local[3] = CTX(msg, remote_ip4);
+		key.remote[2] = bpf_htonl(0xffff);
+		key.remote[3] = CTX(msg, local_ip4);
+	} else if (family == AF_INET6) {
+		key.local[0] = CTX(msg, remote_ip6[0]);
+		key.local[1] = CTX(msg, remote_ip6[1]);
+		key.local[2] = CTX(msg, remote_ip6[2]);
+		key.local[3] = CTX(msg, remote_ip6[3]);
+		key.remote[0] = CTX(msg, local_ip6[0]);
+		key.remote[1] = CTX(msg, local_ip6[1]);
+		key.remote[2] = CTX(msg, local_ip6[2]);
+		key.remote[3] = CTX(msg, local_ip6[3]);
+	} else {
+		return SK_PASS;
+	}
+	key.local_port = bpf_ntohl(msg->remote_port);
+	key.remote_port = msg->local_port;
+	/* Our own key: the peer's, ends swapped. */
+	struct sock_key own = {
+		.local = {key.remote[0], key.remote[1], key.remote[2], key.remote[3]},
+		.remote = {key.local[0], key.local[1], key.local[2], key.local[3]},
+		.local_port = key.remote_port,
+		.remote_port = key.local_port,
+	};
+	__u32 size = msg->size;
+	/* Draining (the datapath is being removed): every message takes TCP. Messages moved
+	 * before wait in the peer's socket queue, which its reads empty before they turn to the
+	 * TCP receive queue: the order holds. */
+	__u32 zero = 0;
+	struct settings *cfg = bpf_map_lookup_elem(&config, &zero);
+	if (!cfg || cfg->draining || bpf_map_lookup_elem(&tcp_only, &own)) {
+		count(STAT_PASSED, size);
+		return SK_PASS;
+	}
+	if (bpf_msg_redirect_hash(msg, &hostaccel_socks, &key, BPF_F_INGRESS) == SK_PASS) {
+		count(STAT_REDIRECTED, size);
+		return SK_PASS;
+	}
+	__u8 one = 1;
+	bpf_map_update_elem(&tcp_only, &own, &one, BPF_ANY);
+	count(STAT_PASSED, size);
+	return SK_PASS;
+}
+
+char _license[] SEC("license") = "GPL";

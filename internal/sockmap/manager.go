@@ -1,0 +1,409 @@
+package sockmap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// bpfFAllowMulti is BPF_F_ALLOW_MULTI: our sock_ops program runs beside other users' on the
+// same cgroup.
+const bpfFAllowMulti = 1 << 1
+
+// Manager owns the sockmap datapath of the node: one program set attached to the cgroup v2
+// root. Every method finds the set again by asking the kernel (the cgroup's sock_ops
+// programs, the program's maps, the sockhash's sk_msg program), so a later process (status,
+// cleanup, the next agent) sees what an earlier apply installed; no bpffs pins.
+type Manager struct {
+	// Cgroup is the cgroup v2 directory to attach to; empty: the hierarchy's root
+	// (CgroupRoot), which covers every socket of the node. Tests use a child cgroup.
+	Cgroup string
+	// Drain is how long Remove waits for the sockets in the map to close (see Remove).
+	Drain time.Duration
+	// PinDir is where the sockhash is pinned (PinName(program ID)); empty: BPFFS()/hostaccel.
+	PinDir string
+
+	last *applied
+}
+
+// PinName is the file name of a set's pinned sockhash in PinDir, by its sock_ops program's ID.
+func PinName(id ebpf.ProgramID) string { return fmt.Sprintf("sockmap-%d", id) }
+
+// pinDir returns the pin directory, mounting the BPF filesystem if none is (Apply).
+func (m *Manager) pinDir() (string, error) { return m.pins(true) }
+
+// pins returns the pin directory; with mount, it mounts the BPF filesystem if none is.
+func (m *Manager) pins(mount bool) (string, error) {
+	if m.PinDir != "" {
+		return m.PinDir, nil
+	}
+	fs, err := BPFFS()
+	if err != nil && !mount {
+		return "", err
+	}
+	if err != nil {
+		// As other eBPF agents do: mount it where it belongs (a DaemonSet mounts the host's).
+		if merr := unix.Mount("bpf", DefaultBPFFS, "bpf", 0, "mode=0700"); merr != nil {
+			return "", fmt.Errorf("%w; mounting it at %s: %v", err, DefaultBPFFS, merr)
+		}
+		fs = DefaultBPFFS
+	}
+	return filepath.Join(fs, "hostaccel"), nil
+}
+
+// DefaultBPFFS is where Apply mounts the BPF filesystem when none is mounted.
+const DefaultBPFFS = "/sys/fs/bpf"
+
+type applied struct {
+	ops  ebpf.ProgramID
+	pods map[netip.Prefix]uint32
+}
+
+// NewManager returns a Manager for the cgroup v2 root.
+func NewManager() *Manager { return &Manager{} }
+
+// Result says what one Apply did.
+type Result struct {
+	Cgroup          string         `json:"cgroup"`
+	ProgramID       ebpf.ProgramID `json:"programID,omitempty"` // the sock_ops program
+	Loaded          bool           `json:"loaded"`              // a new program set was loaded and attached
+	Replaced        int            `json:"replaced,omitempty"`  // our program sets of other builds detached
+	ElementsAdded   int            `json:"elementsAdded"`
+	ElementsUpdated int            `json:"elementsUpdated"`
+	ElementsRemoved int            `json:"elementsRemoved"`
+	// Drift says what someone else changed since this Manager's last apply, now repaired.
+	Drift []string `json:"drift,omitempty"`
+}
+
+// Changed reports whether the apply changed the kernel.
+func (r Result) Changed() bool {
+	return r.Loaded || r.Replaced+r.ElementsAdded+r.ElementsUpdated+r.ElementsRemoved > 0 || len(r.Drift) > 0
+}
+
+func (m *Manager) cgroup() (string, error) {
+	if m.Cgroup != "" {
+		return m.Cgroup, nil
+	}
+	return CgroupRoot()
+}
+
+// observed is what the kernel has on the cgroup: our program sets, by sock_ops program.
+type observed struct {
+	fd   *os.File
+	sets []*progSet
+}
+
+func (o *observed) Close() {
+	if o == nil {
+		return
+	}
+	for _, s := range o.sets {
+		s.Close()
+	}
+	if o.fd != nil {
+		o.fd.Close()
+	}
+}
+
+func observe(cgroup string) (*observed, error) {
+	f, err := os.OpenFile(cgroup, os.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("cgroup: %w", err)
+	}
+	o := &observed{fd: f}
+	q, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupSockOps})
+	if err != nil {
+		return o, fmt.Errorf("%s: sock_ops programs: %w", cgroup, err)
+	}
+	for _, p := range q.Programs {
+		s, err := openSet(p.ID)
+		if err != nil {
+			return o, err
+		}
+		if s != nil {
+			o.sets = append(o.sets, s)
+		}
+	}
+	return o, nil
+}
+
+// current is an attached set of this build whose sockhash has its sk_msg program, or nil.
+// Where the kernel cannot say (before 6.0), the set's pin vouches for it.
+func (o *observed) current(pins string) *progSet {
+	for _, s := range o.sets {
+		if !s.usable() || s.build != buildID() {
+			continue
+		}
+		if s.msg != nil {
+			return s
+		}
+		if _, err := os.Stat(filepath.Join(pins, PinName(s.opsID))); err == nil && s.msgUnknown {
+			return s
+		}
+	}
+	return nil
+}
+
+// attachedMsg opens the sk_msg program attached to the sockhash (BPF_PROG_QUERY on a
+// sockmap: Linux >= 6.0); nil if none is or the kernel cannot say.
+func attachedMsg(socks *ebpf.Map) (_ *ebpf.Program, unknown bool, _ error) {
+	q, err := link.QueryPrograms(link.QueryOptions{Target: socks.FD(), Attach: ebpf.AttachSkMsgVerdict})
+	if err != nil {
+		return nil, true, nil
+	}
+	if len(q.Programs) == 0 {
+		return nil, false, nil
+	}
+	p, err := ebpf.NewProgramFromID(q.Programs[0].ID)
+	if err != nil {
+		return nil, false, fmt.Errorf("sk_msg program %d: %w", q.Programs[0].ID, err)
+	}
+	return p, false, nil
+}
+
+// Apply makes the kernel match d: a program set of this build attached to the cgroup (loaded,
+// its maps filled and its sk_msg program attached to the sockhash before the sock_ops program
+// is attached, so no socket is entered without a verdict program), the Pod CIDR tries updated
+// element by element (exclusions added first and removed last), our sets of other builds
+// detached. A nil d removes the datapath.
+func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
+	if err := ctx.Err(); err != nil {
+		return Result{}, err
+	}
+	if d == nil {
+		return Result{}, m.Remove(ctx)
+	}
+	cg, err := m.cgroup()
+	res := Result{Cgroup: cg}
+	if err != nil {
+		return res, err
+	}
+	o, err := observe(cg)
+	defer o.Close()
+	if err != nil {
+		return res, err
+	}
+	pins, err := m.pinDir()
+	if err != nil {
+		return res, err
+	}
+	want := d.entries()
+	set := o.current(pins)
+	if m.last != nil && (set == nil || set.opsID != m.last.ops) {
+		if slices.ContainsFunc(o.sets, func(s *progSet) bool { return s.opsID == m.last.ops }) {
+			res.Drift = append(res.Drift, "sk_msg program detached from the sockhash (its pin removed?): program set replaced")
+		} else {
+			res.Drift = append(res.Drift, "sock_ops program detached from "+cg)
+		}
+	}
+	if set == nil {
+		if set, err = loadSet(); err != nil {
+			return res, err
+		}
+		defer set.Close() // the cgroup holds it from now on
+		res.Loaded = true
+	}
+	res.ProgramID = set.opsID
+	cur, err := set.readPods()
+	if err != nil {
+		return res, err
+	}
+	if m.last != nil && !res.Loaded && !maps.Equal(m.last.pods, cur) {
+		res.Drift = append(res.Drift, "map pods4/pods6 changed")
+	}
+	if err := m.update(set, cur, want, &res); err != nil {
+		return res, err
+	}
+	// The pin keeps the sk_msg program on the map: without a pin or an open descriptor of
+	// the map, the kernel releases it.
+	pin := filepath.Join(pins, PinName(set.opsID))
+	if res.Loaded {
+		if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: set.maps.HostaccelSocks.FD(), Program: set.msg, Attach: ebpf.AttachSkMsgVerdict}); err != nil {
+			return res, fmt.Errorf("attach sk_msg to the sockhash: %w", err)
+		}
+		if err := os.MkdirAll(pins, 0o700); err != nil {
+			return res, fmt.Errorf("sockmap pin directory: %w", err)
+		}
+		if err := set.maps.HostaccelSocks.Pin(pin); err != nil {
+			return res, fmt.Errorf("pin the sockhash: %w", err)
+		}
+	} else if _, err := os.Stat(pin); err != nil {
+		res.Drift = append(res.Drift, "sockhash pin "+pin+" removed")
+		if err := set.maps.HostaccelSocks.Pin(pin); err != nil {
+			return res, fmt.Errorf("pin the sockhash: %w", err)
+		}
+	}
+	if res.Loaded {
+		if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: int(o.fd.Fd()), Program: set.ops, Attach: ebpf.AttachCGroupSockOps, Flags: bpfFAllowMulti}); err != nil {
+			return res, fmt.Errorf("attach sock_ops to %s: %w", cg, err)
+		}
+	}
+	var errs []error
+	for _, s := range o.sets {
+		if s != set {
+			errs = append(errs, drain(o, s))
+			res.Replaced++
+		}
+	}
+	_, err = sweep(pins, []*progSet{set})
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return res, err
+	}
+	after, err := set.readPods()
+	if err != nil {
+		return res, err
+	}
+	m.last = &applied{ops: set.opsID, pods: after}
+	return res, nil
+}
+
+// update brings the tries from cur to want: exclusions first, then the rest, then deletions
+// of entries that are not exclusions, then of exclusions.
+func (m *Manager) update(set *progSet, cur, want map[netip.Prefix]uint32, res *Result) error {
+	for _, excl := range []bool{true, false} {
+		for _, p := range sortedKeys(want) {
+			f := want[p]
+			if (f&addrExclude != 0) != excl {
+				continue
+			}
+			was, ok := cur[p]
+			if ok && was == f {
+				continue
+			}
+			if err := set.putPod(p, f); err != nil {
+				return err
+			}
+			if ok {
+				res.ElementsUpdated++
+			} else {
+				res.ElementsAdded++
+			}
+		}
+	}
+	for _, excl := range []bool{false, true} {
+		for _, p := range sortedKeys(cur) {
+			if _, ok := want[p]; ok || (cur[p]&addrExclude != 0) != excl {
+				continue
+			}
+			if err := set.deletePod(p); err != nil {
+				return err
+			}
+			res.ElementsRemoved++
+		}
+	}
+	return nil
+}
+
+func sortedKeys(m map[netip.Prefix]uint32) []netip.Prefix {
+	return slices.SortedFunc(maps.Keys(m), func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+}
+
+// drain stops s: nothing is entered any more, no message redirected (each takes TCP), and
+// the sock_ops program is taken off the cgroup. The sockets in the map stay there: the data
+// already moved to a socket's queue is read before its TCP receive queue, so nothing is lost
+// or reordered. Its pin keeps the map until the last socket has left it (closed): sweep then
+// removes the pin, and the kernel frees the map and the programs.
+func drain(o *observed, s *progSet) error {
+	var errs []error
+	if s.maps.Config != nil {
+		errs = append(errs, s.maps.Config.Put(uint32(0), sockmapSettings{Build: s.build, Draining: 1}))
+	}
+	if err := link.RawDetachProgram(link.RawDetachProgramOptions{Target: int(o.fd.Fd()), Program: s.ops, Attach: ebpf.AttachCGroupSockOps}); err != nil && !errors.Is(err, unix.ENOENT) {
+		errs = append(errs, fmt.Errorf("detach sock_ops: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// sweep removes the pins of sets no longer attached (drained, or detached by someone else)
+// whose maps are empty, and returns how many sockets the others still hold.
+func sweep(pins string, live []*progSet) (int, error) { return drained(pins, live, true) }
+
+// drained counts the sockets in the maps of sets no longer attached; with remove, it removes
+// the pins of those that are empty.
+func drained(pins string, live []*progSet, remove bool) (int, error) {
+	files, err := filepath.Glob(filepath.Join(pins, "sockmap-*"))
+	if err != nil {
+		return 0, err
+	}
+	held := 0
+	var errs []error
+	for _, f := range files {
+		if slices.ContainsFunc(live, func(s *progSet) bool { return filepath.Base(f) == PinName(s.opsID) }) {
+			continue
+		}
+		mp, err := ebpf.LoadPinnedMap(f, nil)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pinned sockhash %s: %w", f, err))
+			continue
+		}
+		keys, err := (&progSet{maps: sockmapMaps{HostaccelSocks: mp}}).sockets()
+		mp.Close()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if held += len(keys); len(keys) > 0 || !remove {
+			continue
+		}
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return held, errors.Join(errs...)
+}
+
+// Remove drains every hostaccel sockmap program set of the cgroup (see drain): new
+// connections and every message from now on take TCP at once. It waits up to Drain for the
+// sockets already in the maps to close, then removes the pins of the empty maps; maps that
+// still hold sockets stay pinned (Status: Draining) until a later Remove or Apply finds them
+// empty.
+func (m *Manager) Remove(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.last = nil
+	cg, err := m.cgroup()
+	if err != nil {
+		return nil // no cgroup v2: nothing can be attached
+	}
+	o, err := observe(cg)
+	defer o.Close()
+	if err != nil {
+		return err
+	}
+	pins, err := m.pins(false)
+	if err != nil {
+		if len(o.sets) == 0 {
+			return nil // no BPF filesystem: nothing of ours was pinned
+		}
+		return err
+	}
+	var errs []error
+	for _, s := range o.sets {
+		errs = append(errs, drain(o, s))
+	}
+	deadline := time.Now().Add(m.Drain)
+	for {
+		held, err := sweep(pins, nil)
+		if err != nil || held == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,214 @@
+package sockmap
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+)
+
+// Program names in the kernel (bpf/sockmap.c): how a later process knows them as ours.
+const (
+	opsName = "hostaccel_so"
+	msgName = "hostaccel_sm"
+)
+
+// buildID identifies the embedded object: a set of another build is replaced.
+var buildID = sync.OnceValue(func() uint64 {
+	h := sha256.Sum256(_SockmapBytes)
+	return binary.LittleEndian.Uint64(h[:8]) | 1
+})
+
+var removeMemlock = sync.OnceFunc(func() { _ = rlimit.RemoveMemlock() })
+
+// progSet is the sock_ops program with its maps, and the sk_msg program when known: loaded by
+// this process (loadSet) or found in the kernel by a later one (openSet).
+type progSet struct {
+	ops   *ebpf.Program
+	opsID ebpf.ProgramID
+	msg   *ebpf.Program // nil when found again and no sk_msg program is attached to the map
+	// msgUnknown: the kernel cannot say which sk_msg program the map has (BPF_PROG_QUERY on a
+	// sockmap needs Linux >= 6.0); the pin then vouches for it.
+	msgUnknown bool
+	maps       sockmapMaps
+	build      uint64
+}
+
+func loadSet() (*progSet, error) {
+	removeMemlock()
+	var objs sockmapObjects
+	if err := loadSockmapObjects(&objs, nil); err != nil {
+		return nil, fmt.Errorf("loading the sockmap programs: %w", err)
+	}
+	s := &progSet{ops: objs.HostaccelSo, msg: objs.HostaccelSm, maps: objs.sockmapMaps, build: buildID()}
+	if info, err := s.ops.Info(); err == nil {
+		s.opsID, _ = info.ID()
+	}
+	if err := s.maps.Config.Put(uint32(0), sockmapSettings{Build: s.build, Enabled: 1}); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return s, nil
+}
+
+// openSet opens a sock_ops program by ID and, if it is hostaccel's, its maps and the sk_msg
+// program attached to its sockhash; nil if it is not ours.
+func openSet(id ebpf.ProgramID) (*progSet, error) {
+	prog, err := ebpf.NewProgramFromID(id)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("program %d: %w", id, err)
+	}
+	info, err := prog.Info()
+	if err != nil || info.Name != opsName {
+		prog.Close()
+		return nil, err
+	}
+	s := &progSet{ops: prog, opsID: id}
+	ids, _ := info.MapIDs()
+	for _, mid := range ids {
+		mp, err := ebpf.NewMapFromID(mid)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("map %d of program %d: %w", mid, id, err)
+		}
+		mi, err := mp.Info()
+		if err != nil {
+			mp.Close()
+			s.Close()
+			return nil, err
+		}
+		if slot := s.fields()[mi.Name]; slot != nil && *slot == nil {
+			*slot = mp
+		} else {
+			mp.Close()
+		}
+	}
+	if !s.usable() {
+		return s, nil // ours by name, another build's maps: to be replaced
+	}
+	var cfg sockmapSettings
+	if s.maps.Config.Lookup(uint32(0), &cfg) == nil {
+		s.build = cfg.Build
+	}
+	s.msg, s.msgUnknown, err = attachedMsg(s.maps.HostaccelSocks)
+	return s, err
+}
+
+// fields are the set's maps by name.
+func (s *progSet) fields() map[string]**ebpf.Map {
+	m := &s.maps
+	return map[string]**ebpf.Map{"hostaccel_socks": &m.HostaccelSocks, "pods4": &m.Pods4, "pods6": &m.Pods6, "config": &m.Config, "stats": &m.Stats, "tcp_only": &m.TcpOnly}
+}
+
+func (s *progSet) usable() bool {
+	for _, m := range s.fields() {
+		if *m == nil {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *progSet) Close() {
+	if s == nil {
+		return
+	}
+	s.ops.Close()
+	if s.msg != nil {
+		s.msg.Close()
+	}
+	s.maps.Close()
+}
+
+// readPods returns what the tries hold.
+func (s *progSet) readPods() (map[netip.Prefix]uint32, error) {
+	out := map[netip.Prefix]uint32{}
+	var a sockmapAddr
+	var k4 sockmapLpm4
+	it := s.maps.Pods4.Iterate()
+	for it.Next(&k4, &a) {
+		out[netip.PrefixFrom(netip.AddrFrom4(k4.Addr), int(k4.Prefixlen))] = a.Flags
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("pods4: %w", err)
+	}
+	var k6 sockmapLpm6
+	it = s.maps.Pods6.Iterate()
+	for it.Next(&k6, &a) {
+		out[netip.PrefixFrom(netip.AddrFrom16(k6.Addr), int(k6.Prefixlen))] = a.Flags
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("pods6: %w", err)
+	}
+	return out, nil
+}
+
+func (s *progSet) putPod(p netip.Prefix, flags uint32) error {
+	var err error
+	if p.Addr().Is4() {
+		err = s.maps.Pods4.Put(sockmapLpm4{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As4()}, sockmapAddr{Flags: flags})
+	} else {
+		err = s.maps.Pods6.Put(sockmapLpm6{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As16()}, sockmapAddr{Flags: flags})
+	}
+	if err != nil {
+		return fmt.Errorf("pods: add %s: %w", p, err)
+	}
+	return nil
+}
+
+func (s *progSet) deletePod(p netip.Prefix) error {
+	var err error
+	if p.Addr().Is4() {
+		err = s.maps.Pods4.Delete(sockmapLpm4{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As4()})
+	} else {
+		err = s.maps.Pods6.Delete(sockmapLpm6{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As16()})
+	}
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("pods: delete %s: %w", p, err)
+	}
+	return nil
+}
+
+// sockets lists the keys of the sockets in the map.
+func (s *progSet) sockets() ([]sockmapSockKey, error) {
+	var out []sockmapSockKey
+	var k, next sockmapSockKey
+	var kp any // nil: the first key
+	for {
+		if err := s.maps.HostaccelSocks.NextKey(kp, &next); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				return out, nil
+			}
+			return out, fmt.Errorf("hostaccel_socks: %w", err)
+		}
+		out = append(out, next)
+		k = next
+		kp = &k
+	}
+}
+
+// counters reads the per-CPU stats, summed over CPUs, by index (enum stat).
+func (s *progSet) counters() ([]sockmapCounter, error) {
+	n := int(s.maps.Stats.MaxEntries())
+	out := make([]sockmapCounter, n)
+	for i := range out {
+		var per []sockmapCounter
+		if err := s.maps.Stats.Lookup(uint32(i), &per); err != nil {
+			return nil, fmt.Errorf("stats[%d]: %w", i, err)
+		}
+		for _, p := range per {
+			out[i].Count += p.Count
+			out[i].Bytes += p.Bytes
+		}
+	}
+	return out, nil
+}
