@@ -230,6 +230,14 @@ func (m *Manager) remember(ctx context.Context, tables []*Table, plans []tablePl
 				return nil, err
 			}
 			next.readRules(ref, kt)
+		case len(p.rewritten) > 2:
+			// One listing of the table without its elements, not one nft run per chain
+			// (a hundred services added at once took a hundred runs).
+			kt, err := m.observe(ctx, ref, true)
+			if err != nil {
+				return nil, err
+			}
+			next.readRules(ref, kt, p.rewritten...)
 		case len(p.rewritten) > 0:
 			for _, c := range p.rewritten {
 				kt, err := m.list(ctx, ref, "chain", c)
@@ -299,6 +307,7 @@ type object struct {
 // to go deleted, new maps and chains added, rules added, new elements added. It returns the
 // chains whose rules it adds.
 func (m *Manager) update(tx *knftables.Transaction, kt *kernelTable, t *Table, res *Result) (rewritten []string) {
+	keepSlots(t, kt)
 	d := &tableDiff{kt: kt, t: t}
 	d.diffMaps(res)
 	rewritten = m.diffChains(d, res)
@@ -310,6 +319,58 @@ func (m *Manager) update(tx *knftables.Transaction, kt *kernelTable, t *Table, r
 		rewritten = append(rewritten, name)
 	}
 	return rewritten
+}
+
+// keepSlots reorders the values of t's free slot maps (Table.Slots) so that every slot the
+// kernel has keeps its value while that value is still wanted there; the values left over
+// fill the other slots, in rendered order. One backend leaving a service of n then changes
+// its own slot and removes the last one instead of moving every slot after it.
+func keepSlots(t *Table, kt *kernelTable) {
+	slots := map[string][]int{} // slot map -> indices of its elements in t.Elements
+	for i, e := range t.Elements {
+		if e.Map != "" && t.Slots[e.Map] {
+			slots[e.Map] = append(slots[e.Map], i)
+		}
+	}
+	cloned := false
+	for name, idx := range slots {
+		km := kt.Maps[name]
+		if km == nil || km.IsSet {
+			continue
+		}
+		left := map[string]int{} // wanted values not placed yet
+		for _, i := range idx {
+			left[elemValue(t.Elements[i])]++
+		}
+		vals := make([]string, len(idx))
+		for j, i := range idx {
+			if v, ok := km.Elems[elemKey(t.Elements[i])]; ok && left[v] > 0 {
+				vals[j] = v
+				left[v]--
+			}
+		}
+		var rest []string
+		for _, i := range idx {
+			if v := elemValue(t.Elements[i]); left[v] > 0 {
+				rest = append(rest, v)
+				left[v]--
+			}
+		}
+		for j, i := range idx {
+			if vals[j] == "" {
+				vals[j], rest = rest[0], rest[1:]
+			}
+			if vals[j] == elemValue(t.Elements[i]) {
+				continue
+			}
+			if !cloned { // the caller's slice stays as rendered
+				t.Elements, cloned = slices.Clone(t.Elements), true
+			}
+			e := *t.Elements[i]
+			e.Value = split(vals[j])
+			t.Elements[i] = &e
+		}
+	}
 }
 
 // diffMaps sorts t's maps and sets into new, replaced and kept.

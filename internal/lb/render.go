@@ -54,6 +54,11 @@ type Table struct {
 	// (a backend that is down or gone), and the chains forget them too. The flow tables of dsr
 	// and stateless-dnat are left to their chains.
 	Dynamic map[string]map[string]bool
+	// Slots are the slot maps (slot -> backend) of services whose scheduler picks a slot by
+	// counter or at random: the order of their values is free, so the manager keeps each
+	// value where the kernel has it and one backend leaving changes two slots, not all that
+	// follow it. Hash schedulers keep the rendered order (every node maps a hash alike).
+	Slots map[string]bool
 }
 
 type family struct {
@@ -107,7 +112,14 @@ func Render(d *Desired) *Ruleset {
 type builder struct{ t *Table }
 
 func newBuilder(f knftables.Family, name string) *builder {
-	return &builder{&Table{Family: f, Name: name, Dynamic: map[string]map[string]bool{}}}
+	return &builder{&Table{Family: f, Name: name, Dynamic: map[string]map[string]bool{}, Slots: map[string]bool{}}}
+}
+
+// slotMap marks the slot map name of ss as free in order, unless a hash picks its slots.
+func (b *builder) slotMap(name string, ss *ServiceState) {
+	if ss.Sched != Hash && ss.Sched != SymHash {
+		b.t.Slots[name] = true
+	}
 }
 
 func (b *builder) chain(c *knftables.Chain) {
@@ -244,6 +256,7 @@ func natService(b *builder, ss *ServiceState, f family) {
 	} else {
 		backends := name + "-backends-" + f.suffix
 		b.mapping(backends, "numgen inc mod 1 : "+data, pre+"slot -> backend", 0)
+		b.slotMap(backends, ss)
 		if len(slots) > 0 {
 			b.rule(chain, pre+"schedule "+ss.Sched, dep+"dnat "+f.nf+" to "+schedExpr(ss, f, len(slots))+" map @"+backends)
 		} else {
@@ -287,6 +300,7 @@ func persistent(b *builder, ss *ServiceState, f family, chain, data, dep string,
 	stash := f.nf + " daddr"
 	b.mapping(persist, f.nf+" saddr : "+stash, pre+"persistent client -> backend id", timeout)
 	b.mapping(ids, "numgen inc mod 1 : "+stash, pre+"slot -> backend id", 0)
+	b.slotMap(ids, ss)
 	b.mapping(targets, stash+" : "+data, pre+"backend id -> backend", 0)
 	r := recorder{key: f.nf + " saddr", stash: stash, flows: persist, ids: targets}
 	if len(slots) > 0 {
@@ -521,6 +535,7 @@ func ingressService(b *builder, ss *ServiceState) {
 		}
 		b.mapping(flows, cmp.Or(keyType, key)+" : "+stash, pre+"flow -> backend id", timeout)
 		b.mapping(slotsMap, "numgen inc mod 1 : "+stash, pre+"slot -> backend id", 0)
+		b.slotMap(slotsMap, ss)
 		if !dsr {
 			b.mapping(addrs, stash+" : "+f.nf+" daddr", pre+"backend id -> address", 0)
 			if translate {
