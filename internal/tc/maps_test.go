@@ -164,3 +164,28 @@ func TestEgressIndexIsTheLinearScan(t *testing.T) {
 		t.Errorf("egress(fd00:1::/64) = %d, want 3", got)
 	}
 }
+
+// One peer CIDR replaced among 10,000 (a route each) is two map operations: its entry out,
+// the new one in; the other entries are unchanged.
+func TestOneChangedCIDRIsTwoMapOperations(t *testing.T) {
+	peer := func(i int) netip.Prefix {
+		return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24)
+	}
+	links := map[string]device{"gw": {5, 1500, true}, "eth0": {7, 1500, false}}
+	d := &Desired{Devices: map[string]Role{"gw": RoleGateway, "eth0": RoleTransport}, LocalPod: []netip.Prefix{netip.MustParsePrefix("10.255.0.0/24")}}
+	var routes []route
+	for i := range 10001 {
+		routes = append(routes, route{peer(i), 7})
+	}
+	for i := range 10000 {
+		d.PeerPod = append(d.PeerPod, peer(i))
+	}
+	n := netState{links: links, routes: routes}
+	before, _ := want(d, n)
+	d.PeerPod[5000] = peer(10000)
+	after, _ := want(d, n)
+	put, del := diff(before.addrs, after.addrs)
+	if len(put) != 1 || len(del) != 1 || put[peer(10000)] != (fastpathAddr{Flags: addrPeerPod, Egress: 7}) || del[0] != peer(5000) {
+		t.Errorf("put %v, delete %v; want %s in, %s out", put, del, peer(10000), peer(5000))
+	}
+}
