@@ -23,7 +23,7 @@ import (
 // fresh network namespace.
 
 // CPParts are the parts measured.
-var CPParts = []string{"tc", "flowtable", "lb", "lb-one"}
+var CPParts = []string{"tc", "flowtable", "lb", "lb-one", "lb-api"}
 
 // CPOptions configure a control-plane run.
 type CPOptions struct {
@@ -127,6 +127,8 @@ func (r *cpRun) run(ctx context.Context) error {
 		return r.lb(ctx, (r.n+99)/100, min(r.n, 100))
 	case "lb-one":
 		return r.lb(ctx, 1, r.n)
+	case "lb-api":
+		return r.lbAPI(ctx)
 	}
 	return fmt.Errorf("unknown part %q", r.part)
 }
@@ -373,6 +375,7 @@ var cpPartTitles = map[string]string{
 	"flowtable": "flowtable datapath: peer Pod CIDRs, `hostaccel render` (this host has no flowtable to apply to)",
 	"lb":        "load balancer: services of 100 backends (dnat, rr), `hostaccel apply`",
 	"lb-one":    "load balancer: one service with all the backends, `hostaccel apply`",
+	"lb-api":    "load balancer agent: services of 5 backends; `hostaccel lb backend drain` until the backend leaves the kernel's map (5 drains a repetition); the agent's resident memory after them",
 }
 
 // Markdown is the report as tables: per part, a row per step, a column per size.
@@ -516,4 +519,84 @@ func (rep *CPReport) Write(dir string) ([]string, error) {
 	}
 	slices.Sort(paths)
 	return paths, errors.Join(errs...)
+}
+
+// lbAPI runs the agent with n/5 services of 5 backends and times drains through its API:
+// from the call until the backend has left the service's slot map in the kernel.
+func (r *cpRun) lbAPI(ctx context.Context) error {
+	if _, err := r.sh(ctx, true, "", "ip", "link", "set", "lo", "up"); err != nil {
+		return err
+	}
+	services := max(r.n/5, 1)
+	sock := filepath.Join(r.dir, "lb.sock")
+	cfg := strings.Replace(lbConfig(services, 5, false), "loadBalancer:\n", fmt.Sprintf("loadBalancer:\n  api: {socket: %s}\n  stateFile: %s\n", sock, filepath.Join(r.dir, "lb-state.yaml")), 1)
+	_ = os.Remove(filepath.Join(r.dir, "lb-state.yaml"))
+	p, err := r.write("lb-api.yaml", cfg)
+	if err != nil {
+		return err
+	}
+	agent := exec.CommandContext(ctx, "ip", "netns", "exec", r.ns, r.o.Bin, "agent", "-f", p,
+		"--lock-file", filepath.Join(r.dir, "lock"), "--state-file", filepath.Join(r.dir, "agent-state.json"))
+	var log strings.Builder
+	agent.Stdout, agent.Stderr = &log, &log
+	start := time.Now()
+	if err := agent.Start(); err != nil {
+		return err
+	}
+	defer func() {
+		_ = agent.Process.Signal(syscall.SIGTERM)
+		_ = agent.Wait()
+	}()
+	last := fmt.Sprintf("s%d-backends-v4", services-1)
+	c := r.rep.cell(r.part, r.n, "agent start until the last service is in the kernel")
+	for {
+		out, _ := r.sh(ctx, true, "", "nft", "list", "map", "inet", "hostaccel-lb", last)
+		if strings.Contains(out, " : ") {
+			break
+		}
+		if time.Since(start) > r.o.Timeout || agent.ProcessState != nil {
+			c.Seconds = append(c.Seconds, math.NaN())
+			c.Errors = append(c.Errors, "the agent did not install the services: "+firstLines(log.String(), 2))
+			return errors.New("agent start: timed out")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.Seconds = append(c.Seconds, time.Since(start).Seconds())
+	r.said = append(r.said, fmt.Sprintf("agent start %.2fs", time.Since(start).Seconds()))
+	drain := r.rep.cell(r.part, r.n, "drain: API call until out of the map")
+	for k := range 5 {
+		svc := (k * 7919) % services
+		addr := backendAddr(svc*5 + k).String()
+		m := fmt.Sprintf("s%d-backends-v4", svc)
+		t0 := time.Now()
+		if _, err := r.sh(ctx, true, "", r.o.Bin, "lb", "backend", "drain", fmt.Sprintf("s%d", svc), addr+":8080", "--socket", sock); err != nil {
+			drain.Seconds = append(drain.Seconds, math.NaN())
+			drain.Errors = append(drain.Errors, err.Error())
+			continue
+		}
+		for {
+			out, err := r.sh(ctx, true, "", "nft", "list", "map", "inet", "hostaccel-lb", m)
+			if err == nil && !strings.Contains(out, addr+" . ") {
+				drain.Seconds = append(drain.Seconds, time.Since(t0).Seconds())
+				break
+			}
+			if time.Since(t0) > 30*time.Second {
+				drain.Seconds = append(drain.Seconds, math.NaN())
+				drain.Errors = append(drain.Errors, "still in the map after 30s")
+				break
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	r.said = append(r.said, fmt.Sprintf("drains %v", drain.Seconds[len(drain.Seconds)-5:]))
+	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", agent.Process.Pid)); err == nil {
+		for line := range strings.Lines(string(st)) {
+			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				var kb float64
+				fmt.Sscan(strings.TrimSpace(v), &kb)
+				drain.MaxRSSMiB = append(drain.MaxRSSMiB, kb/1024)
+			}
+		}
+	}
+	return nil
 }
