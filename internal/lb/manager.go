@@ -81,23 +81,25 @@ func (r Result) Changed() bool { return r.Operations > 0 }
 // its layout changed. Our tables that r does not have are deleted. Dynamic maps (flows,
 // persistent clients) keep their entries, except those pointing at backends that are gone.
 func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
-	return m.applyAs(ctx, r, m.cache.fullDue(m.FullEvery))
+	return m.applyAs(ctx, r, m.cache.fullDue(m.FullEvery), false)
 }
 
 // ApplyChanges is Apply without the periodic full read: for changes that must reach the
 // kernel fast (health transitions, API calls); the tables are still read whole on a first
-// apply and after a failed transaction.
+// apply and after a failed transaction. It does not list the tables either (that alone
+// takes nft a second with thousands of services): it trusts its cache, and a table someone
+// deleted fails the transaction, after which the tables are read whole and it is retried.
 func (m *Manager) ApplyChanges(ctx context.Context, r *Ruleset) (Result, error) {
-	return m.applyAs(ctx, r, m.FullEvery <= 0)
+	return m.applyAs(ctx, r, m.FullEvery <= 0, true)
 }
 
-func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full bool) (Result, error) {
+func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full, trust bool) (Result, error) {
 	full = full || !m.cache.known()
-	res, err := m.apply(ctx, r, full)
+	res, err := m.apply(ctx, r, full, trust && !full)
 	if err != nil && !full {
 		// What we remembered may be stale (someone changed the tables): read them and retry.
 		m.cache.distrust()
-		return m.apply(ctx, r, true)
+		return m.apply(ctx, r, true, false)
 	}
 	return res, err
 }
@@ -111,11 +113,15 @@ type tablePlan struct {
 }
 
 // apply diffs every table of r against the kernel (read whole when full, else the cache),
-// runs the changes as one transaction and remembers the result.
-func (m *Manager) apply(ctx context.Context, r *Ruleset, full bool) (Result, error) {
+// runs the changes as one transaction and remembers the result. With trust, the tables the
+// cache knows are taken as the ones there are.
+func (m *Manager) apply(ctx context.Context, r *Ruleset, full, trust bool) (Result, error) {
 	res := Result{FullRead: full}
-	existing, err := m.ours(ctx)
-	if err != nil {
+	var existing []TableRef
+	var err error
+	if trust {
+		existing = slices.SortedFunc(maps.Keys(m.cache.tables), func(a, b TableRef) int { return strings.Compare(a.String(), b.String()) })
+	} else if existing, err = m.ours(ctx); err != nil {
 		return res, err
 	}
 	tx := m.NFT.NewTransaction()

@@ -374,3 +374,30 @@ func TestManagerOneBackendChangeIsAHandfulOfOperations(t *testing.T) {
 		})
 	}
 }
+
+// ApplyChanges trusts its cache for which tables exist (no listing): a table deleted behind
+// its back fails the transaction, and the retry reads the kernel and rebuilds it.
+func TestApplyChangesRepairsATableDeletedBehindIt(t *testing.T) {
+	m, f := NewFakeManager()
+	m.FullEvery = time.Hour
+	svcs := svcSet()
+	apply(t, m, svcs, nil)
+	tx := f.NewTransaction()
+	tx.Delete(&knftables.Table{Family: knftables.InetFamily, Name: NATTable})
+	if err := f.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+	svcs[0].Backends[1].State = StateDrain
+	if errs := ValidateServices(svcs, fieldByName(svcs)); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	d := Resolve(svcs, nil, testEnv)
+	res, err := m.ApplyChanges(context.Background(), Render(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.FullRead || len(res.Rebuilt) != 1 {
+		t.Errorf("want a full read and %s rebuilt: %+v", NATTable, res)
+	}
+	checkKernel(t, f, freshDump(t, d), "table deleted behind ApplyChanges")
+}
