@@ -577,10 +577,15 @@ func (r *cpRun) lbAPI(ctx context.Context) error {
 			drain.Errors = append(drain.Errors, err.Error())
 			continue
 		}
-		for {
+		answered := time.Since(t0)
+		for first := true; ; first = false {
 			out, err := r.sh(ctx, true, "", "nft", "list", "map", "inet", "hostaccel-lb", m)
 			if err == nil && !strings.Contains(out, addr+" . ") {
-				drain.Seconds = append(drain.Seconds, time.Since(t0).Seconds())
+				d := time.Since(t0)
+				if first {
+					d = answered // gone at the first look: the API answered after the change
+				}
+				drain.Seconds = append(drain.Seconds, d.Seconds())
 				break
 			}
 			if time.Since(t0) > 30*time.Second {
