@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -57,6 +58,10 @@ type Agent struct {
 	opts Options
 	mgrs *datapath.Managers
 	wake chan struct{}
+	// now: the next sync may not wait for MinSyncInterval (TriggerNow).
+	now atomic.Bool
+	// urgent: the sync under way was asked for by TriggerNow (it does not probe again).
+	urgent atomic.Bool
 
 	mu      sync.Mutex
 	state   State
@@ -100,6 +105,14 @@ func (a *Agent) Trigger() {
 	case a.wake <- struct{}{}:
 	default:
 	}
+}
+
+// TriggerNow asks for a sync at once, past the rate limit (agent.minSyncInterval): for
+// changes someone waits for, each applied before the next is made (the load balancer's API
+// calls, its health transitions, coalesced per check round).
+func (a *Agent) TriggerNow() {
+	a.now.Store(true)
+	a.Trigger()
 }
 
 // loadConfig (re)reads the config; it reports whether it changed.
@@ -171,8 +184,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-timer.C:
 		}
 		timer.Stop()
-		// Rate limit: events arriving in a burst are served by one sync.
-		if d := minInterval - time.Since(last); d > 0 {
+		// Rate limit: events arriving in a burst are served by one sync (TriggerNow's are not
+		// held back).
+		urgent := a.now.Swap(false)
+		if d := minInterval - time.Since(last); d > 0 && !urgent {
 			select {
 			case <-ctx.Done():
 				return a.shutdown()
@@ -184,7 +199,10 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		}
 		last = time.Now()
-		if err := a.Sync(ctx); err != nil {
+		a.urgent.Store(urgent)
+		err := a.Sync(ctx)
+		a.urgent.Store(false)
+		if err != nil {
 			if ctx.Err() != nil {
 				return a.shutdown()
 			}
@@ -259,7 +277,8 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 
 	// Probe again while the kernel lacks something a datapath could use: a module loaded
 	// later (nf_flow_table, nf_conntrack with its kfuncs) then counts from the next sync on.
-	if a.caps == nil || !a.caps.Has(probe.Flowtable) || !a.caps.Has(probe.ConntrackKfuncs) {
+	// Not in a sync someone waits for (TriggerNow): probing runs nft a few times.
+	if a.caps == nil || !a.urgent.Load() && (!a.caps.Has(probe.Flowtable) || !a.caps.Has(probe.ConntrackKfuncs)) {
 		caps := a.opts.Probe(ctx)
 		a.caps = &caps
 	}

@@ -18,7 +18,7 @@ type lbRuntime struct {
 // (lb.NewCollector), its API handler.
 func (a *Agent) LB() *lb.Runtime {
 	a.lb.once.Do(func() {
-		a.lb.rt = lb.NewRuntime(a.opts.Log.With("component", "lb"), a.Trigger)
+		a.lb.rt = lb.NewRuntime(a.opts.Log.With("component", "lb"), a.TriggerNow)
 		a.lb.rt.OnDrift = func(what []string) { a.driftRepaired(DriftLB, what) }
 	})
 	return a.lb.rt

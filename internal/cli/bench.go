@@ -13,8 +13,10 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
@@ -143,6 +145,65 @@ failure or Ctrl-C.`,
 	for _, h := range []string{"here", "env", "json-out", "raise-conntrack-max"} {
 		_ = f.MarkHidden(h)
 	}
+	c.AddCommand(controlPlaneCmd())
+	return c
+}
+
+func controlPlaneCmd() *cobra.Command {
+	o := bench.CPOptions{Reps: 3, Timeout: 5 * time.Minute}
+	var out string
+	c := &cobra.Command{
+		Use:   "control-plane",
+		Short: "Measure apply and render at 100 to 50,000 objects: tc and flowtable peers, load balancer backends",
+		Long: `Runs this hostaccel binary as a user does, each repetition in a fresh network namespace:
+the tc datapath with N peer Pod CIDRs (one route each): first apply, one CIDR replaced, no
+change; the flowtable's render of N peer CIDRs; the load balancer with services of 100 backends
+and with one service of N backends: first apply, one backend drained, no change, and growing
+from a tenth to N. Beside them, raw ` + "`nft -f`" + ` of N elements and of one more (the limit).
+Records the seconds and the peak memory of every sample; writes
+<date>-<commit>-control-plane.md and .json to --out. Needs root.`,
+		Example: `  hostaccel bench control-plane --sizes 100,1000,10000 --reps 3 --out docs/benchmarks`,
+		Args:    cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			if os.Geteuid() != 0 {
+				return fmt.Errorf("bench control-plane needs root (network namespaces)")
+			}
+			for _, p := range o.Parts {
+				if !slices.Contains(bench.CPParts, p) {
+					return fmt.Errorf("--parts: %q is none of %v", p, bench.CPParts)
+				}
+			}
+			if o.Reps < 1 || len(o.Sizes) == 0 {
+				return fmt.Errorf("--reps and --sizes: at least one")
+			}
+			if o.Bin == "" {
+				exe, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				o.Bin = exe
+			}
+			o.Command = bench.CommandLine(append([]string{"hostaccel"}, os.Args[1:]...))
+			ctx, stop := signal.NotifyContext(c.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			prog := &bench.Progress{W: os.Stderr, TTY: isTTY(os.Stderr)}
+			rep, err := bench.ControlPlane(ctx, o, prog)
+			prog.Finish()
+			fmt.Fprint(c.OutOrStdout(), rep.Markdown())
+			paths, werr := rep.Write(out)
+			for _, p := range paths {
+				fmt.Fprintln(os.Stderr, "wrote", p)
+			}
+			return joinErr(err, werr)
+		},
+	}
+	f := c.Flags()
+	f.IntSliceVar(&o.Sizes, "sizes", []int{100, 1000, 10000, 50000}, "numbers of objects")
+	f.IntVar(&o.Reps, "reps", o.Reps, "repetitions (parts rotated every repetition)")
+	f.StringSliceVar(&o.Parts, "parts", bench.CPParts, "what to measure")
+	f.DurationVar(&o.Timeout, "timeout", o.Timeout, "give up on a step after this long (recorded as failed)")
+	f.StringVar(&o.Bin, "bin", "", "the hostaccel binary to measure (default: this one)")
+	f.StringVar(&out, "out", ".", "directory for the report")
 	return c
 }
 

@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -153,10 +154,19 @@ var fuzzSeedYAML = map[string]string{
 	"bad-lb-dup": seedLB + `  - {name: web, vips: [192.0.2.10], port: 80, backends: [{address: 10.0.1.11}]}
   - {name: web, vips: [192.0.2.10], port: 80, topology: stateless-dnat, interface: eth0, backends: [{address: 10.0.1.11}]}
 `,
-	"bad-lb-weights":    seedLB + "  - {name: w, vips: [192.0.2.10], port: 80, backends: [{address: 10.0.1.1, weight: 1000}, {address: 10.0.1.2, weight: 1000}, {address: 10.0.1.3, weight: 1000}, {address: 10.0.1.4, weight: 1000}, {address: 10.0.1.5, weight: 97}]}\n",
+	"bad-lb-weights":    seedLB + "  - {name: w, vips: [192.0.2.10], port: 80, backends: [" + manyBackends(263, 1000) + "]}\n",
 	"bad-lb-health":     seedLB + "  - {name: h, vips: [192.0.2.10], port: 80, healthCheck: {type: http, path: x, expectStatus: 99, rise: 101}, backends: [{address: 10.0.1.1}]}\n",
 	"bad-lb-persist":    seedLB + "  - {name: p, vips: [192.0.2.10], port: 80, persistence: 5, backends: [{address: 10.0.1.1}]}\n",
 	"bad-lb-statefile":  "datapath: none\nloadBalancer: {stateFile: relative.yaml}\n",
 	"bad-lb-family":     seedLB + "  - {name: f, vips: [\"2001:db8::1\"], port: 80, backends: [{address: 10.0.1.1}]}\n",
 	"bad-lb-service-ty": seedLB + "  - [1, 2]\n",
+}
+
+// manyBackends is n backends of one weight, as a flow sequence's items.
+func manyBackends(n, weight int) string {
+	var items []string
+	for i := range n {
+		items = append(items, fmt.Sprintf("{address: 10.0.%d.%d, weight: %d}", 1+i/250, 1+i%250, weight))
+	}
+	return strings.Join(items, ", ")
 }

@@ -67,8 +67,12 @@ func (c *Config) State(links []Link, strict bool) (model.State, []string, error)
 	}
 	// Connections to the load balancer's NAT VIPs are conntrack'd and DNAT-ed: the
 	// external-to-loadbalancer class offloads them after the balancing decision.
+	// (Thousands of VIPs: those added are looked up in a map, only the configured prefixes
+	// one by one.)
+	configured, added := len(s.LoadBalancerIPs), map[netip.Addr]bool{}
 	for _, v := range lb.NATVIPs(c.LoadBalancer.Services) {
-		if !slices.ContainsFunc(s.LoadBalancerIPs, func(p netip.Prefix) bool { return p.Contains(v) }) {
+		if !added[v] && !slices.ContainsFunc(s.LoadBalancerIPs[:configured], func(p netip.Prefix) bool { return p.Contains(v) }) {
+			added[v] = true
 			s.LoadBalancerIPs = append(s.LoadBalancerIPs, netip.PrefixFrom(v, v.BitLen()))
 		}
 	}

@@ -3,6 +3,7 @@ package flowtable
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -180,5 +181,40 @@ func TestManagerRemove(t *testing.T) {
 	}
 	if err := m.Remove(context.Background()); err != nil {
 		t.Errorf("second remove: %v", err)
+	}
+}
+
+// One peer joining, leaving or replaced costs the same operations with 1,000 peers as with
+// 10: the elements that changed (and, when the policy narrows, the flowtable's recreation),
+// never the other peers'.
+func TestManagerOneChangeIsIndependentOfSize(t *testing.T) {
+	peer := func(i int) netip.Prefix {
+		return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 100 + byte(i>>8), byte(i), 0}), 24)
+	}
+	ops := map[int][]int{}
+	for _, n := range []int{10, 1000} {
+		m, _ := NewFakeManager()
+		s := state()
+		s.PeerPodCIDRs = nil
+		for i := range n {
+			s.PeerPodCIDRs = append(s.PeerPodCIDRs, peer(i))
+		}
+		apply(t, m, s)
+		for _, change := range []func(){
+			func() { s.PeerPodCIDRs = append(s.PeerPodCIDRs, peer(n)) },    // joins
+			func() { s.PeerPodCIDRs = s.PeerPodCIDRs[1:] },                 // leaves
+			func() { s.PeerPodCIDRs[len(s.PeerPodCIDRs)/2] = peer(n + 1) }, // replaced
+			func() {}, // nothing
+		} {
+			change()
+			res := apply(t, m, s)
+			if res.Rebuilt || res.ElementsAdded > 1 || res.ElementsRemoved > 1 {
+				t.Errorf("%d peers: %+v", n, res)
+			}
+			ops[n] = append(ops[n], res.Operations)
+		}
+	}
+	if ops[10][0] != 1 || ops[10][3] != 0 || !slices.Equal(ops[10], ops[1000]) {
+		t.Errorf("operations per change (joins, leaves, replaced, nothing): 10 peers %v, 1,000 peers %v; want equal, 1 for a join", ops[10], ops[1000])
 	}
 }

@@ -2,7 +2,6 @@ package lb
 
 import (
 	"maps"
-	"slices"
 	"time"
 
 	"github.com/hostaccel/hostaccel/internal/nftjson"
@@ -101,8 +100,12 @@ func (c *kernelCache) next(tables []*Table) *kernelCache {
 
 // readRules remembers the expressions of the rules of kt's chains (all, or those named).
 func (c *kernelCache) readRules(ref TableRef, kt *kernelTable, chains ...string) {
+	only := make(map[string]bool, len(chains))
+	for _, c := range chains {
+		only[c] = true
+	}
 	for name, ch := range kt.Chains {
-		if len(chains) > 0 && !slices.Contains(chains, name) {
+		if len(chains) > 0 && !only[name] {
 			continue
 		}
 		for _, rl := range ch.Rules {

@@ -47,7 +47,7 @@ const (
 	DefaultSocket      = "/run/hostaccel/lb.sock"
 	DefaultStateFile   = "/var/lib/hostaccel/lb-services.yaml"
 	defaultFlowTimeout = 5 * time.Minute
-	maxSlots           = 4096 // map entries of one service and family, after dividing weights by their gcd
+	maxSlots           = 1 << 18 // map entries of one service and family, after dividing weights by their gcd (docs/lb.md)
 	maxWeight          = 1000
 	maxPath            = 4095 // PATH_MAX less the NUL
 	maxSocketPath      = 107  // sun_path less the NUL

@@ -78,9 +78,9 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].snatAddresses: only a snat service translates source addresses`, func(s *Service) { s.SNATAddresses = []string{"192.0.2.1"} }},
 		{`services[0].snatAddresses[1]: 192.0.2.2: one source address per family`, func(s *Service) { s.Topology, s.SNATAddresses = SNAT, []string{"192.0.2.1", "192.0.2.2"} }},
 		{`services[0].persistence: 500ms is not between 1s and 24h`, func(s *Service) { s.Persistence = D(500 * time.Millisecond) }},
-		{`services[0].backends: the IPv4 weights add up to 4101 map entries (at most 4096)`, func(s *Service) {
-			for i := range 5 {
-				s.Backends = append(s.Backends, Backend{Address: fmt.Sprintf("10.0.2.%d", i), Weight: new(820)})
+		{`services[0].backends: the IPv4 weights add up to 263001 map entries (at most 262144)`, func(s *Service) {
+			for i := range 263 {
+				s.Backends = append(s.Backends, Backend{Address: fmt.Sprintf("10.0.%d.%d", 2+i/250, i%250), Weight: new(1000)})
 			}
 		}},
 		{`services[0].healthCheck.type: "icmp" is not one of tcp, http, https, udp, dns, command, none`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "icmp"} }},

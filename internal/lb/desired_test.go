@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 )
@@ -77,5 +78,31 @@ func TestBackendIDs(t *testing.T) {
 		if ids[b.Address] != b.ID || b.ID == 0 {
 			t.Errorf("%s: id %d, was %d", b.Address, b.ID, ids[b.Address])
 		}
+	}
+}
+
+// Equal weights (after dividing by their gcd) give every backend one slot, in order: what the
+// smooth weighted rotation gives them, taken as a shortcut.
+func TestSlotsOfEqualWeightsAreTheBackendsInOrder(t *testing.T) {
+	for _, weight := range []int{1, 7} {
+		ss := &ServiceState{Topology: DNAT}
+		for i := range 5 {
+			ss.Backends = append(ss.Backends, &BackendState{Active: true, Weight: weight, Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(i)})})
+		}
+		got := ss.slots(false)
+		if len(got) != 5 {
+			t.Fatalf("weight %d: %d slots", weight, len(got))
+		}
+		for i, b := range got {
+			if b != ss.Backends[i] {
+				t.Errorf("weight %d: slot %d is %s", weight, i, b.Addr)
+			}
+		}
+	}
+	ss := &ServiceState{Topology: DNAT, Backends: []*BackendState{
+		{Active: true, Weight: 2, Addr: netip.MustParseAddr("10.0.0.1")}, {Active: true, Weight: 1, Addr: netip.MustParseAddr("10.0.0.2")},
+	}}
+	if got := ss.slots(false); len(got) != 3 || got[0] != ss.Backends[0] || got[1] != ss.Backends[1] || got[2] != ss.Backends[0] {
+		t.Errorf("weights 2, 1: %v", got)
 	}
 }

@@ -81,23 +81,25 @@ func (r Result) Changed() bool { return r.Operations > 0 }
 // its layout changed. Our tables that r does not have are deleted. Dynamic maps (flows,
 // persistent clients) keep their entries, except those pointing at backends that are gone.
 func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
-	return m.applyAs(ctx, r, m.cache.fullDue(m.FullEvery))
+	return m.applyAs(ctx, r, m.cache.fullDue(m.FullEvery), false)
 }
 
 // ApplyChanges is Apply without the periodic full read: for changes that must reach the
 // kernel fast (health transitions, API calls); the tables are still read whole on a first
-// apply and after a failed transaction.
+// apply and after a failed transaction. It does not list the tables either (that alone
+// takes nft a second with thousands of services): it trusts its cache, and a table someone
+// deleted fails the transaction, after which the tables are read whole and it is retried.
 func (m *Manager) ApplyChanges(ctx context.Context, r *Ruleset) (Result, error) {
-	return m.applyAs(ctx, r, m.FullEvery <= 0)
+	return m.applyAs(ctx, r, m.FullEvery <= 0, true)
 }
 
-func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full bool) (Result, error) {
+func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full, trust bool) (Result, error) {
 	full = full || !m.cache.known()
-	res, err := m.apply(ctx, r, full)
+	res, err := m.apply(ctx, r, full, trust && !full)
 	if err != nil && !full {
 		// What we remembered may be stale (someone changed the tables): read them and retry.
 		m.cache.distrust()
-		return m.apply(ctx, r, true)
+		return m.apply(ctx, r, true, false)
 	}
 	return res, err
 }
@@ -111,11 +113,15 @@ type tablePlan struct {
 }
 
 // apply diffs every table of r against the kernel (read whole when full, else the cache),
-// runs the changes as one transaction and remembers the result.
-func (m *Manager) apply(ctx context.Context, r *Ruleset, full bool) (Result, error) {
+// runs the changes as one transaction and remembers the result. With trust, the tables the
+// cache knows are taken as the ones there are.
+func (m *Manager) apply(ctx context.Context, r *Ruleset, full, trust bool) (Result, error) {
 	res := Result{FullRead: full}
-	existing, err := m.ours(ctx)
-	if err != nil {
+	var existing []TableRef
+	var err error
+	if trust {
+		existing = slices.SortedFunc(maps.Keys(m.cache.tables), func(a, b TableRef) int { return strings.Compare(a.String(), b.String()) })
+	} else if existing, err = m.ours(ctx); err != nil {
 		return res, err
 	}
 	tx := m.NFT.NewTransaction()
@@ -230,6 +236,14 @@ func (m *Manager) remember(ctx context.Context, tables []*Table, plans []tablePl
 				return nil, err
 			}
 			next.readRules(ref, kt)
+		case len(p.rewritten) > 2:
+			// One listing of the table without its elements, not one nft run per chain
+			// (a hundred services added at once took a hundred runs).
+			kt, err := m.observe(ctx, ref, true)
+			if err != nil {
+				return nil, err
+			}
+			next.readRules(ref, kt, p.rewritten...)
 		case len(p.rewritten) > 0:
 			for _, c := range p.rewritten {
 				kt, err := m.list(ctx, ref, "chain", c)
@@ -299,6 +313,7 @@ type object struct {
 // to go deleted, new maps and chains added, rules added, new elements added. It returns the
 // chains whose rules it adds.
 func (m *Manager) update(tx *knftables.Transaction, kt *kernelTable, t *Table, res *Result) (rewritten []string) {
+	keepSlots(t, kt)
 	d := &tableDiff{kt: kt, t: t}
 	d.diffMaps(res)
 	rewritten = m.diffChains(d, res)
@@ -310,6 +325,58 @@ func (m *Manager) update(tx *knftables.Transaction, kt *kernelTable, t *Table, r
 		rewritten = append(rewritten, name)
 	}
 	return rewritten
+}
+
+// keepSlots reorders the values of t's free slot maps (Table.Slots) so that every slot the
+// kernel has keeps its value while that value is still wanted there; the values left over
+// fill the other slots, in rendered order. One backend leaving a service of n then changes
+// its own slot and removes the last one instead of moving every slot after it.
+func keepSlots(t *Table, kt *kernelTable) {
+	slots := map[string][]int{} // slot map -> indices of its elements in t.Elements
+	for i, e := range t.Elements {
+		if e.Map != "" && t.Slots[e.Map] {
+			slots[e.Map] = append(slots[e.Map], i)
+		}
+	}
+	cloned := false
+	for name, idx := range slots {
+		km := kt.Maps[name]
+		if km == nil || km.IsSet {
+			continue
+		}
+		left := map[string]int{} // wanted values not placed yet
+		for _, i := range idx {
+			left[elemValue(t.Elements[i])]++
+		}
+		vals := make([]string, len(idx))
+		for j, i := range idx {
+			if v, ok := km.Elems[elemKey(t.Elements[i])]; ok && left[v] > 0 {
+				vals[j] = v
+				left[v]--
+			}
+		}
+		var rest []string
+		for _, i := range idx {
+			if v := elemValue(t.Elements[i]); left[v] > 0 {
+				rest = append(rest, v)
+				left[v]--
+			}
+		}
+		for j, i := range idx {
+			if vals[j] == "" {
+				vals[j], rest = rest[0], rest[1:]
+			}
+			if vals[j] == elemValue(t.Elements[i]) {
+				continue
+			}
+			if !cloned { // the caller's slice stays as rendered
+				t.Elements, cloned = slices.Clone(t.Elements), true
+			}
+			e := *t.Elements[i]
+			e.Value = split(vals[j])
+			t.Elements[i] = &e
+		}
+	}
 }
 
 // diffMaps sorts t's maps and sets into new, replaced and kept.

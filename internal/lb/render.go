@@ -2,7 +2,6 @@ package lb
 
 import (
 	"cmp"
-	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/knftables"
+
+	"github.com/hostaccel/hostaccel/internal/nftdump"
 )
 
 // Table names: the NAT topologies (and the stateless topology's conntrack bypass) live in
@@ -53,6 +54,11 @@ type Table struct {
 	// (a backend that is down or gone), and the chains forget them too. The flow tables of dsr
 	// and stateless-dnat are left to their chains.
 	Dynamic map[string]map[string]bool
+	// Slots are the slot maps (slot -> backend) of services whose scheduler picks a slot by
+	// counter or at random: the order of their values is free, so the manager keeps each
+	// value where the kernel has it and one backend leaving changes two slots, not all that
+	// follow it. Hash schedulers keep the rendered order (every node maps a hash alike).
+	Slots map[string]bool
 }
 
 type family struct {
@@ -106,7 +112,14 @@ func Render(d *Desired) *Ruleset {
 type builder struct{ t *Table }
 
 func newBuilder(f knftables.Family, name string) *builder {
-	return &builder{&Table{Family: f, Name: name, Dynamic: map[string]map[string]bool{}}}
+	return &builder{&Table{Family: f, Name: name, Dynamic: map[string]map[string]bool{}, Slots: map[string]bool{}}}
+}
+
+// slotMap marks the slot map name of ss as free in order, unless a hash picks its slots.
+func (b *builder) slotMap(name string, ss *ServiceState) {
+	if ss.Sched != Hash && ss.Sched != SymHash {
+		b.t.Slots[name] = true
+	}
 }
 
 func (b *builder) chain(c *knftables.Chain) {
@@ -243,6 +256,7 @@ func natService(b *builder, ss *ServiceState, f family) {
 	} else {
 		backends := name + "-backends-" + f.suffix
 		b.mapping(backends, "numgen inc mod 1 : "+data, pre+"slot -> backend", 0)
+		b.slotMap(backends, ss)
 		if len(slots) > 0 {
 			b.rule(chain, pre+"schedule "+ss.Sched, dep+"dnat "+f.nf+" to "+schedExpr(ss, f, len(slots))+" map @"+backends)
 		} else {
@@ -286,6 +300,7 @@ func persistent(b *builder, ss *ServiceState, f family, chain, data, dep string,
 	stash := f.nf + " daddr"
 	b.mapping(persist, f.nf+" saddr : "+stash, pre+"persistent client -> backend id", timeout)
 	b.mapping(ids, "numgen inc mod 1 : "+stash, pre+"slot -> backend id", 0)
+	b.slotMap(ids, ss)
 	b.mapping(targets, stash+" : "+data, pre+"backend id -> backend", 0)
 	r := recorder{key: f.nf + " saddr", stash: stash, flows: persist, ids: targets}
 	if len(slots) > 0 {
@@ -520,6 +535,7 @@ func ingressService(b *builder, ss *ServiceState) {
 		}
 		b.mapping(flows, cmp.Or(keyType, key)+" : "+stash, pre+"flow -> backend id", timeout)
 		b.mapping(slotsMap, "numgen inc mod 1 : "+stash, pre+"slot -> backend id", 0)
+		b.slotMap(slotsMap, ss)
 		if !dsr {
 			b.mapping(addrs, stash+" : "+f.nf+" daddr", pre+"backend id -> address", 0)
 			if translate {
@@ -637,24 +653,28 @@ func addEach[O knftables.Object](tx *knftables.Transaction, objs []O) {
 
 // Dump renders the ruleset as the nft script a fresh apply installs (the knftables Fake's
 // deterministic dump), for `hostaccel render` and golden files.
+// The elements bypass the Fake, whose element handling is quadratic (nftdump).
 func (r *Ruleset) Dump() (string, error) {
-	fake := knftables.NewFake("", "")
-	tx := fake.NewTransaction()
-	// knftables' Fake sets the Handle of the named counters it is given (its other objects it
-	// copies): give it copies, or the ruleset, once dumped, cannot be added to a kernel.
-	cp := &Ruleset{}
-	for _, t := range r.Tables {
-		t2 := *t
-		t2.Counters = nil
+	tables := slices.Clone(r.Tables)
+	slices.SortFunc(tables, func(a, b *Table) int {
+		return cmp.Or(strings.Compare(string(a.Family), string(b.Family)), strings.Compare(a.Name, b.Name))
+	})
+	var out strings.Builder
+	for _, t := range tables {
+		// knftables' Fake sets the Handle of the named counters it is given (its other
+		// objects it copies): give it copies, or the ruleset, once dumped, cannot be added
+		// to a kernel.
+		bare := *t
+		bare.Elements, bare.Counters = nil, nil
 		for _, c := range t.Counters {
 			c2 := *c
-			t2.Counters = append(t2.Counters, &c2)
+			bare.Counters = append(bare.Counters, &c2)
 		}
-		cp.Tables = append(cp.Tables, &t2)
+		s, err := nftdump.Table(knftables.NewFake("", ""), bare.addAll, t.Elements)
+		if err != nil {
+			return "", err
+		}
+		out.WriteString(s)
 	}
-	cp.AddAll(tx)
-	if err := fake.Run(context.Background(), tx); err != nil {
-		return "", err
-	}
-	return fake.Dump(), nil
+	return out.String(), nil
 }

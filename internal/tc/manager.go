@@ -151,10 +151,10 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	if err := errors.Join(errs...); err != nil {
 		return res, err // m.last stays: the next apply still sees the drift
 	}
-	after, err := set.read()
-	if err != nil {
-		return res, err
-	}
+	// The maps now hold w: every difference was written without error (only Apply writes
+	// these maps), so they are not read back.
+	after := w
+	after.settings.Build, after.settings.Generation = 0, 0
 	m.last = &applied{attached: map[string]int{}, maps: after}
 	for name, l := range o.links {
 		if _, ok := w.ifaces[uint32(l.Attrs().Index)]; ok && !slices.Contains(res.Missing, name) {

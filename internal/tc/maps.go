@@ -128,10 +128,11 @@ func want(d *Desired, n netState) (contents, []string) {
 		c.ifaces[l.index] = fastpathIface{Role: uint32(role), Flags: f, Mtu: l.mtu}
 	}
 	slices.Sort(missing)
+	routes := indexRoutes(n.routes)
 	for p, f := range flatten(d) {
 		var e uint32
 		if f&(addrLocalPod|addrPeerPod|addrPeerNode) != 0 {
-			if e = egress(p, n.routes); c.ifaces[e] == (fastpathIface{}) {
+			if e = routes.egress(p); c.ifaces[e] == (fastpathIface{}) {
 				e = 0 // not one of our devices
 			}
 		}

@@ -1,6 +1,7 @@
 package tc
 
 import (
+	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -127,5 +128,64 @@ func TestDiff(t *testing.T) {
 	}
 	if put, del := diff(wnt, wnt); len(put)+len(del) != 0 {
 		t.Errorf("diff of equal maps = %v, %v", put, del)
+	}
+}
+
+// TestEgressIndexIsTheLinearScan compares the route index with a scan of every route, over
+// random nested routes (with repeated destinations: the first one counts).
+func TestEgressIndexIsTheLinearScan(t *testing.T) {
+	scan := func(p netip.Prefix, routes []route) uint32 {
+		best, bits := uint32(0), -1
+		for _, r := range routes {
+			if r.dst.Addr().Is4() == p.Addr().Is4() && r.dst.Bits() <= p.Bits() && r.dst.Contains(p.Addr()) && r.dst.Bits() > bits {
+				best, bits = r.ifindex, r.dst.Bits()
+			}
+		}
+		return best
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	randPrefix := func() netip.Prefix {
+		a := netip.AddrFrom4([4]byte{10, byte(r.IntN(4)), byte(r.IntN(4)), byte(r.IntN(256))})
+		return netip.PrefixFrom(a, 8+r.IntN(25)).Masked()
+	}
+	var routes []route
+	for i := range 300 {
+		routes = append(routes, route{randPrefix(), uint32(i % 7)})
+	}
+	routes = append(routes, route{netip.MustParsePrefix("0.0.0.0/0"), 9}, route{netip.MustParsePrefix("fd00::/8"), 3})
+	ix := indexRoutes(routes)
+	for range 2000 {
+		p := randPrefix()
+		if got, want := ix.egress(p), scan(p, routes); got != want {
+			t.Fatalf("egress(%s) = %d, the scan says %d", p, got, want)
+		}
+	}
+	if got := ix.egress(netip.MustParsePrefix("fd00:1::/64")); got != 3 {
+		t.Errorf("egress(fd00:1::/64) = %d, want 3", got)
+	}
+}
+
+// One peer CIDR replaced among 10,000 (a route each) is two map operations: its entry out,
+// the new one in; the other entries are unchanged.
+func TestOneChangedCIDRIsTwoMapOperations(t *testing.T) {
+	peer := func(i int) netip.Prefix {
+		return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24)
+	}
+	links := map[string]device{"gw": {5, 1500, true}, "eth0": {7, 1500, false}}
+	d := &Desired{Devices: map[string]Role{"gw": RoleGateway, "eth0": RoleTransport}, LocalPod: []netip.Prefix{netip.MustParsePrefix("10.255.0.0/24")}}
+	var routes []route
+	for i := range 10001 {
+		routes = append(routes, route{peer(i), 7})
+	}
+	for i := range 10000 {
+		d.PeerPod = append(d.PeerPod, peer(i))
+	}
+	n := netState{links: links, routes: routes}
+	before, _ := want(d, n)
+	d.PeerPod[5000] = peer(10000)
+	after, _ := want(d, n)
+	put, del := diff(before.addrs, after.addrs)
+	if len(put) != 1 || len(del) != 1 || put[peer(10000)] != (fastpathAddr{Flags: addrPeerPod, Egress: 7}) || del[0] != peer(5000) {
+		t.Errorf("put %v, delete %v; want %s in, %s out", put, del, peer(10000), peer(5000))
 	}
 }

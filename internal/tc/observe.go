@@ -140,11 +140,12 @@ func (o *observed) netState() (netState, error) {
 		_, veth := l.(*netlink.Veth)
 		n.links[name] = device{index: uint32(l.Attrs().Index), mtu: uint32(l.Attrs().MTU), peer: veth && l.Attrs().NetNsID >= 0}
 	}
-	var err error
-	if n.routes, err = mainRoutes(); err != nil {
+	routes, routeMTU, err := mainRoutes()
+	if err != nil {
 		return n, err
 	}
-	n.destOnly, err = destinationRouting()
+	n.routes = routes
+	n.destOnly, err = destinationRouting(routeMTU)
 	return n, err
 }
 

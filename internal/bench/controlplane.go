@@ -1,0 +1,610 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The control-plane benchmark: how long `hostaccel apply` and `hostaccel render` take, and
+// how much memory they use, at 100 to 50,000 objects (peer Pod CIDRs of each datapath, load
+// balancer backends), for a first apply and for one changed object, beside raw `nft -f` of
+// the same elements (the limit). It drives the binary as a user does, each repetition in a
+// fresh network namespace.
+
+// CPParts are the parts measured.
+var CPParts = []string{"tc", "flowtable", "lb", "lb-one", "lb-api"}
+
+// CPOptions configure a control-plane run.
+type CPOptions struct {
+	Bin     string        // the hostaccel binary
+	Sizes   []int         // objects
+	Reps    int           // repetitions (parts and sizes interleaved)
+	Parts   []string      // of CPParts
+	Timeout time.Duration // per step; a step that takes longer is recorded as timed out
+	Command string
+}
+
+// CPCell is one step at one size: its samples.
+type CPCell struct {
+	Part    string    `json:"part"`
+	Objects int       `json:"objects"`
+	Step    string    `json:"step"`
+	Seconds []float64 `json:"seconds"`
+	// MaxRSSMiB is the peak resident memory of the hostaccel process, per sample.
+	MaxRSSMiB []float64 `json:"maxRSSMiB,omitempty"`
+	// Output is the command's last output line of the last sample (operation counts).
+	Output string   `json:"output,omitempty"`
+	Errors []string `json:"errors,omitempty"`
+}
+
+// CPReport is a control-plane run.
+type CPReport struct {
+	Command  string    `json:"command"`
+	Commit   string    `json:"commit,omitempty"`
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	Machine  Machine   `json:"machine"`
+	Cells    []*CPCell `json:"cells"`
+}
+
+func (rep *CPReport) cell(part string, n int, step string) *CPCell {
+	for _, c := range rep.Cells {
+		if c.Part == part && c.Objects == n && c.Step == step {
+			return c
+		}
+	}
+	c := &CPCell{Part: part, Objects: n, Step: step}
+	rep.Cells = append(rep.Cells, c)
+	return c
+}
+
+// ControlPlane measures o. It needs root (network namespaces).
+func ControlPlane(ctx context.Context, o CPOptions, prog *Progress) (*CPReport, error) {
+	rep := &CPReport{Command: o.Command, Commit: gitCommit(), Started: time.Now(), Machine: CollectMachine()}
+	dir, err := os.MkdirTemp("", "hostaccel-cp-")
+	if err != nil {
+		return rep, err
+	}
+	defer os.RemoveAll(dir)
+	prog.Add(o.Reps * len(o.Sizes) * len(o.Parts))
+	for rep_ := 0; rep_ < o.Reps; rep_++ {
+		for _, n := range o.Sizes {
+			for i := range o.Parts {
+				part := o.Parts[(i+rep_)%len(o.Parts)] // rotate the order every repetition
+				if err := ctx.Err(); err != nil {
+					rep.Finished = time.Now()
+					return rep, err
+				}
+				prog.Status(fmt.Sprintf("rep %d/%d: %s, %d objects", rep_+1, o.Reps, part, n))
+				r := &cpRun{o: o, rep: rep, dir: dir, n: n, part: part}
+				err := r.run(ctx)
+				res := fmt.Sprintf("rep %d/%d: %s, %d objects: %s", rep_+1, o.Reps, part, n, strings.Join(r.said, ", "))
+				if err != nil {
+					res += ": " + firstLines(err.Error(), 1)
+				}
+				prog.Done(res)
+			}
+		}
+	}
+	rep.Finished = time.Now()
+	return rep, nil
+}
+
+type cpRun struct {
+	o    CPOptions
+	rep  *CPReport
+	dir  string
+	n    int
+	part string
+	ns   string
+	said []string
+}
+
+func (r *cpRun) run(ctx context.Context) error {
+	r.ns = fmt.Sprintf("hacp-%d", os.Getpid())
+	_ = exec.Command("ip", "netns", "del", r.ns).Run()
+	if out, err := exec.Command("ip", "netns", "add", r.ns).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip netns add: %v: %s", err, out)
+	}
+	defer exec.Command("ip", "netns", "del", r.ns).Run()
+	switch r.part {
+	case "tc":
+		return r.tc(ctx)
+	case "flowtable":
+		return r.flowtable(ctx)
+	case "lb":
+		return r.lb(ctx, (r.n+99)/100, min(r.n, 100))
+	case "lb-one":
+		return r.lb(ctx, 1, r.n)
+	case "lb-api":
+		return r.lbAPI(ctx)
+	}
+	return fmt.Errorf("unknown part %q", r.part)
+}
+
+// peerCIDR is the i-th peer Pod CIDR: /26s from 10.0.0.0/8 (local Pods: 10.255.255.0/24).
+func peerCIDR(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 10), byte(i >> 2), byte(i&3) << 6}), 26)
+}
+
+// backendAddr is the i-th backend address, from 172.16.0.0/12.
+func backendAddr(i int) netip.Addr {
+	i++
+	return netip.AddrFrom4([4]byte{172, 16 + byte(i>>16), byte(i >> 8), byte(i)})
+}
+
+// sh runs a command in the namespace (ns) or here, feeding stdin.
+func (r *cpRun) sh(ctx context.Context, inNS bool, stdin string, args ...string) (string, error) {
+	if inNS {
+		args = append([]string{"ip", "netns", "exec", r.ns}, args...)
+	}
+	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, firstLines(string(out), 3))
+	}
+	return string(out), nil
+}
+
+// timed runs one measured step and records it.
+func (r *cpRun) timed(ctx context.Context, step, stdin string, args ...string) error {
+	c := r.rep.cell(r.part, r.n, step)
+	ctx, cancel := context.WithTimeout(ctx, r.o.Timeout)
+	defer cancel()
+	full := append([]string{"ip", "netns", "exec", r.ns}, args...)
+	cmd := exec.CommandContext(ctx, full[0], full[1:]...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	d := time.Since(start).Seconds()
+	if ctx.Err() == context.DeadlineExceeded {
+		err = fmt.Errorf("timed out after %s", r.o.Timeout)
+	}
+	if err != nil {
+		c.Seconds = append(c.Seconds, math.NaN())
+		c.Errors = append(c.Errors, fmt.Sprintf("%v: %s", err, firstLines(string(out), 2)))
+		r.said = append(r.said, step+" failed")
+		return fmt.Errorf("%s: %w", step, err)
+	}
+	c.Seconds = append(c.Seconds, d)
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok && filepath.Base(args[0]) == filepath.Base(r.o.Bin) {
+		c.MaxRSSMiB = append(c.MaxRSSMiB, float64(ru.Maxrss)/1024)
+	}
+	if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); args[1] == "apply" && len(lines[len(lines)-1]) < 300 {
+		c.Output = lines[len(lines)-1]
+	}
+	r.said = append(r.said, fmt.Sprintf("%s %.3fs", step, d))
+	return nil
+}
+
+func (r *cpRun) write(name, content string) (string, error) {
+	p := filepath.Join(r.dir, name)
+	return p, os.WriteFile(p, []byte(content), 0o644)
+}
+
+func (r *cpRun) apply(ctx context.Context, step, cfg string) error {
+	p, err := r.write(fmt.Sprintf("%s-%d-%s.yaml", r.part, r.n, strings.ReplaceAll(step, " ", "-")), cfg)
+	if err != nil {
+		return err
+	}
+	return r.timed(ctx, step, "", r.o.Bin, "apply", "-f", p, "--lock-file", filepath.Join(r.dir, "lock"))
+}
+
+// nodeConfig is a node with n peer Pod CIDRs (the first one replaced by another when
+// changed) on datapath dp.
+func nodeConfig(dp string, n int, changed bool) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "datapath: %s\ntc: {natCheck: off}\nnode:\n  gateways: [gw]\n  transports: [eth0]\n  localPodCIDRs: [10.255.255.0/24]\n  peerPodCIDRs:\n", dp)
+	for i := range n {
+		p := peerCIDR(i)
+		if changed && i == 0 {
+			p = peerCIDR(n)
+		}
+		fmt.Fprintf(&b, "  - %s\n", p)
+	}
+	b.WriteString("classes:\n  pod-to-pod: true\n  node-to-remote-pod: true\n")
+	return b.String()
+}
+
+// node makes the devices and one route per peer CIDR (noEncap routing, as in Kindnet).
+func (r *cpRun) node(ctx context.Context, n int) error {
+	var b strings.Builder
+	b.WriteString("link add gw type veth peer name gw-peer\nlink add eth0 type veth peer name eth0-peer\nlink set gw up\nlink set gw-peer up\nlink set eth0 up\nlink set eth0-peer up\n")
+	b.WriteString("addr add 10.255.255.1/24 dev gw\naddr add 192.168.0.1/16 dev eth0\n")
+	for i := range n + 1 {
+		fmt.Fprintf(&b, "route add %s via 192.168.%d.%d dev eth0\n", peerCIDR(i), 1+i/250%250, 1+i%250)
+	}
+	_, err := r.sh(ctx, true, b.String(), "ip", "-batch", "-")
+	return err
+}
+
+func (r *cpRun) tc(ctx context.Context) error {
+	if err := r.node(ctx, r.n); err != nil {
+		return err
+	}
+	if err := r.apply(ctx, "full apply", nodeConfig("tc", r.n, false)); err != nil {
+		return err
+	}
+	if err := r.apply(ctx, "one CIDR replaced", nodeConfig("tc", r.n, true)); err != nil {
+		return err
+	}
+	return r.apply(ctx, "no change", nodeConfig("tc", r.n, true))
+}
+
+// flowtable measures render (the host kernel may lack the flowtable, so apply is not
+// measured here) and raw nft -f of the same number of interval elements.
+func (r *cpRun) flowtable(ctx context.Context) error {
+	p, err := r.write(fmt.Sprintf("ft-%d.yaml", r.n), nodeConfig("flowtable", r.n, false))
+	if err != nil {
+		return err
+	}
+	if err := r.timed(ctx, "render", "", r.o.Bin, "render", "-f", p); err != nil {
+		return err
+	}
+	return r.rawNFT(ctx, "type ipv4_addr; flags interval", func(i int) string { return peerCIDR(i).String() })
+}
+
+// rawNFT loads n elements into a fresh set of type typ with one nft -f, then one more, as
+// the limit of what hostaccel's applies can do.
+func (r *cpRun) rawNFT(ctx context.Context, typ string, elem func(int) string) error {
+	kind := "set"
+	if strings.Contains(typ, ":") {
+		kind = "map"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "table inet cpbench {\n %s s { %s; }\n}\nadd element inet cpbench s {", kind, typ)
+	for i := range r.n {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		if i%100 == 99 {
+			b.WriteString("\n")
+		}
+		b.WriteString(elem(i))
+	}
+	b.WriteString("}\n")
+	if err := r.timed(ctx, "raw nft -f, all", b.String(), "nft", "-f", "-"); err != nil {
+		return err
+	}
+	return r.timed(ctx, "raw nft -f, one more", "add element inet cpbench s { "+elem(r.n)+" }\n", "nft", "-f", "-")
+}
+
+// lbConfig is services x backends (dnat, rr); drained: the first backend of the first
+// service is drained; grown: services x backends were fewer.
+func lbConfig(services, backends int, drained bool) string {
+	var b strings.Builder
+	b.WriteString("datapath: none\nloadBalancer:\n  services:\n")
+	k := 0
+	for s := range services {
+		fmt.Fprintf(&b, "  - name: s%d\n    vips: [%s]\n    port: 80\n    topology: dnat\n    scheduler: rr\n    backends:\n",
+			s, netip.AddrFrom4([4]byte{198, 18, byte(s >> 8), byte(s)}))
+		for i := range backends {
+			state := ""
+			if drained && s == 0 && i == 0 {
+				state = ", state: drain"
+			}
+			fmt.Fprintf(&b, "    - {address: %s, port: 8080%s}\n", backendAddr(k), state)
+			k++
+		}
+	}
+	return b.String()
+}
+
+func (r *cpRun) lb(ctx context.Context, services, backends int) error {
+	if _, err := r.sh(ctx, true, "", "ip", "link", "set", "lo", "up"); err != nil {
+		return err
+	}
+	if err := r.apply(ctx, "full apply", lbConfig(services, backends, false)); err != nil {
+		return err
+	}
+	if err := r.apply(ctx, "one backend drained", lbConfig(services, backends, true)); err != nil {
+		return err
+	}
+	if err := r.apply(ctx, "no change", lbConfig(services, backends, true)); err != nil {
+		return err
+	}
+	// Growing tenfold: a fresh table of a tenth, then the full size.
+	if _, err := r.sh(ctx, true, "", r.o.Bin, "cleanup", "--lock-file", filepath.Join(r.dir, "lock")); err != nil {
+		return err
+	}
+	small := lbConfig(max(services/10, 1), backends, false)
+	if services == 1 {
+		small = lbConfig(1, max(backends/10, 1), false)
+	}
+	if p, err := r.write("lb-small.yaml", small); err != nil {
+		return err
+	} else if _, err := r.sh(ctx, true, "", r.o.Bin, "apply", "-f", p, "--lock-file", filepath.Join(r.dir, "lock")); err != nil {
+		return err
+	}
+	if err := r.apply(ctx, "grown from a tenth", lbConfig(services, backends, false)); err != nil {
+		return err
+	}
+	_, _ = r.sh(ctx, true, "", "nft", "delete", "table", "inet", "hostaccel-lb")
+	return r.rawNFT(ctx, "typeof numgen inc mod 1 : ip daddr . tcp dport", func(i int) string {
+		return fmt.Sprintf("%d : %s . 8080", i, backendAddr(i))
+	})
+}
+
+// JSON is the report with every sample.
+func (rep *CPReport) JSON() ([]byte, error) {
+	// NaN is no JSON number: failed samples become null.
+	cells := make([]map[string]any, 0, len(rep.Cells))
+	for _, c := range rep.Cells {
+		secs := make([]any, len(c.Seconds))
+		for i, s := range c.Seconds {
+			if !math.IsNaN(s) {
+				secs[i] = s
+			}
+		}
+		m := map[string]any{"part": c.Part, "objects": c.Objects, "step": c.Step, "seconds": secs, "stats": Summarize(c.Seconds)}
+		if len(c.MaxRSSMiB) > 0 {
+			m["maxRSSMiB"] = c.MaxRSSMiB
+		}
+		if c.Output != "" {
+			m["output"] = c.Output
+		}
+		if len(c.Errors) > 0 {
+			m["errors"] = c.Errors
+		}
+		cells = append(cells, m)
+	}
+	return json.MarshalIndent(map[string]any{
+		"command": rep.Command, "commit": rep.Commit, "started": rep.Started, "finished": rep.Finished,
+		"machine": rep.Machine, "cells": cells,
+	}, "", "  ")
+}
+
+var cpPartTitles = map[string]string{
+	"tc":        "tc datapath: peer Pod CIDRs (one route each), `hostaccel apply`",
+	"flowtable": "flowtable datapath: peer Pod CIDRs, `hostaccel render` (this host has no flowtable to apply to)",
+	"lb":        "load balancer: services of 100 backends (dnat, rr), `hostaccel apply`",
+	"lb-one":    "load balancer: one service with all the backends, `hostaccel apply`",
+	"lb-api":    "load balancer agent: services of 5 backends; `hostaccel lb backend drain` until the backend leaves the kernel's map (5 drains a repetition); the agent's resident memory after them",
+}
+
+// Markdown is the report as tables: per part, a row per step, a column per size.
+func (rep *CPReport) Markdown() string {
+	var b strings.Builder
+	w := func(f string, a ...any) { fmt.Fprintf(&b, f+"\n", a...) }
+	w("# hostaccel bench control-plane, %s%s", rep.Started.Format("2006-01-02"), map[bool]string{true: " (" + rep.Commit + ")", false: ""}[rep.Commit != ""])
+	w("")
+	w("`%s`", rep.Command)
+	w("")
+	w("Seconds per step: median (± spread: every sample within median × (1 ± spread)); the peak")
+	w("resident memory of the hostaccel process in MiB below each apply. Each repetition in a fresh")
+	w("network namespace; parts interleaved.")
+	var sizes []int
+	var parts []string
+	for _, c := range rep.Cells {
+		if !slices.Contains(sizes, c.Objects) {
+			sizes = append(sizes, c.Objects)
+		}
+		if !slices.Contains(parts, c.Part) {
+			parts = append(parts, c.Part)
+		}
+	}
+	slices.Sort(sizes)
+	for _, part := range parts {
+		w("")
+		w("## %s", cpPartTitles[part])
+		w("")
+		head := "| step |"
+		sep := "| --- |"
+		for _, n := range sizes {
+			head += fmt.Sprintf(" %d |", n)
+			sep += " ---: |"
+		}
+		w("%s", head)
+		w("%s", sep)
+		var steps []string
+		for _, c := range rep.Cells {
+			if c.Part == part && !slices.Contains(steps, c.Step) {
+				steps = append(steps, c.Step)
+			}
+		}
+		var outputs []string
+		for _, step := range steps {
+			row, mem := "| "+step+" |", "| ↳ MiB |"
+			anyMem := false
+			for _, n := range sizes {
+				c := rep.find(part, n, step)
+				if c == nil {
+					row += " |"
+					mem += " |"
+					continue
+				}
+				row += " " + c.text() + " |"
+				if len(c.MaxRSSMiB) > 0 {
+					anyMem = true
+					mem += fmt.Sprintf(" %.0f |", Summarize(c.MaxRSSMiB).Median)
+				} else {
+					mem += " |"
+				}
+				if c.Output != "" && n == sizes[len(sizes)-1] {
+					outputs = append(outputs, fmt.Sprintf("%s, %d: `%s`", step, n, c.Output))
+				}
+			}
+			w("%s", row)
+			if anyMem {
+				w("%s", mem)
+			}
+		}
+		if len(outputs) > 0 {
+			w("")
+			for _, o := range outputs {
+				w("- %s", o)
+			}
+		}
+	}
+	w("")
+	w("## Machine")
+	w("")
+	m := rep.Machine
+	w("%s, %d CPUs, %d MiB; kernel %s; %s; %s; %s", m.CPU, m.CPUs, m.MemoryMiB, m.Kernel, m.OS, m.Nft, m.Go)
+	return b.String()
+}
+
+func (rep *CPReport) find(part string, n int, step string) *CPCell {
+	for _, c := range rep.Cells {
+		if c.Part == part && c.Objects == n && c.Step == step {
+			return c
+		}
+	}
+	return nil
+}
+
+func (c *CPCell) text() string {
+	s := Summarize(c.Seconds)
+	failed := len(c.Seconds) - s.N
+	out := ""
+	if s.N > 0 {
+		out = fmt.Sprintf("%s ±%.0f%%", fmtSeconds(s.Median), 100*s.Spread)
+	}
+	if failed > 0 {
+		reason := ""
+		if len(c.Errors) > 0 {
+			reason = ": " + strings.ReplaceAll(firstLines(c.Errors[0], 1), "|", "/")
+			if len(reason) > 60 {
+				reason = reason[:60] + "…"
+			}
+		}
+		out = strings.TrimSpace(out + fmt.Sprintf(" [%d failed%s]", failed, reason))
+	}
+	return out
+}
+
+func fmtSeconds(s float64) string {
+	if s < 1 {
+		return fmt.Sprintf("%.0f ms", s*1000)
+	}
+	return fmt.Sprintf("%.2f s", s)
+}
+
+// Write saves the report as DIR/<date>-<commit>-control-plane.{md,json}.
+func (rep *CPReport) Write(dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	base := rep.Started.Format("2006-01-02")
+	if rep.Commit != "" {
+		base += "-" + rep.Commit
+	}
+	base += "-control-plane"
+	js, err := rep.JSON()
+	if err != nil {
+		return nil, err
+	}
+	var paths []string
+	var errs []error
+	for ext, data := range map[string][]byte{".md": []byte(rep.Markdown()), ".json": js} {
+		p := filepath.Join(dir, base+ext)
+		errs = append(errs, os.WriteFile(p, data, 0o644))
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	return paths, errors.Join(errs...)
+}
+
+// lbAPI runs the agent with n/5 services of 5 backends and times drains through its API:
+// from the call until the backend has left the service's slot map in the kernel.
+func (r *cpRun) lbAPI(ctx context.Context) error {
+	if _, err := r.sh(ctx, true, "", "ip", "link", "set", "lo", "up"); err != nil {
+		return err
+	}
+	services := max(r.n/5, 1)
+	sock := filepath.Join(r.dir, "lb.sock")
+	cfg := strings.Replace(lbConfig(services, 5, false), "loadBalancer:\n", fmt.Sprintf("loadBalancer:\n  api: {socket: %s}\n  stateFile: %s\n", sock, filepath.Join(r.dir, "lb-state.yaml")), 1)
+	_ = os.Remove(filepath.Join(r.dir, "lb-state.yaml"))
+	p, err := r.write("lb-api.yaml", cfg)
+	if err != nil {
+		return err
+	}
+	agent := exec.CommandContext(ctx, "ip", "netns", "exec", r.ns, r.o.Bin, "agent", "-f", p,
+		"--lock-file", filepath.Join(r.dir, "lock"), "--state-file", filepath.Join(r.dir, "agent-state.json"))
+	var log strings.Builder
+	agent.Stdout, agent.Stderr = &log, &log
+	start := time.Now()
+	if err := agent.Start(); err != nil {
+		return err
+	}
+	defer func() {
+		_ = agent.Process.Signal(syscall.SIGTERM)
+		_ = agent.Wait()
+	}()
+	last := fmt.Sprintf("s%d-backends-v4", services-1)
+	c := r.rep.cell(r.part, r.n, "agent start until the last service is in the kernel")
+	for {
+		out, _ := r.sh(ctx, true, "", "nft", "list", "map", "inet", "hostaccel-lb", last)
+		if strings.Contains(out, " : ") {
+			break
+		}
+		if time.Since(start) > r.o.Timeout || agent.ProcessState != nil {
+			c.Seconds = append(c.Seconds, math.NaN())
+			c.Errors = append(c.Errors, "the agent did not install the services: "+firstLines(log.String(), 2))
+			return errors.New("agent start: timed out")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.Seconds = append(c.Seconds, time.Since(start).Seconds())
+	r.said = append(r.said, fmt.Sprintf("agent start %.2fs", time.Since(start).Seconds()))
+	// The API answers once the change is applied; the map is then checked (and polled, if
+	// need be: each nft listing costs as much as a sync at thousands of services, so polling
+	// hard would slow the agent it measures).
+	drain := r.rep.cell(r.part, r.n, "drain: API call until out of the map")
+	for k := range 5 {
+		svc := (k * 7919) % services
+		addr := backendAddr(svc*5 + k).String()
+		m := fmt.Sprintf("s%d-backends-v4", svc)
+		t0 := time.Now()
+		if _, err := r.sh(ctx, true, "", r.o.Bin, "lb", "backend", "drain", fmt.Sprintf("s%d", svc), addr+":8080", "--socket", sock); err != nil {
+			drain.Seconds = append(drain.Seconds, math.NaN())
+			drain.Errors = append(drain.Errors, err.Error())
+			continue
+		}
+		answered := time.Since(t0)
+		for first := true; ; first = false {
+			out, err := r.sh(ctx, true, "", "nft", "list", "map", "inet", "hostaccel-lb", m)
+			if err == nil && !strings.Contains(out, addr+" . ") {
+				d := time.Since(t0)
+				if first {
+					d = answered // gone at the first look: the API answered after the change
+				}
+				drain.Seconds = append(drain.Seconds, d.Seconds())
+				break
+			}
+			if time.Since(t0) > 30*time.Second {
+				drain.Seconds = append(drain.Seconds, math.NaN())
+				drain.Errors = append(drain.Errors, "still in the map after 30s")
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	r.said = append(r.said, fmt.Sprintf("drains %v", drain.Seconds[len(drain.Seconds)-5:]))
+	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", agent.Process.Pid)); err == nil {
+		for line := range strings.Lines(string(st)) {
+			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				var kb float64
+				fmt.Sscan(strings.TrimSpace(v), &kb)
+				drain.MaxRSSMiB = append(drain.MaxRSSMiB, kb/1024)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,55 @@
+package bench
+
+import (
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+)
+
+// A failed sample is no JSON number (null) and reads as failed in the table; medians and
+// spreads come from the others.
+func TestControlPlaneReport(t *testing.T) {
+	rep := &CPReport{Command: "hostaccel bench control-plane", Cells: []*CPCell{
+		{Part: "tc", Objects: 100, Step: "full apply", Seconds: []float64{0.2, 0.3, 0.4}, MaxRSSMiB: []float64{30, 31, 32}},
+		{Part: "tc", Objects: 10000, Step: "full apply", Seconds: []float64{1.5, math.NaN()}, Errors: []string{"timed out after 2m0s"}, Output: "elements +10003 ~0 -0"},
+	}}
+	js, err := rep.JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back struct {
+		Cells []struct {
+			Seconds []*float64 `json:"seconds"`
+		} `json:"cells"`
+	}
+	if err := json.Unmarshal(js, &back); err != nil {
+		t.Fatal(err)
+	}
+	if s := back.Cells[1].Seconds; len(s) != 2 || s[0] == nil || *s[0] != 1.5 || s[1] != nil {
+		t.Errorf("seconds of the failed cell: %v", s)
+	}
+	md := rep.Markdown()
+	for _, want := range []string{
+		"| step | 100 | 10000 |",
+		"| full apply | 300 ms ±33% | 1.50 s ±0% [1 failed: timed out after 2m0s] |",
+		"| ↳ MiB | 31 | |",
+		"- full apply, 10000: `elements +10003 ~0 -0`",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+}
+
+// Peer CIDRs and backend addresses are distinct up to the largest size.
+func TestControlPlaneObjectsAreDistinct(t *testing.T) {
+	cidrs, addrs := map[string]bool{}, map[string]bool{}
+	for i := range 50001 {
+		cidrs[peerCIDR(i).String()] = true
+		addrs[backendAddr(i).String()] = true
+	}
+	if len(cidrs) != 50001 || len(addrs) != 50001 {
+		t.Errorf("%d distinct CIDRs, %d distinct addresses of 50,001", len(cidrs), len(addrs))
+	}
+}
