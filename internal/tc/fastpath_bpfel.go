@@ -33,6 +33,16 @@ type fastpathEndpoint struct {
 	Pad   uint8
 }
 
+type fastpathHandedEnd struct {
+	_      structs.HostLayout
+	Asked  uint64
+	Server [16]uint8
+	Port   uint16
+	Nat    uint8
+	Pad    uint8
+	_      [4]byte
+}
+
 type fastpathIface struct {
 	_     structs.HostLayout
 	Role  uint32

@@ -146,7 +146,7 @@ func (s *progSet) rememberNATed(flows []conntrack.Flow) error {
 		} else {
 			e.Addr = a.As16()
 		}
-		errs = append(errs, s.maps.Handed.Put(e, uint32(1)))
+		errs = append(errs, s.maps.Handed.Put(e, fastpathHandedEnd{}))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("handed: %w", err)
