@@ -244,6 +244,13 @@ func TestProgramDecisions(t *testing.T) {
 		if err := p.set.maps.Handed.Lookup(e, &v); err != nil {
 			t.Errorf("client end %s:1000 not remembered: %v", pod, err)
 		}
+		// The program set the bit the agent computes for it (handedBit is handed_bit()).
+		idx, bit := handedBit(e)
+		var w uint64
+		p.must(p.set.maps.HandedBits.Lookup(idx, &w))
+		if w&bit == 0 {
+			t.Errorf("handed_bits[%d] = %#x, want bit %#x set", idx, w, bit)
+		}
 	})
 
 	// conntrack's answer about a reply to a remembered client end is kept for a moment, for
@@ -254,6 +261,7 @@ func TestProgramDecisions(t *testing.T) {
 		kept := func(asked uint64, server netip.Addr) {
 			h := fastpathHandedEnd{Asked: asked, Port: htons(1000), Nat: 1}
 			copy(h.Server[:], server.AsSlice())
+			p.must(p.set.setHandedBit(client))
 			p.must(p.set.maps.Handed.Put(client, h))
 		}
 		now := coarseNow(t)

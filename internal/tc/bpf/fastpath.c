@@ -221,6 +221,19 @@ struct {
 	__type(value, struct handed_end);
 } handed SEC(".maps");
 
+/* A bit per hash of a client end (handed_bit): set, never cleared, before the end enters
+ * handed (by the program, or by the agent for connections older than the program). A packet
+ * whose destination's bit is clear was never handed: pure pod-to-pod flows skip the handed
+ * lookup for one inlined array read. */
+#define HANDED_BITS_WORDS 16384 /* 2^20 bits */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, HANDED_BITS_WORDS);
+	__type(key, __u32);
+	__type(value, __u64);
+} handed_bits SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, NUM_STATS);
@@ -306,14 +319,43 @@ static __always_inline bool check_nat(struct settings *cfg, __u32 role)
 	return cfg->nat_check & (role == ROLE_GATEWAY ? NAT_CHECK_FROM_PODS : NAT_CHECK_TOWARD_PODS);
 }
 
+/* handed_bit returns the word of handed_bits for e and its bit in *bit: a hash of the
+ * endpoint's 20 bytes (internal/tc handedBit computes the same). */
+static __always_inline __u64 *handed_bit(struct endpoint *e, __u64 *bit)
+{
+	__u32 w[5], h = 0x9e3779b9, i;
+
+	__builtin_memcpy(w, e, sizeof(w));
+#pragma unroll
+	for (i = 0; i < 5; i++)
+		h = (h ^ w[i]) * 0x01000193;
+	h ^= h >> 15;
+	*bit = 1ULL << (h & 63);
+	i = (h >> 6) & (HANDED_BITS_WORDS - 1);
+	return bpf_map_lookup_elem(&handed_bits, &i);
+}
+
 /* remember records the sending end of a packet handed to the stack from the Pods' side. A TCP
  * SYN starts a new connection from that end: what was known of an older one is voided. */
 static __always_inline void remember(struct endpoint *e, bool syn)
 {
 	struct handed_end h = {};
+	__u64 bit, *word = handed_bit(e, &bit);
 
+	if (word && !(*word & bit))
+		__sync_fetch_and_or(word, bit);
 	if (syn || !bpf_map_lookup_elem(&handed, e)) /* a hit refreshes the LRU */
 		bpf_map_update_elem(&handed, e, &h, BPF_ANY);
+}
+
+/* was_handed returns e's entry in handed, or NULL; its bit answers first for most ends. */
+static __always_inline struct handed_end *was_handed(struct endpoint *e)
+{
+	__u64 bit, *word = handed_bit(e, &bit);
+
+	if (word && !(*word & bit))
+		return NULL;
+	return bpf_map_lookup_elem(&handed, e);
 }
 
 /* sender reports whether a packet from an address with flags sf arriving on a device of role
@@ -555,7 +597,7 @@ static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struc
 	}
 	/* A reply to a client end the program handed to the stack: if conntrack knows its flow
 	 * as NAT-ed, the stack un-NATs it, whatever else the packet is. */
-	if (check_nat(cfg, in->role) && (h = bpf_map_lookup_elem(&handed, &f->dst)) &&
+	if (check_nat(cfg, in->role) && (h = was_handed(&f->dst)) &&
 	    nat_reply(skb, f, h)) {
 		count(STAT_NAT, skb);
 		return -1;
