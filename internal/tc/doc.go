@@ -15,18 +15,27 @@
 // anything but TCP and UDP (ICMP and its errors, ND, ARP) are handed on untouched. Each
 // address is looked up once in one LPM trie per family, whose value holds all its roles (local
 // Pod, peer Pod, peer node, excluded: the agent gives every prefix the roles of the prefixes
-// that contain it) and the agent's route. The class follows from the roles and the input
-// device: on a gateway, local Pod -> peer Pod is pod-to-pod and local Pod -> peer node
-// node-to-remote-pod (the replies); on a transport, peer Pod -> local Pod and peer node ->
-// local Pod. Disabled classes and excluded sources or destinations pass; so does a TTL / hop
-// limit <= 1 (the stack sends time exceeded).
+// that contain it) and the agent's route. The destination comes first: on a gateway it must be
+// a peer Pod or peer node, on a transport a local Pod; anything else (a ClusterIP, a NodePort,
+// the node) passes after that one lookup. Then the source: on a gateway, local Pod -> peer Pod
+// is pod-to-pod and local Pod -> peer node node-to-remote-pod (the replies); on a transport,
+// peer Pod -> local Pod and peer node -> local Pod. Disabled classes and excluded sources or
+// destinations pass; so does a TTL / hop limit <= 1 (the stack sends time exceeded).
 //
-// Then the NAT check: the packet's tuple is looked up in conntrack (bpf_skb_ct_lookup, Linux
-// >= 5.18). A flow conntrack knows as source- or destination-NAT-ed by this node (a backend
-// Pod's reply to a ClusterIP connection, a local Pod's reply to a NodePort connection without
-// SNAT) goes to the stack, which un-NATs it (and in auto, the flowtable accelerates it); the
-// reference is released on every path. Pure pod-to-pod flows have no entry at all (both
-// directions are redirected, so the stack never sees them) and keep the redirect. Where the
+// The NAT check (between the two lookups): a packet from the Pods' side to an address of no
+// class (a ClusterIP, a NodePort) goes to the stack, which may NAT it; its client end is
+// remembered (LRU map handed, and a bit of a hash of it in handed_bits), by the SYN for TCP
+// (which also voids what was kept of an older connection from that end). A packet to a
+// remembered end is a reply that may need the un-NAT: its tuple is looked up in conntrack
+// (bpf_skb_ct_lookup, Linux >= 5.18; the reference is released on every path), and a flow
+// conntrack knows as source- or destination-NAT-ed by this node (a backend Pod's reply to a
+// ClusterIP connection, a local Pod's reply to a NodePort connection without SNAT) goes to the
+// stack, which un-NATs it (and in auto, the flowtable accelerates it). The answer is kept in
+// the end's entry, with the server end it was about, for 100 ms: far below any conntrack
+// timeout, so it stands for an entry conntrack still holds; meanwhile the replies cost one
+// hash lookup. Pure pod-to-pod flows have no entry at all (both directions are redirected, so
+// the stack never sees them): their destination's bit is clear (one inlined array read), and
+// they keep the redirect. Where the
 // check runs is the config's tc.natCheck: both directions (default), toward-pods (packets
 // arriving on a transport), or off. The kfuncs are linked at load time: the agent tells the
 // program (a read-only variable) whether the kernel's BTF has them, and loads it again once

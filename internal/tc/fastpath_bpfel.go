@@ -33,6 +33,16 @@ type fastpathEndpoint struct {
 	Pad   uint8
 }
 
+type fastpathHandedEnd struct {
+	_      structs.HostLayout
+	Asked  uint64
+	Server [16]uint8
+	Port   uint16
+	Nat    uint8
+	Pad    uint8
+	_      [4]byte
+}
+
 type fastpathIface struct {
 	_     structs.HostLayout
 	Role  uint32
@@ -87,6 +97,7 @@ const (
 	fastpathMapAddrs6          = "addrs6"
 	fastpathMapConfig          = "config"
 	fastpathMapHanded          = "handed"
+	fastpathMapHandedBits      = "handed_bits"
 	fastpathMapIfaces          = "ifaces"
 	fastpathMapNexthops        = "nexthops"
 	fastpathMapStats           = "stats"
@@ -143,13 +154,14 @@ type fastpathProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fastpathMapSpecs struct {
-	Addrs4   *ebpf.MapSpec `ebpf:"addrs4"`
-	Addrs6   *ebpf.MapSpec `ebpf:"addrs6"`
-	Config   *ebpf.MapSpec `ebpf:"config"`
-	Handed   *ebpf.MapSpec `ebpf:"handed"`
-	Ifaces   *ebpf.MapSpec `ebpf:"ifaces"`
-	Nexthops *ebpf.MapSpec `ebpf:"nexthops"`
-	Stats    *ebpf.MapSpec `ebpf:"stats"`
+	Addrs4     *ebpf.MapSpec `ebpf:"addrs4"`
+	Addrs6     *ebpf.MapSpec `ebpf:"addrs6"`
+	Config     *ebpf.MapSpec `ebpf:"config"`
+	Handed     *ebpf.MapSpec `ebpf:"handed"`
+	HandedBits *ebpf.MapSpec `ebpf:"handed_bits"`
+	Ifaces     *ebpf.MapSpec `ebpf:"ifaces"`
+	Nexthops   *ebpf.MapSpec `ebpf:"nexthops"`
+	Stats      *ebpf.MapSpec `ebpf:"stats"`
 }
 
 // fastpathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -179,13 +191,14 @@ func (o *fastpathObjects) Close() error {
 //
 // It can be passed to loadFastpathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fastpathMaps struct {
-	Addrs4   *ebpf.Map `ebpf:"addrs4"`
-	Addrs6   *ebpf.Map `ebpf:"addrs6"`
-	Config   *ebpf.Map `ebpf:"config"`
-	Handed   *ebpf.Map `ebpf:"handed"`
-	Ifaces   *ebpf.Map `ebpf:"ifaces"`
-	Nexthops *ebpf.Map `ebpf:"nexthops"`
-	Stats    *ebpf.Map `ebpf:"stats"`
+	Addrs4     *ebpf.Map `ebpf:"addrs4"`
+	Addrs6     *ebpf.Map `ebpf:"addrs6"`
+	Config     *ebpf.Map `ebpf:"config"`
+	Handed     *ebpf.Map `ebpf:"handed"`
+	HandedBits *ebpf.Map `ebpf:"handed_bits"`
+	Ifaces     *ebpf.Map `ebpf:"ifaces"`
+	Nexthops   *ebpf.Map `ebpf:"nexthops"`
+	Stats      *ebpf.Map `ebpf:"stats"`
 }
 
 func (m *fastpathMaps) Close() error {
@@ -194,6 +207,7 @@ func (m *fastpathMaps) Close() error {
 		m.Addrs6,
 		m.Config,
 		m.Handed,
+		m.HandedBits,
 		m.Ifaces,
 		m.Nexthops,
 		m.Stats,

@@ -5,8 +5,10 @@ import (
 	"math"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
@@ -238,9 +240,69 @@ func TestProgramDecisions(t *testing.T) {
 		}
 		e := fastpathEndpoint{Port: htons(1000), Proto: 17}
 		copy(e.Addr[:], pod.AsSlice())
-		var v uint32
+		var v fastpathHandedEnd
 		if err := p.set.maps.Handed.Lookup(e, &v); err != nil {
 			t.Errorf("client end %s:1000 not remembered: %v", pod, err)
 		}
+		// The program set the bit the agent computes for it (handedBit is handed_bit()).
+		idx, bit := handedBit(e)
+		var w uint64
+		p.must(p.set.maps.HandedBits.Lookup(idx, &w))
+		if w&bit == 0 {
+			t.Errorf("handed_bits[%d] = %#x, want bit %#x set", idx, w, bit)
+		}
 	})
+
+	// conntrack's answer about a reply to a remembered client end is kept for a moment, for
+	// that server end only; a TCP SYN from the client end voids it.
+	t.Run("KeptNATAnswer", func(t *testing.T) {
+		client := fastpathEndpoint{Port: htons(2000), Proto: 17} // frame(pod, remote): the reply goes to remote:2000
+		copy(client.Addr[:], remote.AsSlice())
+		kept := func(asked uint64, server netip.Addr) {
+			h := fastpathHandedEnd{Asked: asked, Port: htons(1000), Nat: 1}
+			copy(h.Server[:], server.AsSlice())
+			p.must(p.set.setHandedBit(client))
+			p.must(p.set.maps.Handed.Put(client, h))
+		}
+		now := coarseNow(t)
+		kept(now, pod)
+		pass("Fresh", frame(pod, remote, 64), PassNAT)
+
+		kept(now, netip.MustParseAddr("10.244.1.3"))
+		if ret, _ := p.run(frame(pod, remote, 64)); ret != actRedirect {
+			t.Errorf("kept answer about another server end: return %d, want TC_ACT_REDIRECT (conntrack has no entry)", int32(ret))
+		}
+		kept(now-uint64(time.Second), pod)
+		if ret, _ := p.run(frame(pod, remote, 64)); ret != actRedirect {
+			t.Errorf("old kept answer: return %d, want TC_ACT_REDIRECT (conntrack has no entry)", int32(ret))
+		}
+		var h fastpathHandedEnd
+		p.must(p.set.maps.Handed.Lookup(client, &h))
+		if h.Nat != 0 || h.Asked < now || netip.AddrFrom4([4]byte(h.Server[:4])) != pod {
+			t.Errorf("after asking again: kept %+v, want conntrack's answer (no NAT) about %s, asked now", h, pod)
+		}
+
+		// A SYN from pod:1000 to a ClusterIP starts a new connection: what was kept is voided.
+		syn := frame(pod, netip.MustParseAddr("10.96.0.10"), 64)
+		syn[14+9], syn[14+20+13] = 6, 0x02 // TCP, flags SYN
+		client = fastpathEndpoint{Port: htons(1000), Proto: 6}
+		copy(client.Addr[:], pod.AsSlice())
+		kept(now, remote)
+		if ret, _ := p.run(syn); ret != actUnspec {
+			t.Fatalf("SYN to a ClusterIP: return %d, want TC_ACT_UNSPEC", int32(ret))
+		}
+		p.must(p.set.maps.Handed.Lookup(client, &h))
+		if h.Asked != 0 {
+			t.Errorf("after a SYN: kept %+v, want nothing asked", h)
+		}
+	})
+}
+
+// coarseNow is bpf_ktime_get_coarse_ns() as a program would read it now.
+func coarseNow(t *testing.T) uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil {
+		t.Fatal(err)
+	}
+	return uint64(ts.Nano())
 }

@@ -1,6 +1,7 @@
 package tc
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -103,7 +104,7 @@ func (s *progSet) fields() map[string]**ebpf.Map {
 	return map[string]**ebpf.Map{
 		fastpathMapIfaces: &m.Ifaces, fastpathMapAddrs4: &m.Addrs4, fastpathMapAddrs6: &m.Addrs6,
 		fastpathMapConfig: &m.Config, fastpathMapStats: &m.Stats, fastpathMapHanded: &m.Handed,
-		fastpathMapNexthops: &m.Nexthops,
+		fastpathMapHandedBits: &m.HandedBits, fastpathMapNexthops: &m.Nexthops,
 	}
 }
 
@@ -146,12 +147,40 @@ func (s *progSet) rememberNATed(flows []conntrack.Flow) error {
 		} else {
 			e.Addr = a.As16()
 		}
-		errs = append(errs, s.maps.Handed.Put(e, uint32(1)))
+		errs = append(errs, s.setHandedBit(e), s.maps.Handed.Put(e, fastpathHandedEnd{}))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("handed: %w", err)
 	}
 	return nil
+}
+
+// handedBitsWords is HANDED_BITS_WORDS in bpf/fastpath.c.
+const handedBitsWords = 16384
+
+// handedBit is handed_bit() of bpf/fastpath.c: the word of handed_bits for e and its bit.
+func handedBit(e fastpathEndpoint) (uint32, uint64) {
+	var b [20]byte
+	copy(b[:], e.Addr[:])
+	binary.LittleEndian.PutUint16(b[16:], e.Port)
+	b[18], b[19] = e.Proto, e.Pad
+	h := uint32(0x9e3779b9)
+	for i := 0; i < 20; i += 4 {
+		h = (h ^ binary.LittleEndian.Uint32(b[i:])) * 0x01000193
+	}
+	h ^= h >> 15
+	return (h >> 6) & (handedBitsWords - 1), 1 << (h & 63)
+}
+
+// setHandedBit sets e's bit in handed_bits (of a set not attached yet: no program writes
+// meanwhile).
+func (s *progSet) setHandedBit(e fastpathEndpoint) error {
+	idx, bit := handedBit(e)
+	var w uint64
+	if err := s.maps.HandedBits.Lookup(idx, &w); err != nil {
+		return err
+	}
+	return s.maps.HandedBits.Put(idx, w|bit)
 }
 
 // htons is the network byte order of a port, as the program stores it (a __be16 read on a

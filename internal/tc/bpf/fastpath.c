@@ -189,19 +189,50 @@ struct endpoint {
 	__u8 pad;
 };
 
+/* What the program knows of a client end in handed: conntrack's answer about the last reply
+ * it asked for, from which server end, and when. */
+struct handed_end {
+	__u64 asked;      /* bpf_ktime_get_coarse_ns() of the answer; 0: conntrack not asked yet */
+	__u8 server[16];  /* the reply's source address ... */
+	__be16 port;      /* ... and port */
+	__u8 nat;         /* conntrack's answer: the flow is NAT-ed by this node */
+	__u8 pad;
+};
+
+/* A kept answer is used for this long; then conntrack is asked again. Short, so that a
+ * connection that replaced a NAT-ed one on the same ends (without a SYN the program saw) is
+ * told apart soon, and far below any conntrack timeout, so that the answer stands for an
+ * entry conntrack still holds. */
+#define HANDED_TTL_NS 100000000ULL
+
 /* The client ends of the connections whose packets this program handed to the stack on their
  * way from the Pods' side (a local Pod to a ClusterIP; a peer to a NodePort or the node): only
  * those connections can have been NAT-ed by the stack, so conntrack is asked only about packets
- * to such an end, their replies. Pure pod-to-pod flows never enter it and cost one lookup that
- * misses instead of a conntrack lookup. A TCP connection is entered by its SYN, UDP by every
- * datagram; every reply's lookup keeps the entry fresh, so an entry is forgotten only when more
- * than max_entries client ends were used more recently (LRU). */
+ * to such an end, their replies, and its answer is kept for HANDED_TTL_NS (a NAT-ed reply then
+ * costs one hash lookup). Pure pod-to-pod flows never enter it and cost one lookup that misses
+ * instead of a conntrack lookup. A TCP connection is entered by its SYN (which also voids a kept
+ * answer: a new connection), UDP by its first datagram; every reply's lookup keeps the entry
+ * fresh, so an entry is forgotten only when more than max_entries client ends were used more
+ * recently (LRU). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 131072);
 	__type(key, struct endpoint);
-	__type(value, __u32);
+	__type(value, struct handed_end);
 } handed SEC(".maps");
+
+/* A bit per hash of a client end (handed_bit): set, never cleared, before the end enters
+ * handed (by the program, or by the agent for connections older than the program). A packet
+ * whose destination's bit is clear was never handed: pure pod-to-pod flows skip the handed
+ * lookup for one inlined array read. */
+#define HANDED_BITS_WORDS 16384 /* 2^20 bits */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, HANDED_BITS_WORDS);
+	__type(key, __u32);
+	__type(value, __u64);
+} handed_bits SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -288,13 +319,43 @@ static __always_inline bool check_nat(struct settings *cfg, __u32 role)
 	return cfg->nat_check & (role == ROLE_GATEWAY ? NAT_CHECK_FROM_PODS : NAT_CHECK_TOWARD_PODS);
 }
 
-/* remember records the sending end of a packet handed to the stack from the Pods' side. */
-static __always_inline void remember(struct endpoint *e)
+/* handed_bit returns the word of handed_bits for e and its bit in *bit: a hash of the
+ * endpoint's 20 bytes (internal/tc handedBit computes the same). */
+static __always_inline __u64 *handed_bit(struct endpoint *e, __u64 *bit)
 {
-	__u32 one = 1;
+	__u32 w[5], h = 0x9e3779b9, i;
 
-	if (!bpf_map_lookup_elem(&handed, e)) /* a hit refreshes the LRU */
-		bpf_map_update_elem(&handed, e, &one, BPF_ANY);
+	__builtin_memcpy(w, e, sizeof(w));
+#pragma unroll
+	for (i = 0; i < 5; i++)
+		h = (h ^ w[i]) * 0x01000193;
+	h ^= h >> 15;
+	*bit = 1ULL << (h & 63);
+	i = (h >> 6) & (HANDED_BITS_WORDS - 1);
+	return bpf_map_lookup_elem(&handed_bits, &i);
+}
+
+/* remember records the sending end of a packet handed to the stack from the Pods' side. A TCP
+ * SYN starts a new connection from that end: what was known of an older one is voided. */
+static __always_inline void remember(struct endpoint *e, bool syn)
+{
+	struct handed_end h = {};
+	__u64 bit, *word = handed_bit(e, &bit);
+
+	if (word && !(*word & bit))
+		__sync_fetch_and_or(word, bit);
+	if (syn || !bpf_map_lookup_elem(&handed, e)) /* a hit refreshes the LRU */
+		bpf_map_update_elem(&handed, e, &h, BPF_ANY);
+}
+
+/* was_handed returns e's entry in handed, or NULL; its bit answers first for most ends. */
+static __always_inline struct handed_end *was_handed(struct endpoint *e)
+{
+	__u64 bit, *word = handed_bit(e, &bit);
+
+	if (word && !(*word & bit))
+		return NULL;
+	return bpf_map_lookup_elem(&handed, e);
 }
 
 /* sender reports whether a packet from an address with flags sf arriving on a device of role
@@ -468,6 +529,35 @@ static __always_inline bool natted_flow(struct __sk_buff *skb, struct flow *f)
 	return natted(skb, &t, sizeof(t.ipv4), f->src.proto);
 }
 
+/* same_addr compares two 16-byte addresses (no memcmp in BPF). */
+static __always_inline bool same_addr(const __u8 *a, const __u8 *b)
+{
+	__u64 a0, a1, b0, b1;
+
+	__builtin_memcpy(&a0, a, 8);
+	__builtin_memcpy(&a1, a + 8, 8);
+	__builtin_memcpy(&b0, b, 8);
+	__builtin_memcpy(&b1, b + 8, 8);
+	return a0 == b0 && a1 == b1;
+}
+
+/* nat_reply reports whether conntrack knows the flow of a packet to a remembered client end h
+ * as NAT-ed: from the kept answer while it is fresh and about the same server end, else from
+ * conntrack (and kept). */
+static __always_inline bool nat_reply(struct __sk_buff *skb, struct flow *f, struct handed_end *h)
+{
+	__u64 now = bpf_ktime_get_coarse_ns();
+	struct handed_end n = {.asked = now, .port = f->src.port};
+
+	if (h->asked && now - h->asked < HANDED_TTL_NS && h->port == f->src.port &&
+	    same_addr(h->server, f->src.addr))
+		return h->nat;
+	n.nat = natted_flow(skb, f);
+	__builtin_memcpy(n.server, f->src.addr, 16);
+	bpf_map_update_elem(&handed, &f->dst, &n, BPF_EXIST);
+	return n.nat;
+}
+
 /* roles looks an address up in its family's trie (an lpm6 key serves both: the IPv4 trie
  * reads only its prefix length and first 4 bytes). */
 static __always_inline struct addr *roles(struct flow *f, struct endpoint *e)
@@ -478,26 +568,42 @@ static __always_inline struct addr *roles(struct flow *f, struct endpoint *e)
 	return bpf_map_lookup_elem(f->v6 ? (void *)&addrs6 : (void *)&addrs4, &key);
 }
 
+/* serves is the role a packet's destination must have for a device of role: a peer (Pod or
+ * node) on a gateway, a local Pod on a transport. */
+static __always_inline __u32 serves(__u32 role)
+{
+	return role == ROLE_GATEWAY ? ADDR_PEER_POD | ADDR_PEER_NODE : ADDR_LOCAL_POD;
+}
+
 /* decide returns the class of a packet to redirect, with the agent's route for it in
- * *egress, or -1 to hand it to the stack. */
+ * *egress, or -1 to hand it to the stack. The destination is looked up first: most packets
+ * that are not ours (to a ClusterIP, a NodePort, the node) leave after that one lookup. */
 static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struct settings *cfg,
 				  struct flow *f, __u32 *egress)
 {
 	struct addr *s, *d;
+	struct handed_end *h;
 	int class;
 
-	if (!(s = roles(f, &f->src)) || !sender(in->role, s->flags))
-		return -1;
 	d = roles(f, &f->dst);
-	class = d ? classify(in->role, s->flags, d->flags) : -1;
-	if (class < 0) {
+	if (!d || !(d->flags & serves(in->role))) {
 		/* To an address of no class (a ClusterIP, the node): the stack may NAT it, and its
 		 * replies come back on a device of the other role. Of a TCP connection only the
 		 * SYN is remembered (every reply's lookup keeps the entry fresh). */
-		if (f->opens && check_nat(cfg, in->role == ROLE_GATEWAY ? ROLE_TRANSPORT : ROLE_GATEWAY))
-			remember(&f->src);
+		if (f->opens && check_nat(cfg, in->role == ROLE_GATEWAY ? ROLE_TRANSPORT : ROLE_GATEWAY) &&
+		    (s = roles(f, &f->src)) && sender(in->role, s->flags))
+			remember(&f->src, f->src.proto == IPPROTO_TCP);
 		return -1;
 	}
+	/* A reply to a client end the program handed to the stack: if conntrack knows its flow
+	 * as NAT-ed, the stack un-NATs it, whatever else the packet is. */
+	if (check_nat(cfg, in->role) && (h = was_handed(&f->dst)) &&
+	    nat_reply(skb, f, h)) {
+		count(STAT_NAT, skb);
+		return -1;
+	}
+	if (!(s = roles(f, &f->src)) || (class = classify(in->role, s->flags, d->flags)) < 0)
+		return -1;
 	if (!(cfg->classes & (1U << class)))
 		return -1;
 	if ((s->flags | d->flags) & ADDR_EXCLUDE) {
@@ -506,10 +612,6 @@ static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struc
 	}
 	if (f->hops <= 1) {
 		count(STAT_TTL, skb);
-		return -1;
-	}
-	if (check_nat(cfg, in->role) && bpf_map_lookup_elem(&handed, &f->dst) && natted_flow(skb, f)) {
-		count(STAT_NAT, skb);
 		return -1;
 	}
 	*egress = d->egress;
