@@ -85,7 +85,7 @@ func TestDriftRepairVisible(t *testing.T) {
 		out, _ := tp.Node.Exec("nft", "list", "map", "inet", lb.NATTable, "web-backends-v4")
 		return strings.Count(out, "10.244.2.")
 	}
-	waitFor(t, "the agent's first sync", 20*time.Second, func() bool {
+	waitFor(t, "the agent's first sync", 60*time.Second, func() bool {
 		st := readState(statePath)
 		return st.Syncs > 0 && st.Healthy && attached("gw") && attached("eth0") && backends() > 0
 	})

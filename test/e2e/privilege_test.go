@@ -64,7 +64,7 @@ func TestMissingCapabilitiesNamed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	waitFor(t, "the agent's first sync", 20*time.Second, func() bool { return readState(statePath).Syncs > 0 })
+	waitFor(t, "the agent's first sync", 60*time.Second, func() bool { return readState(statePath).Syncs > 0 })
 	if st := readState(statePath); st.Healthy || !strings.Contains(st.LastError, lacksSysAdmin) {
 		t.Errorf("agent without CAP_SYS_ADMIN: %+v", st)
 	}

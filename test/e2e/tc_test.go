@@ -145,7 +145,7 @@ func TestTCDatapathAgent(t *testing.T) {
 		}
 		return strings.Join(ds, ",")
 	}
-	waitFor(t, "tc attached by the agent", 20*time.Second, func() bool { return attached() == "eth0,gw" || attached() == "gw,eth0" })
+	waitFor(t, "tc attached by the agent", 60*time.Second, func() bool { return attached() == "eth0,gw" || attached() == "gw,eth0" })
 	if err := reachable(tp, tp.V4, 5110); err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +162,7 @@ func TestTCDatapathAgent(t *testing.T) {
 	if err := tp.RecreateTransport(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "traffic over the re-created transport", 20*time.Second, func() bool { return reachable(tp, tp.V4, 5111) == nil })
+	waitFor(t, "traffic over the re-created transport", 60*time.Second, func() bool { return reachable(tp, tp.V4, 5111) == nil })
 
 	_, body := httpGet(t, tp.Node, "127.0.0.1:9467", "/metrics")
 	if !strings.Contains(body, `hostaccel_tc_redirected_packets_total{class="pod-to-pod",family="ipv4"}`) {
