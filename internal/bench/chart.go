@@ -26,7 +26,7 @@ const (
 )
 
 // shortTraffic labels the groups (the full names do not fit under the bars).
-var shortTraffic = map[Traffic]string{PodToPod: "pod-pod", PodToService: "pod-svc", ExternalToNodePort: "ext-nodeport", DirectLink: "no hop"}
+var shortTraffic = map[Traffic]string{PodToPod: "pod-pod", PodToService: "pod-svc", ExternalToNodePort: "ext-nodeport", ExternalToLoadBalancer: "ext-lb", DirectLink: "no hop"}
 
 // shortDirection labels the pktgen groups.
 var shortDirection = map[Direction]string{PodToRemote: "pod -> remote", RemoteToPod: "remote -> pod"}

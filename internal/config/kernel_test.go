@@ -37,8 +37,8 @@ type corpusEntry struct {
 // managers in a fresh network namespace that has a veth for every interface it names; a
 // second apply must find nothing to change (the kernel holds what was rendered). The
 // flowtable part needs a kernel with the flowtable (scripts/test.sh runs this test in the VM
-// too, where HOSTACCEL_REQUIRE_FLOWTABLE=1); the load balancer part runs natively only (the
-// VM's kernel has no nft_objref for its named counters; test/lb runs natively too).
+// too, where HOSTACCEL_REQUIRE_FLOWTABLE=1); the load balancer part runs there as well (its
+// named counters need nft_objref, a module that vmtest's initramfs carries).
 func TestFuzzCorpusKernelAccepts(t *testing.T) {
 	testbed.RequireRoot(t)
 	entries := acceptedCorpus(t)
@@ -56,7 +56,6 @@ func TestFuzzCorpusKernelAccepts(t *testing.T) {
 	if !haveFlowtable && (os.Getenv("HOSTACCEL_REQUIRE_FLOWTABLE") == "1" || os.Getenv("HOSTACCEL_IN_VM") == "1") {
 		t.Fatalf("this kernel has no flowtable: %s", caps.Get(probe.Flowtable).Detail)
 	}
-	lbHere := os.Getenv("HOSTACCEL_IN_VM") != "1"
 	applied, skipped := 0, 0
 	for _, e := range entries {
 		t.Run(e.name, func(t *testing.T) {
@@ -79,9 +78,6 @@ func TestFuzzCorpusKernelAccepts(t *testing.T) {
 			if ft != nil && !haveFlowtable {
 				ft = nil
 				skipped++
-			}
-			if !lbHere {
-				lbr = nil
 			}
 			err = ns.Do(func() error {
 				ctx := context.Background()
@@ -118,7 +114,7 @@ func TestFuzzCorpusKernelAccepts(t *testing.T) {
 			applied++
 		})
 	}
-	t.Logf("%d accepted corpus entries applied (%d without their flowtable part: this kernel has none; load balancer parts: %v)", applied, skipped, lbHere)
+	t.Logf("%d accepted corpus entries applied (%d without their flowtable part: this kernel has none)", applied, skipped)
 }
 
 // acceptedCorpus reads the corpora and keeps what validation accepts, rendered.

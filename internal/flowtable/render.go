@@ -137,7 +137,7 @@ func Render(s model.State, o Options) *Ruleset {
 				rule(m+" "+ex+" counter return", "exclude: "+m)
 			}
 		}
-		for _, c := range s.Classes {
+		for _, c := range ruleOrder(s.Classes) {
 			for _, m := range classMatches(c, f, len(s.ServiceCIDRs) > 0) {
 				if !slices.ContainsFunc(m.needs, func(set string) bool { return !has(set) }) {
 					rule(m.match+threshold+" counter flow add @"+FlowtableName+" accept",
@@ -148,6 +148,26 @@ func Render(s model.State, o Options) *Ruleset {
 	}
 	r.Comment = "hostaccel flowtable datapath, spec " + r.spec()
 	return r
+}
+
+// ruleOrder puts pod-to-pod first: it is the commonest class and the one with no NAT, whose
+// first expression (`ct original daddr @peer-pod`, then `ct original saddr @peer-pod`) fails
+// at once for the NAT classes (their original destination is a VIP, a NodePort or an LB IP,
+// or their source is external); the NAT classes then start with their `ct status` test. A
+// connection matches one class only (the sets may not overlap), so the order changes no
+// decision and no class's counters.
+func ruleOrder(cs []model.Class) []model.Class {
+	out := slices.Clone(cs)
+	slices.SortStableFunc(out, func(a, b model.Class) int {
+		switch {
+		case a == model.PodToPod && b != model.PodToPod:
+			return -1
+		case b == model.PodToPod && a != model.PodToPod:
+			return 1
+		}
+		return 0
+	})
+	return out
 }
 
 type match struct {
@@ -165,7 +185,7 @@ func classMatches(c model.Class, f family, haveServiceCIDRs bool) []match {
 	switch c {
 	case model.PodToPod:
 		return []match{
-			{o("saddr", "@local-pod") + " " + o("daddr", "@peer-pod"), "local Pods to peer Pods", []string{"local-pod", "peer-pod"}},
+			{o("daddr", "@peer-pod") + " " + o("saddr", "@local-pod"), "local Pods to peer Pods", []string{"local-pod", "peer-pod"}},
 			{o("saddr", "@peer-pod") + " " + o("daddr", "@local-pod"), "peer Pods to local Pods", []string{"local-pod", "peer-pod"}},
 		}
 	case model.PodToService:
