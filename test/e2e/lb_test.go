@@ -2,14 +2,17 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hostaccel/hostaccel/internal/agent"
 	"github.com/hostaccel/hostaccel/internal/conntrack"
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/testbed"
@@ -230,12 +233,17 @@ func TestLoadBalancerDrainFailOffloaded(t *testing.T) {
 			sock := t.TempDir() + "/lb.sock"
 			health := fmt.Sprintf("{type: tcp, port: %d, interval: 1s, timeout: 1s, rise: 1, fall: 3}", checkPort)
 			cfg := writeConfig(t, lbConfig(t, tp, "dnat", flush, health, fmt.Sprintf("{socket: %s}", sock)))
-			startAgent(t, tp.Node, "-f", cfg, "--state-file", t.TempDir()+"/agent.json")
+			statePath := t.TempDir() + "/agent.json"
+			startAgent(t, tp.Node, "-f", cfg, "--state-file", statePath)
+			// The agent's state file says when its first sync (load balancer, then
+			// flowtable) succeeded; polling `hostaccel status` would compete with it for nft.
+			waitFor(t, "the agent's first sync", 90*time.Second, func() bool {
+				var st agent.State
+				b, _ := os.ReadFile(statePath)
+				return json.Unmarshal(b, &st) == nil && st.Syncs > 0 && st.SyncErrors == 0
+			})
 			var conns []lbConn
-			waitFor(t, "the agent to apply the flowtable and balance over both backends", 60*time.Second, func() bool {
-				if st := status(t, tp.Node); st.Table == nil || st.Table.Sets["lb-ip-v4"] == nil || len(st.Table.Sets["lb-ip-v4"].Elements) == 0 {
-					return false
-				}
+			waitFor(t, "the agent to balance over both backends", 60*time.Second, func() bool {
 				c, err := tryVIP(t, tp, v6, 16<<10)
 				if err != nil {
 					return false
