@@ -40,7 +40,8 @@ type corpusEntry struct {
 // too, where HOSTACCEL_REQUIRE_FLOWTABLE=1); the load balancer part runs natively only: the
 // VM's initramfs now carries nft_objref (the named counters), but its 6.1 kernel still rejects
 // 22 of the corpus's load balancer shapes with EINVAL (dsr, stateless-dnat, persistence and
-// others; measured 2026-11-23), to be looked into; plain snat/dnat services work there
+// others, e.g. persistence's negated lookup `ip saddr != @web-persist-v4` on a map; measured
+// 2026-11-23), to be looked into; plain snat/dnat services work there
 // (test/e2e's load balancer tests).
 func TestFuzzCorpusKernelAccepts(t *testing.T) {
 	testbed.RequireRoot(t)
