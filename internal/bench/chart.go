@@ -25,7 +25,7 @@ const (
 )
 
 // shortTraffic labels the groups (the full names do not fit under the bars).
-var shortTraffic = map[Traffic]string{PodToPod: "pod-pod", PodToService: "pod-svc", ExternalToNodePort: "ext-nodeport", DirectLink: "no hop",
+var shortTraffic = map[Traffic]string{PodToPod: "pod-pod", PodToService: "pod-svc", ExternalToNodePort: "ext-nodeport", ExternalToLoadBalancer: "ext-lb", DirectLink: "no hop",
 	LocalPodToPod64: "local 64B", LocalPodToPod64K: "local 64K"}
 
 // shortDirection labels the pktgen groups.

@@ -35,12 +35,15 @@ const (
 	PodToPod           Traffic = "pod-to-pod"
 	PodToService       Traffic = "pod-to-service"
 	ExternalToNodePort Traffic = "external-to-nodeport"
+	// ExternalToLoadBalancer goes from the external client to a VIP of hostaccel's own load
+	// balancer (internal/lb, a dnat service) on the server node.
+	ExternalToLoadBalancer Traffic = "external-to-loadbalancer"
 	// DirectLink is the direct variant's path: client and server on one veth, no hop.
 	DirectLink Traffic = "direct"
 )
 
 // Traffics lists the cluster paths in report order.
-var Traffics = []Traffic{PodToPod, PodToService, ExternalToNodePort}
+var Traffics = []Traffic{PodToPod, PodToService, ExternalToNodePort, ExternalToLoadBalancer}
 
 // Title is the traffic type as the seeds write it.
 func (t Traffic) Title() string {
@@ -51,6 +54,8 @@ func (t Traffic) Title() string {
 		return "Pod-to-Service"
 	case ExternalToNodePort:
 		return "External-to-NodePort"
+	case ExternalToLoadBalancer:
+		return "External-to-LoadBalancer (dnat)"
 	case DirectLink:
 		return "no hop"
 	case LocalPodToPod64:

@@ -83,9 +83,12 @@ var (
 	TransportCIDR = netip.MustParsePrefix("172.18.0.0/24")
 	ExternalIP    = netip.MustParseAddr("172.18.0.100")
 	NetperfVIP    = netip.MustParseAddr("10.96.0.10")
-	directCIDR    = netip.MustParsePrefix("10.250.0.0/24")
-	DirectClient  = netip.MustParseAddr("10.250.0.1")
-	DirectServer  = netip.MustParseAddr("10.250.0.2")
+	// LoadBalancerVIP is the VIP of the load balancer's dnat service on the server node;
+	// the external client routes it via that node.
+	LoadBalancerVIP = netip.MustParseAddr("198.51.100.10")
+	directCIDR      = netip.MustParsePrefix("10.250.0.0/24")
+	DirectClient    = netip.MustParseAddr("10.250.0.1")
+	DirectServer    = netip.MustParseAddr("10.250.0.2")
 )
 
 // netperf ports. The data port is fixed (netperf -- -P ,PORT) so that a Service can carry it.
@@ -193,6 +196,7 @@ func ClusterPlan(nodes, services int) Plan {
 		AddrSpec{RoleExternal, "eth0", in(ExternalIP, TransportCIDR)},
 		AddrSpec{RoleDirectClient, "eth0", in(DirectClient, directCIDR)},
 		AddrSpec{RoleDirectServer, "eth0", in(DirectServer, directCIDR)})
+	p.Routes = append(p.Routes, RouteSpec{Role: RoleExternal, Dst: host(LoadBalancerVIP), Via: nodeIP(2)})
 	p.Checks = []CheckSpec{
 		{From: RoleClientPod, To: RoleServerPod, Addr: podIP(2)},
 		{From: RoleExternal, To: RoleServerNode, Addr: nodeIP(2)},

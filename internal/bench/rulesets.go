@@ -14,7 +14,7 @@ const (
 	NodeFilterTable = "node-filter" // inet family, the node's own forward rules
 	// CountersTable is the bench's own probe on every node: a forward chain right after the
 	// node's forward rules and a prerouting chain right after DNAT, each with one counter.
-	// (Anonymous rule counters: named counters need nft_objref, which the VM lacks.)
+	// (Anonymous rule counters, as the seeds' rulesets have.)
 	CountersTable   = "bench-counters"
 	SlowPathCounter = "slowpath"      // packets through the forward hook
 	ServiceCounter  = "service-conns" // new connections destination-NATed by a Service

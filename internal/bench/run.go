@@ -265,6 +265,11 @@ func installDefault(ctx context.Context, nodes []*Node, rules int) error {
 		if err := n.NS.Sysctl("net.netfilter.nf_conntrack_acct", "1"); err != nil {
 			return fmt.Errorf("%s: %w", n.Role, err)
 		}
+		if n.Role == RoleServerNode {
+			if err := applyLoadBalancer(ctx, n); err != nil {
+				return fmt.Errorf("load balancer on %s: %w", n.Role, err)
+			}
+		}
 	}
 	return nil
 }
@@ -335,6 +340,8 @@ func routeOf(t Traffic) route {
 		return route{client: RoleClientPod, host: NetperfVIP.String(), ctrl: CtrlPort, data: DataPort, nodes: []string{RoleClientNode, RoleServerNode}, svcNode: RoleClientNode}
 	case ExternalToNodePort:
 		return route{client: RoleExternal, host: nodeIP(2).String(), ctrl: NodePortCtrl, data: NodePortData, nodes: []string{RoleServerNode}, svcNode: RoleServerNode}
+	case ExternalToLoadBalancer:
+		return route{client: RoleExternal, host: LoadBalancerVIP.String(), ctrl: CtrlPort, data: DataPort, nodes: []string{RoleServerNode}, svcNode: RoleServerNode}
 	}
 	return route{client: RoleDirectClient, host: DirectServer.String(), ctrl: CtrlPort, data: DataPort, nodes: []string{RoleClientNode, RoleServerNode}}
 }

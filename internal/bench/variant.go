@@ -2,12 +2,14 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 
 	"github.com/hostaccel/hostaccel/internal/flowtable"
+	"github.com/hostaccel/hostaccel/internal/lb"
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/probe"
 	"github.com/hostaccel/hostaccel/internal/testbed"
@@ -159,14 +161,15 @@ func init() {
 // Pod CIDR, the peers, the Service CIDR, every class on.
 func flowtableState(n *Node, datapath string) model.State {
 	s := model.State{
-		Datapath:      datapath,
-		Gateways:      []string{n.Gateway},
-		Transports:    []string{n.Transport},
-		LocalPodCIDRs: []netip.Prefix{n.PodCIDR},
-		PeerPodCIDRs:  slices.Clone(n.PeerPodCIDRs),
-		ServiceCIDRs:  []netip.Prefix{ServiceCIDR},
-		NodeIPs:       []netip.Addr{n.IP},
-		PeerNodeIPs:   slices.Clone(n.PeerIPs),
+		Datapath:        datapath,
+		Gateways:        []string{n.Gateway},
+		Transports:      []string{n.Transport},
+		LocalPodCIDRs:   []netip.Prefix{n.PodCIDR},
+		PeerPodCIDRs:    slices.Clone(n.PeerPodCIDRs),
+		ServiceCIDRs:    []netip.Prefix{ServiceCIDR},
+		NodeIPs:         []netip.Addr{n.IP},
+		PeerNodeIPs:     slices.Clone(n.PeerIPs),
+		LoadBalancerIPs: []netip.Prefix{host(LoadBalancerVIP)},
 		// Every class but local-pod-to-pod: the cluster has no same-node traffic, and the
 		// sockmap datapath attaches to the host's cgroup root, where it would see other
 		// processes' sockets between these Pod CIDRs.
@@ -200,6 +203,34 @@ func removeFlowtable(ctx context.Context, n *Node) error {
 			return err
 		}
 		return m.Remove(ctx)
+	})
+}
+
+// LoadBalancerServices is the load balancer of the server node: one dnat service on
+// LoadBalancerVIP carrying netperf's control and data ports to the server Pod.
+func LoadBalancerServices() []lb.Service {
+	return []lb.Service{{
+		Name: "netperf-lb", VIPs: []string{LoadBalancerVIP.String()}, Ports: []int{CtrlPort, DataPort},
+		Topology: lb.DNAT, HealthCheck: &lb.HealthCheck{Type: "none"},
+		Backends: []lb.Backend{{Address: podIP(2).String()}},
+	}}
+}
+
+// applyLoadBalancer installs LoadBalancerServices with internal/lb (Render + Manager.Apply),
+// as the agent would; it stays for every variant, like the kube-proxy-like ruleset.
+func applyLoadBalancer(ctx context.Context, n *Node) error {
+	svcs := LoadBalancerServices()
+	if errs := lb.ValidateServices(svcs, func(i int) string { return fmt.Sprintf("services[%d]", i) }); len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	r := lb.Render(lb.Resolve(svcs, nil, lb.OfflineEnv(svcs, lb.Env{})))
+	return n.NS.Do(func() error {
+		m, err := lb.NewManager()
+		if err != nil {
+			return err
+		}
+		_, err = m.Apply(ctx, r)
+		return err
 	})
 }
 

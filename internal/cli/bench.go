@@ -39,7 +39,8 @@ func benchCmd(g *globals) *cobra.Command {
 		Use:   "bench",
 		Short: "Reproduce the seed benchmark tables on this machine: default path, hostaccel, Antrea, Kindnet, direct link",
 		Long: `Builds a kind-like cluster of network namespaces and measures netperf TCP_STREAM, TCP_RR
-and TCP_CRR for Pod-to-Pod, Pod-to-Service and External-to-NodePort, plus the per-packet
+and TCP_CRR for Pod-to-Pod, Pod-to-Service, External-to-NodePort and External-to-LoadBalancer
+(a dnat service of hostaccel's load balancer), plus the per-packet
 forwarding cost with pktgen, for every variant side by side: the default node path (conntrack,
 kube-proxy-like NAT, N forward rules), hostaccel's datapaths, the Antrea (seed 001) and Kindnet
 (seed 002) rulesets, and a direct link with no hop. Variants this kernel lacks run inside the
@@ -117,7 +118,7 @@ failure or Ctrl-C.`,
 	f := c.Flags()
 	f.StringSliceVar(&variants, "variants", nil, "variants to measure (default: "+strings.Join(bench.DefaultNames(), ",")+"; all: "+strings.Join(bench.Names(), ",")+")")
 	f.StringSliceVar(&tests, "tests", bench.Tests, "netperf tests (empty: pktgen only)")
-	f.StringSliceVar(&traffic, "traffic", []string{string(bench.PodToPod), string(bench.PodToService), string(bench.ExternalToNodePort)}, "traffic types")
+	f.StringSliceVar(&traffic, "traffic", []string{string(bench.PodToPod), string(bench.PodToService), string(bench.ExternalToNodePort), string(bench.ExternalToLoadBalancer)}, "traffic types")
 	f.IntVar(&o.Reps, "reps", o.Reps, "repetitions of every cell (variants interleaved)")
 	f.IntVar(&o.VMReps, "vm-reps", 0, "repetitions inside the VM (default: --reps; its icount clock repeats to a fraction of a percent)")
 	f.DurationVar(&o.Duration, "duration", o.Duration, "netperf run length on the host (whole seconds)")

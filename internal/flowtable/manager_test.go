@@ -70,9 +70,14 @@ func TestManagerUpdatesInPlace(t *testing.T) {
 		t.Errorf("rules after flowtable recreation: %d", n)
 	}
 
-	// An exclusion narrows the policy too.
+	// The first exclusion brings the exclude rules (a new spec: the table is rebuilt,
+	// which flushes offloaded flows too); the next one narrows the policy in place.
 	s.Exclude = []netip.Prefix{netip.MustParsePrefix("10.244.2.9/32")}
-	if res := apply(t, m, s); !res.FlowtableRecreated || res.ElementsAdded != 1 {
+	if res := apply(t, m, s); !res.Rebuilt || res.Reason != "spec changed" {
+		t.Fatalf("first exclude added: %+v", res)
+	}
+	s.Exclude = append(s.Exclude, netip.MustParsePrefix("10.244.2.10/32"))
+	if res := apply(t, m, s); res.Rebuilt || !res.FlowtableRecreated || res.ElementsAdded != 1 {
 		t.Fatalf("exclude added: %+v", res)
 	}
 

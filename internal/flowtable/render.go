@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"sigs.k8s.io/knftables"
@@ -114,24 +115,34 @@ func Render(s model.State, o Options) *Ruleset {
 	rule := func(text, comment string) {
 		r.Rules = append(r.Rules, &knftables.Rule{Chain: ChainName, Rule: text, Comment: knftables.PtrTo(comment)})
 	}
+	// The guards: the kernel would not offload other protocols either, but without this
+	// guard an ICMP echo's or error's packets would be counted in a class; the device guards
+	// keep connections on other links (a second uplink, a VPN) out of the flowtable, whose
+	// hook only sees its own devices (such a flow would be half offloaded).
 	rule("meta l4proto != { tcp, udp } return", "the flowtable offloads TCP and UDP; ICMP (errors, PMTU) always takes the normal path")
 	rule("iifname != @"+DevicesSet+" return", "input device not in the flowtable")
 	rule("oifname != @"+DevicesSet+" return", "output device not in the flowtable")
-	for _, f := range families {
-		ex := "@exclude-" + f.suffix
-		for _, m := range []string{"ct original " + f.proto + " saddr", "ct original " + f.proto + " daddr", "ct reply " + f.proto + " saddr", "ct reply " + f.proto + " daddr"} {
-			rule(m+" "+ex+" counter return", "exclude: "+m)
-		}
-	}
+	// Only rules that can match exist: exclude rules while the family's exclude set has
+	// elements, a class rule while every set it requires has some. Emptiness is part of the
+	// spec, so such a change rebuilds the table in one transaction.
 	threshold := ""
 	if s.PacketThreshold > 0 {
 		threshold = fmt.Sprintf(" ct packets > %d", s.PacketThreshold)
 	}
-	for _, c := range s.Classes {
-		for _, f := range families {
+	for _, f := range families {
+		has := func(set string) bool { return len(r.Elements[set+"-"+f.suffix]) > 0 }
+		if has("exclude") {
+			ex := "@exclude-" + f.suffix
+			for _, m := range []string{"ct original " + f.proto + " saddr", "ct original " + f.proto + " daddr", "ct reply " + f.proto + " saddr", "ct reply " + f.proto + " daddr"} {
+				rule(m+" "+ex+" counter return", "exclude: "+m)
+			}
+		}
+		for _, c := range ruleOrder(s.Classes) {
 			for _, m := range classMatches(c, f, len(s.ServiceCIDRs) > 0) {
-				rule(m.match+threshold+" counter flow add @"+FlowtableName+" accept",
-					fmt.Sprintf("%s %s: %s", c, f.suffix, m.what))
+				if !slices.ContainsFunc(m.needs, func(set string) bool { return !has(set) }) {
+					rule(m.match+threshold+" counter flow add @"+FlowtableName+" accept",
+						fmt.Sprintf("%s %s: %s", c, f.suffix, m.what))
+				}
 			}
 		}
 	}
@@ -139,35 +150,61 @@ func Render(s model.State, o Options) *Ruleset {
 	return r
 }
 
-type match struct{ match, what string }
+// ruleOrder puts pod-to-pod first: it is the commonest class and the one with no NAT, whose
+// first expression (`ct original daddr @peer-pod`, then `ct original saddr @peer-pod`) fails
+// at once for the NAT classes (their original destination is a VIP, a NodePort or an LB IP,
+// or their source is external); the NAT classes then start with their `ct status` test. A
+// connection matches one class only (the sets may not overlap), so the order changes no
+// decision and no class's counters.
+func ruleOrder(cs []model.Class) []model.Class {
+	out := slices.Clone(cs)
+	slices.SortStableFunc(out, func(a, b model.Class) int {
+		switch {
+		case a == model.PodToPod && b != model.PodToPod:
+			return -1
+		case b == model.PodToPod && a != model.PodToPod:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+type match struct {
+	match, what string
+	needs       []string // sets (without family suffix) that must have elements to match
+}
 
 // classMatches says, per class, which connections belong to it. Matches use the conntrack
 // tuples (ct original / ct reply), so a rule matches a connection's packets in both
-// directions, whichever packet first passes the kernel's offload checks.
+// directions, whichever packet first passes the kernel's offload checks. The cheapest,
+// most selective test comes first (`ct status` before set lookups), so that a packet of
+// another class leaves the rule at its first expression.
 func classMatches(c model.Class, f family, haveServiceCIDRs bool) []match {
 	o := func(dir, set string) string { return "ct original " + f.proto + " " + dir + " " + set + "-" + f.suffix }
 	switch c {
 	case model.PodToPod:
 		return []match{
-			{o("saddr", "@local-pod") + " " + o("daddr", "@peer-pod"), "local Pods to peer Pods"},
-			{o("saddr", "@peer-pod") + " " + o("daddr", "@local-pod"), "peer Pods to local Pods"},
+			{o("daddr", "@peer-pod") + " " + o("saddr", "@local-pod"), "local Pods to peer Pods", []string{"local-pod", "peer-pod"}},
+			{o("saddr", "@peer-pod") + " " + o("daddr", "@local-pod"), "peer Pods to local Pods", []string{"local-pod", "peer-pod"}},
 		}
 	case model.LocalPodToPod:
-		return []match{{"meta l4proto tcp " + o("saddr", "@local-pod") + " " + o("daddr", "@local-pod"), "local Pods to local Pods (TCP)"}}
+		return []match{{"meta l4proto tcp " + o("saddr", "@local-pod") + " " + o("daddr", "@local-pod"), "local Pods to local Pods (TCP)", []string{"local-pod"}}}
 	case model.PodToService:
-		m := o("saddr", "@local-pod") + " ct status dnat"
+		m, needs := "ct status dnat "+o("saddr", "@local-pod"), []string{"local-pod"}
 		if haveServiceCIDRs {
 			m += " " + o("daddr", "@service")
+			needs = append(needs, "service")
 		}
-		return []match{{m, "local Pods to Services, after DNAT"}}
+		return []match{{m, "local Pods to Services, after DNAT", needs}}
 	case model.ExternalToNodePort:
-		return []match{{o("saddr", "!= @local-pod") + " " + o("daddr", "@node-ip") + " ct status dnat", "external clients to NodePorts, after DNAT"}}
+		return []match{{"ct status dnat " + o("daddr", "@node-ip") + " " + o("saddr", "!= @local-pod"), "external clients to NodePorts, after DNAT", []string{"node-ip"}}}
 	case model.ExternalToLoadBalancer:
-		return []match{{o("saddr", "!= @local-pod") + " " + o("daddr", "@lb-ip"), "external clients to LoadBalancer and external IPs"}}
+		return []match{{o("daddr", "@lb-ip") + " " + o("saddr", "!= @local-pod"), "external clients to LoadBalancer and external IPs", []string{"lb-ip"}}}
 	case model.NodeToRemotePod:
-		return []match{{o("saddr", "@peer-node-ip") + " " + o("daddr", "@local-pod"), "peer nodes' host network to local Pods"}}
+		return []match{{o("saddr", "@peer-node-ip") + " " + o("daddr", "@local-pod"), "peer nodes' host network to local Pods", []string{"peer-node-ip", "local-pod"}}}
 	case model.ExternalToService:
-		return []match{{o("saddr", "!= @local-pod") + " ct status snat", "external clients to Services, source-NATed by this node"}}
+		return []match{{"ct status snat " + o("saddr", "!= @local-pod"), "external clients to Services, source-NATed by this node", []string{"local-pod"}}}
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -103,7 +104,7 @@ func TestSpecHash(t *testing.T) {
 	a := base()
 	a.Classes = []model.Class{model.PodToPod}
 	b := a
-	b.PeerPodCIDRs = pfx("10.244.9.0/24")
+	b.PeerPodCIDRs = pfx("10.244.9.0/24", "fd00:10:244:9::/64")
 	b.Transports = []string{"eth0", "eth1"}
 	if Render(a, Options{}).Comment != Render(b, Options{}).Comment {
 		t.Error("elements or devices changed the spec")
@@ -119,7 +120,47 @@ func TestSpecHash(t *testing.T) {
 	if err := fake.Run(context.Background(), tx); err != nil {
 		t.Fatal(err)
 	}
-	if got := len(fake.Table.Chains[ChainName].Rules); got != 3+8+4+2 {
+	// guards, pod-to-pod v4 (2) and v6 (2), pod-to-service (no Service CIDRs: any DNAT-ed
+	// destination of a local Pod) v4 and v6; no exclude rules (empty sets).
+	if got := len(fake.Table.Chains[ChainName].Rules); got != 3+4+2 {
 		t.Errorf("rules: %d", got)
+	}
+}
+
+// Rules exist only when they can match: no exclude rules while a family's exclude set is
+// empty, no class rule while a set it requires is empty; the emptiness is part of the spec,
+// so that the Manager rebuilds the table when it changes.
+func TestRenderOnlyRulesThatCanMatch(t *testing.T) {
+	s := base()
+	s.Classes = slices.Clone(model.Classes)
+	s.LocalPodCIDRs = pfx("10.244.1.0/24")
+	s.PeerPodCIDRs = pfx("10.244.2.0/24")
+	s.NodeIPs = []netip.Addr{netip.MustParseAddr("172.18.0.2")}
+	s.ServiceCIDRs = pfx("10.96.0.0/16")
+	golden.Check(t, filepath.Join("testdata", "exclude-empty-v4only.nft"), dump(t, s, Options{FlowtableCounter: true}))
+	empty := Render(s, Options{})
+	for _, rl := range empty.Rules {
+		if strings.Contains(rl.Rule, "exclude") || strings.Contains(rl.Rule, "ip6") || strings.Contains(rl.Rule, "@lb-ip") || strings.Contains(rl.Rule, "@peer-node-ip") {
+			t.Errorf("rule that cannot match: %s", rl.Rule)
+		}
+	}
+	s.Exclude = pfx("10.244.2.66/32")
+	golden.Check(t, filepath.Join("testdata", "exclude-v4only.nft"), dump(t, s, Options{FlowtableCounter: true}))
+	one := Render(s, Options{})
+	if one.Comment == empty.Comment {
+		t.Error("an exclude set no longer empty did not change the spec")
+	}
+	n := 0
+	for _, rl := range one.Rules {
+		if strings.HasPrefix(*rl.Comment, "exclude: ") {
+			n++
+		}
+	}
+	if n != 4 {
+		t.Errorf("exclude rules: %d, want 4 (IPv4 only)", n)
+	}
+	s.Exclude = pfx("10.244.2.0/25")
+	if Render(s, Options{}).Comment != one.Comment {
+		t.Error("another exclude element changed the spec")
 	}
 }

@@ -50,7 +50,7 @@ func readState(path string) (st agent.State) {
 func TestOneWriter(t *testing.T) {
 	slow := 20 * time.Second
 	if os.Getenv("HOSTACCEL_IN_VM") == "1" {
-		slow = 90 * time.Second // TCG; the load balancer's API serves there, its tables do not
+		slow = 90 * time.Second // TCG
 	}
 	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
 	dir := t.TempDir()

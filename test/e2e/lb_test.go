@@ -1,0 +1,319 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hostaccel/hostaccel/internal/agent"
+	"github.com/hostaccel/hostaccel/internal/conntrack"
+	"github.com/hostaccel/hostaccel/internal/model"
+	"github.com/hostaccel/hostaccel/internal/testbed"
+)
+
+// The load balancer beside the flowtable: a service's VIPs on the Node, two backends per
+// family on the Pod (its address and a second one), the client the Remote's external
+// address. Connections to a VIP are balanced (conntrack DNAT, and source NAT for snat), then
+// offloaded by the external-to-loadbalancer class, whose VIPs the agent adds to @lb-ip.
+var lbVIP = map[bool]netip.Addr{false: netip.MustParseAddr("203.0.113.10"), true: netip.MustParseAddr("2001:db8:203::10")}
+
+const lbPort = 8080
+
+// lbBackends are the two backends of a family: the Pod's address and a second one on its eth0.
+func lbBackends(tp *testbed.Topo, v6 bool) [2]netip.Addr {
+	a := tp.Addrs(v6)
+	return [2]netip.Addr{a.Pod, a.Pod.Next()}
+}
+
+// lbTopo is the testbed with the second backend addresses and the client's routes to the VIPs.
+func lbTopo(t *testing.T) *testbed.Topo {
+	t.Helper()
+	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
+	for _, v6 := range []bool{false, true} {
+		a := tp.Addrs(v6)
+		b := lbBackends(tp, v6)
+		if err := tp.Pod.AddrAdd("eth0", netip.PrefixFrom(b[1], a.PodCIDR.Bits())); err != nil {
+			t.Fatal(err)
+		}
+		if err := tp.Remote.RouteAdd(netip.PrefixFrom(lbVIP[v6], lbVIP[v6].BitLen()), a.Node); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return tp
+}
+
+// lbConfig is the node config with the external-to-loadbalancer class and one service
+// "web" of topology on both VIPs, with the given health check and API (YAML flow maps).
+func lbConfig(t *testing.T, tp *testbed.Topo, topology string, flush bool, health, api string) string {
+	var bes []string
+	for _, v6 := range []bool{false, true} {
+		for _, b := range lbBackends(tp, v6) {
+			bes = append(bes, fmt.Sprintf(`{address: "%s"}`, b))
+		}
+	}
+	return nodeConfig(tp, fmt.Sprintf(`classes: {external-to-loadbalancer: true}
+agent: {resyncPeriod: 2s, minSyncInterval: 100ms}
+loadBalancer:
+  api: %s
+  stateFile: %s/lb-services.yaml
+  services:
+  - name: web
+    vips: ["%s", "%s"]
+    port: %d
+    topology: %s
+    flushConntrack: %v
+    healthCheck: %s
+    backends: [%s]
+`, api, t.TempDir(), lbVIP[false], lbVIP[true], lbPort, topology, flush, health, strings.Join(bes, ", ")))
+}
+
+// lbConn is one client connection to the VIP, with the backend conntrack says it has.
+type lbConn struct {
+	c       net.Conn
+	sport   uint16
+	backend netip.Addr
+}
+
+// lbFlow finds the Node's conntrack entry of a client connection (nil: none).
+func lbFlow(t *testing.T, tp *testbed.Topo, v6 bool, sport uint16) *conntrack.Flow {
+	t.Helper()
+	var flows []conntrack.Flow
+	if err := tp.Node.Do(func() (err error) { flows, err = conntrack.List(context.Background()); return }); err != nil {
+		t.Fatal(err)
+	}
+	a := tp.Addrs(v6)
+	for _, f := range flows {
+		if f.Orig.Proto == 6 && f.Orig.Src == a.External && f.Orig.Dst == lbVIP[v6] && f.Orig.DstPort == lbPort && f.Orig.SrcPort == sport {
+			return &f
+		}
+	}
+	return nil
+}
+
+// dialVIP opens n connections to the VIP from the Remote's external address and moves
+// size bytes each way on each; it returns them with their backends.
+func dialVIP(t *testing.T, tp *testbed.Topo, v6 bool, n, size int) []lbConn {
+	t.Helper()
+	var out []lbConn
+	for range n {
+		c, err := tryVIP(t, tp, v6, size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func tryVIP(t *testing.T, tp *testbed.Topo, v6 bool, size int) (lbConn, error) {
+	t.Helper()
+	c, err := tp.Remote.DialTCP(tp.Addrs(v6).External.String(), hostport(lbVIP[v6], lbPort))
+	if err != nil {
+		return lbConn{}, err
+	}
+	t.Cleanup(func() { c.Close() })
+	if err := testbed.Transfer(c, size, 16<<10); err != nil {
+		return lbConn{}, err
+	}
+	sport := uint16(c.LocalAddr().(*net.TCPAddr).Port)
+	f := lbFlow(t, tp, v6, sport)
+	if f == nil {
+		return lbConn{}, fmt.Errorf("no conntrack entry for client port %d", sport)
+	}
+	return lbConn{c: c, sport: sport, backend: f.Reply.Src}, nil
+}
+
+// Connections to snat and dnat VIPs (IPv4 and IPv6) are offloaded after the balancing
+// decision, are spread over both backends, keep their backend, and the class's rule
+// counters stop while the transfer goes on.
+func TestLoadBalancerOffloaded(t *testing.T) {
+	needFlowtable(t)
+	tp := lbTopo(t)
+	for _, topology := range []string{"dnat", "snat"} {
+		for _, v6 := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/v6=%v", topology, v6), func(t *testing.T) {
+				mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, lbConfig(t, tp, topology, false, "{type: none}", "{disabled: true}")))
+				bes := lbBackends(tp, v6)
+				var srv [2]*testbed.Server
+				for i, b := range bes {
+					s, err := tp.Pod.ListenTCP(hostport(b, lbPort))
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { s.Close() })
+					srv[i] = s
+				}
+				conns := dialVIP(t, tp, v6, 4, 64<<10)
+				used := map[netip.Addr]int{}
+				for _, c := range conns {
+					used[c.backend]++
+					if !slices.Contains(bes[:], c.backend) {
+						t.Fatalf("client port %d balanced to %s, not a backend", c.sport, c.backend)
+					}
+					f := lbFlow(t, tp, v6, c.sport)
+					if !f.Offloaded() {
+						t.Errorf("not offloaded: %s", f)
+					}
+					if topology == "snat" && f.Reply.Dst == tp.Addrs(v6).External {
+						t.Errorf("snat did not translate the source: %s", f)
+					}
+				}
+				if len(used) != 2 {
+					t.Errorf("backends used by 4 connections: %v, want both (rr)", used)
+				}
+				// A long transfer on each connection: the forward chain sees almost none of it,
+				// and every connection stays with its backend.
+				before := classPackets(status(t, tp.Node), model.ExternalToLoadBalancer)
+				rx0 := testbed.LinkT(t, tp.Node, tp.TransportName).Statistics.RxPackets
+				bytes0 := [2]int64{srv[0].Bytes(), srv[1].Bytes()}
+				for _, c := range conns {
+					if err := testbed.Transfer(c.c, 2<<20, 16<<10); err != nil {
+						t.Fatal(err)
+					}
+					f := lbFlow(t, tp, v6, c.sport)
+					if f == nil || f.Reply.Src != c.backend || !f.Offloaded() {
+						t.Errorf("client port %d: had backend %s, now %v", c.sport, c.backend, f)
+					}
+				}
+				for i, b := range bes {
+					if got, want := srv[i].Bytes()-bytes0[i], int64(used[b])*2<<20; got != want {
+						t.Errorf("backend %s received %d bytes, want %d (its connections' share)", b, got, want)
+					}
+				}
+				slow := classPackets(status(t, tp.Node), model.ExternalToLoadBalancer) - before
+				fwd := testbed.LinkT(t, tp.Node, tp.TransportName).Statistics.RxPackets - rx0
+				t.Logf("external-to-loadbalancer rules counted %d packets while %s received %d", slow, tp.TransportName, fwd)
+				if fwd < 100 || slow > 40 || fwd < 20*slow {
+					t.Errorf("forward chain saw %d packets of %d: the fastpath did not carry the transfer", slow, fwd)
+				}
+			})
+		}
+	}
+}
+
+// A backend drained, then failing its health check, mid-transfer on offloaded dnat
+// connections, with the agent running (it drains through its API, checks health and flushes
+// conntrack), as docs/lb.md says: drained, its connections go on (offloaded, same backend)
+// and new ones go to the other backend; failed with flushConntrack, its connections are
+// reset within seconds (the flowtable's entry goes with the conntrack entry, at the
+// flowtable's next garbage collection); failed without it, its established connections go
+// on (conntrack keeps their translation; here the backend itself still answers), and only
+// new connections avoid it. The other backend's connections are untouched throughout.
+func TestLoadBalancerDrainFailOffloaded(t *testing.T) {
+	needFlowtable(t)
+	tp := lbTopo(t)
+	const v6, checkPort = false, 9090
+	bes := lbBackends(tp, v6)
+	for _, b := range bes {
+		s, err := tp.Pod.ListenTCP(hostport(b, lbPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+	}
+	for _, flush := range []bool{true, false} {
+		t.Run(fmt.Sprintf("flushConntrack=%v", flush), func(t *testing.T) {
+			var checks []*testbed.Server
+			v6bes := lbBackends(tp, true)
+			for _, b := range append(bes[:], v6bes[:]...) {
+				s, err := tp.Pod.ListenTCP(hostport(b, checkPort))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { s.Close() })
+				checks = append(checks, s)
+			}
+			sock := t.TempDir() + "/lb.sock"
+			health := fmt.Sprintf("{type: tcp, port: %d, interval: 1s, timeout: 1s, rise: 1, fall: 3}", checkPort)
+			cfg := writeConfig(t, lbConfig(t, tp, "dnat", flush, health, fmt.Sprintf("{socket: %s}", sock)))
+			statePath := t.TempDir() + "/agent.json"
+			startAgent(t, tp.Node, "-f", cfg, "--state-file", statePath)
+			// The agent's state file says when its first sync (load balancer, then
+			// flowtable) succeeded; polling `hostaccel status` would compete with it for nft.
+			waitFor(t, "the agent's first sync", 90*time.Second, func() bool {
+				var st agent.State
+				b, _ := os.ReadFile(statePath)
+				return json.Unmarshal(b, &st) == nil && st.Syncs > 0 && st.SyncErrors == 0
+			})
+			var conns []lbConn
+			waitFor(t, "the agent to balance over both backends", 60*time.Second, func() bool {
+				c, err := tryVIP(t, tp, v6, 16<<10)
+				if err != nil {
+					return false
+				}
+				if len(conns) == 1 && conns[0].backend == c.backend {
+					conns = nil
+				}
+				conns = append(conns, c)
+				return len(conns) == 2
+			})
+			i := slices.IndexFunc(conns, func(c lbConn) bool { return c.backend == bes[1] })
+			onB, onA := conns[i], conns[1-i]
+			offloadedOn := func(c lbConn) {
+				t.Helper()
+				if f := lbFlow(t, tp, v6, c.sport); f == nil || !f.Offloaded() || f.Reply.Src != c.backend {
+					t.Errorf("client port %d (backend %s): %v", c.sport, c.backend, f)
+				}
+			}
+			offloadedOn(onB)
+
+			mustHA(t, tp.Node.Name, "lb", "backend", "drain", "web", bes[1].String(), "--socket", sock)
+			if err := testbed.Transfer(onB.c, 1<<20, 16<<10); err != nil {
+				t.Fatalf("drained backend's connection broke: %v", err)
+			}
+			offloadedOn(onB)
+			for _, c := range dialVIP(t, tp, v6, 3, 16<<10) {
+				if c.backend != bes[0] {
+					t.Errorf("new connection balanced to the drained backend %s", c.backend)
+				}
+			}
+
+			checks[1].Close() // the drained backend fails its health check
+			err := transferUntilError(onB.c, 15*time.Second)
+			if flush {
+				if err == nil {
+					t.Errorf("failed with flushConntrack: the connection to %s still works after 15s", bes[1])
+				} else {
+					t.Logf("failed with flushConntrack: %v", err)
+				}
+				if f := lbFlow(t, tp, v6, onB.sport); f != nil && f.Reply.Src == bes[1] {
+					t.Errorf("conntrack still has the failed backend's entry: %s", f)
+				}
+			} else {
+				if err != nil {
+					t.Errorf("failed without flushConntrack: the established connection broke: %v", err)
+				}
+				offloadedOn(onB)
+			}
+			if out := mustHA(t, tp.Node.Name, "lb", "status", "--socket", sock); !strings.Contains(out, "down") {
+				t.Errorf("lb status does not show the failed backend:\n%s", out)
+			}
+			if err := testbed.Transfer(onA.c, 1<<20, 16<<10); err != nil {
+				t.Errorf("the other backend's connection broke: %v", err)
+			}
+			offloadedOn(onA)
+		})
+	}
+}
+
+// transferUntilError moves data on c in small rounds for d; it returns the first error
+// (nil: the connection worked all along).
+func transferUntilError(c net.Conn, d time.Duration) error {
+	old := testbed.IOTimeout
+	testbed.IOTimeout = 3 * time.Second
+	defer func() { testbed.IOTimeout = old }()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		if err := testbed.Transfer(c, 64<<10, 16<<10); err != nil {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil
+}
