@@ -10,7 +10,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/rlimit"
-	"golang.org/x/sys/unix"
+
+	"github.com/hostaccel/hostaccel/internal/bpfobj"
 )
 
 // Program names in the kernel (bpf/sockmap.c): how a later process knows them as ours.
@@ -60,38 +61,12 @@ func loadSet() (*progSet, error) {
 // openSet opens a sock_ops program by ID and, if it is hostaccel's, its maps and the sk_msg
 // program attached to its sockhash; nil if it is not ours.
 func openSet(id ebpf.ProgramID) (*progSet, error) {
-	prog, err := ebpf.NewProgramFromID(id)
-	if errors.Is(err, unix.ENOENT) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("program %d: %w", id, err)
-	}
-	info, err := prog.Info()
-	if err != nil || info.Name != opsName {
-		prog.Close()
+	s := &progSet{opsID: id}
+	prog, err := bpfobj.Open(id, opsName, s.fields())
+	if prog == nil {
 		return nil, err
 	}
-	s := &progSet{ops: prog, opsID: id}
-	ids, _ := info.MapIDs()
-	for _, mid := range ids {
-		mp, err := ebpf.NewMapFromID(mid)
-		if err != nil {
-			s.Close()
-			return nil, fmt.Errorf("map %d of program %d: %w", mid, id, err)
-		}
-		mi, err := mp.Info()
-		if err != nil {
-			mp.Close()
-			s.Close()
-			return nil, err
-		}
-		if slot := s.fields()[mi.Name]; slot != nil && *slot == nil {
-			*slot = mp
-		} else {
-			mp.Close()
-		}
-	}
+	s.ops = prog
 	if !s.usable() {
 		return s, nil // ours by name, another build's maps: to be replaced
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
 
+	"github.com/hostaccel/hostaccel/internal/bpfobj"
 	"github.com/hostaccel/hostaccel/internal/conntrack"
 )
 
@@ -54,38 +55,12 @@ func loadSet(withConntrack bool) (*progSet, error) {
 
 // openSet opens a program by ID and, if it is hostaccel's, its maps; nil if it is not ours.
 func openSet(id ebpf.ProgramID) (*progSet, error) {
-	prog, err := ebpf.NewProgramFromID(id)
-	if errors.Is(err, unix.ENOENT) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("program %d: %w", id, err)
-	}
-	info, err := prog.Info()
-	if err != nil || info.Name != progName {
-		prog.Close()
+	s := &progSet{id: id}
+	prog, err := bpfobj.Open(id, progName, s.fields())
+	if prog == nil {
 		return nil, err
 	}
-	s := &progSet{prog: prog, id: id}
-	ids, _ := info.MapIDs()
-	for _, mid := range ids {
-		mp, err := ebpf.NewMapFromID(mid)
-		if err != nil {
-			s.Close()
-			return nil, fmt.Errorf("map %d of program %d: %w", mid, id, err)
-		}
-		mi, err := mp.Info()
-		if err != nil {
-			mp.Close()
-			s.Close()
-			return nil, err
-		}
-		if slot := s.slot(mi.Name); slot != nil && *slot == nil {
-			*slot = mp
-		} else {
-			mp.Close()
-		}
-	}
+	s.prog = prog
 	if !s.usable() {
 		// A program of our name from another build with other maps: not ours to use, but
 		// ours to replace. Its build stays 0, so it never counts as current.
@@ -107,9 +82,6 @@ func (s *progSet) fields() map[string]**ebpf.Map {
 		fastpathMapHandedBits: &m.HandedBits, fastpathMapNexthops: &m.Nexthops,
 	}
 }
-
-// slot is the field of s.maps for the map named name, nil for a name we do not know.
-func (s *progSet) slot(name string) **ebpf.Map { return s.fields()[name] }
 
 func (s *progSet) Close() {
 	if s == nil {
