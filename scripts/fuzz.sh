@@ -32,6 +32,13 @@ for t in "${TARGETS[@]}"; do
 	if go test -run='^$' -fuzz="^$fn\$" -fuzztime="$DURATION" -fuzzminimizetime=2s \
 		-parallel "${FUZZ_PARALLEL:-1}" "$pkg" >"$log" 2>&1; then
 		result=ok
+	elif grep -q 'context deadline exceeded' "$log" && ! grep -qE 'Failing input written|panic:|_test\.go:[0-9]+:' "$log" &&
+		go test -count=1 -run="^$fn\$" "$pkg" >>"$log" 2>&1; then
+		# Go < 1.27's fuzz coordinator can report its own -fuzztime deadline as a failure of the
+		# target (go.dev/issue/75804: a worker busy at the deadline on a loaded machine), with no
+		# input written. A real finding always writes its input; without one, and with the whole
+		# corpus replayed cleanly, the run found nothing.
+		result="ok, the Go deadline race (go.dev/issue/75804) at the end, corpus replayed clean"
 	else
 		result=FAIL failed=1
 	fi
@@ -39,7 +46,7 @@ for t in "${TARGETS[@]}"; do
 	execs=$(sed -nE 's/.*execs: ([0-9]+).*/\1/p' <<<"$last")
 	corpus=$(sed -nE 's/.*\(total: ([0-9]+)\).*/\1/p' <<<"$last")
 	printf "%-20s %-18s %9s %7s %10s  %s (%s)\n" "${pkg#./}" "$fn" "$committed" "${corpus:--}" "${execs:--}" "$result" "$DURATION"
-	[ "$result" = ok ] || sed 's/^/    /' "$log" >&2
+	[ "${result%%,*}" = ok ] || sed 's/^/    /' "$log" >&2
 	rm -f "$log"
 done
 exit $failed
