@@ -84,13 +84,5 @@ func flowtableBefore(n *Node) *flowtable.Ruleset {
 }
 
 func applyFlowtableBefore(ctx context.Context, n *Node) error {
-	r := flowtableBefore(n)
-	return n.NS.Do(func() error {
-		m, err := flowtable.NewManager()
-		if err != nil {
-			return err
-		}
-		_, err = m.Apply(ctx, r)
-		return err
-	})
+	return applyFlowtableRuleset(ctx, n, flowtableBefore(n))
 }

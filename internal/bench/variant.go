@@ -185,7 +185,11 @@ func renderFlowtable(n *Node) (string, error) {
 }
 
 func applyFlowtable(ctx context.Context, n *Node, datapath string) error {
-	r := flowtable.Render(flowtableState(n, datapath), flowtable.Options{FlowtableCounter: n.Caps.Has(probe.FlowtableCounter)})
+	return applyFlowtableRuleset(ctx, n, flowtable.Render(flowtableState(n, datapath), flowtable.Options{FlowtableCounter: n.Caps.Has(probe.FlowtableCounter)}))
+}
+
+// applyFlowtableRuleset applies a rendered flowtable ruleset in n's namespace.
+func applyFlowtableRuleset(ctx context.Context, n *Node, r *flowtable.Ruleset) error {
 	return n.NS.Do(func() error {
 		m, err := flowtable.NewManager()
 		if err != nil {
