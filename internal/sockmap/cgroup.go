@@ -33,12 +33,13 @@ func BPFFS() (string, error) {
 		return "", err
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if f, g := strings.Fields(pre), strings.Fields(post); ok && len(f) >= 5 && len(g) >= 1 && g[0] == "bpf" {
-			return unescape(f[4]), nil
+	ms, err := mounts(f)
+	if err != nil {
+		return "", err
+	}
+	for _, m := range ms {
+		if m.fsType == "bpf" {
+			return m.point, nil
 		}
 	}
 	return "", errors.New(MountInfo + ": the BPF filesystem is not mounted (mount -t bpf bpf /sys/fs/bpf; in a container, mount the host's /sys/fs/bpf)")
@@ -47,34 +48,49 @@ func BPFFS() (string, error) {
 // cgroup2Mount returns the first cgroup2 mount point whose root is the hierarchy's root ("/":
 // a container's view of a sub-cgroup would see only its own sockets).
 func cgroup2Mount(r io.Reader) (string, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	ms, err := mounts(r)
+	if err != nil {
+		return "", err
+	}
 	var sub string
-	for sc.Scan() {
-		// 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
+	for _, m := range ms {
+		if m.fsType != "cgroup2" {
 			continue
 		}
-		f, g := strings.Fields(pre), strings.Fields(post)
-		if len(f) < 5 || len(g) < 1 || g[0] != "cgroup2" {
-			continue
-		}
-		mnt := unescape(f[4])
-		if f[3] == "/" {
-			return mnt, nil
+		if m.root == "/" {
+			return m.point, nil
 		}
 		if sub == "" {
-			sub = mnt + " (root " + unescape(f[3]) + ")"
+			sub = m.point + " (root " + m.root + ")"
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("%s: %w", MountInfo, err)
 	}
 	if sub != "" {
 		return "", fmt.Errorf("%s: cgroup2 is mounted only below the hierarchy's root (%s): run hostaccel in the host's cgroup namespace", MountInfo, sub)
 	}
 	return "", errors.New(MountInfo + ": no cgroup2 mount (mount -t cgroup2 none /sys/fs/cgroup/unified)")
+}
+
+// mount is one line of mountinfo, e.g.
+// 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+type mount struct{ root, point, fsType string }
+
+// mounts reads mountinfo's lines (malformed ones skipped), paths unescaped.
+func mounts(r io.Reader) ([]mount, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	var ms []mount
+	for sc.Scan() {
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 1 {
+			continue
+		}
+		ms = append(ms, mount{root: unescape(f[3]), point: unescape(f[4]), fsType: g[0]})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", MountInfo, err)
+	}
+	return ms, nil
 }
 
 // unescape undoes mountinfo's octal escapes (\040 for a space).
