@@ -2,6 +2,7 @@ package lb
 
 import (
 	"maps"
+	"slices"
 	"time"
 
 	"github.com/hostaccel/hostaccel/internal/nftjson"
@@ -17,6 +18,10 @@ type kernelCache struct {
 	exprs    map[ruleKey]string        // normalised rule expressions as last read
 	allowed  map[mapKey]map[string]bool
 	lastFull time.Time // when the tables were last read whole
+	// unread are chains an ApplyChanges rewrote without reading them back (that listing
+	// costs nft the whole ruleset): their rules have no expressions yet, so they cannot be
+	// seen as edited until Settle (or a full read) reads them.
+	unread map[TableRef][]string
 }
 
 type ruleKey struct {
@@ -82,7 +87,7 @@ func (c *kernelCache) edited(ref TableRef, chain string, got *nftjson.Rule) bool
 // the rule expressions this cache has of them (to be overwritten by what is read anew).
 func (c *kernelCache) next(tables []*Table) *kernelCache {
 	n := &kernelCache{tables: map[TableRef]*kernelTable{}, exprs: map[ruleKey]string{},
-		allowed: map[mapKey]map[string]bool{}, lastFull: c.lastFull}
+		allowed: map[mapKey]map[string]bool{}, lastFull: c.lastFull, unread: map[TableRef][]string{}}
 	for _, t := range tables {
 		ref := t.ref()
 		n.tables[ref] = known(t)
@@ -90,12 +95,47 @@ func (c *kernelCache) next(tables []*Table) *kernelCache {
 			n.allowed[mapKey{ref, name}] = a
 		}
 	}
+	// Only the rules the tables still have: a rule's comment names its content, so a
+	// service changed back and forth would otherwise leave an expression per version.
 	for k, v := range c.exprs {
-		if n.tables[k.table] != nil {
+		if kt := n.tables[k.table]; kt != nil && kt.hasRule(k.chain, k.comment) {
 			n.exprs[k] = v
 		}
 	}
+	for ref, chains := range c.unread {
+		if kt := n.tables[ref]; kt != nil {
+			for _, ch := range chains {
+				if kt.Chains[ch] != nil && !slices.Contains(n.unread[ref], ch) {
+					n.unread[ref] = append(n.unread[ref], ch)
+				}
+			}
+		}
+	}
 	return n
+}
+
+// hasRule reports whether chain has a rule with comment.
+func (kt *kernelTable) hasRule(chain, comment string) bool {
+	ch := kt.Chains[chain]
+	return ch != nil && slices.ContainsFunc(ch.Rules, func(r *nftjson.Rule) bool { return r.Comment == comment })
+}
+
+// leaveUnread marks chains of ref as rewritten and not read back: the expressions of their
+// rules are dropped (they are the old rules') until Settle reads them.
+func (c *kernelCache) leaveUnread(ref TableRef, chains []string) {
+	for k := range c.exprs {
+		if k.table == ref && slices.Contains(chains, k.chain) {
+			delete(c.exprs, k)
+		}
+	}
+	if c.unread == nil {
+		c.unread = map[TableRef][]string{}
+	}
+	for _, ch := range chains {
+		if !slices.Contains(c.unread[ref], ch) {
+			c.unread[ref] = append(c.unread[ref], ch)
+		}
+	}
 }
 
 // readRules remembers the expressions of the rules of kt's chains (all, or those named).
@@ -103,6 +143,13 @@ func (c *kernelCache) readRules(ref TableRef, kt *kernelTable, chains ...string)
 	only := make(map[string]bool, len(chains))
 	for _, c := range chains {
 		only[c] = true
+	}
+	if c.unread == nil {
+		c.unread = map[TableRef][]string{}
+	}
+	c.unread[ref] = slices.DeleteFunc(c.unread[ref], func(n string) bool { return len(chains) == 0 || only[n] })
+	if len(c.unread[ref]) == 0 {
+		delete(c.unread, ref)
 	}
 	for name, ch := range kt.Chains {
 		if len(chains) > 0 && !only[name] {

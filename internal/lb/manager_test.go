@@ -401,3 +401,67 @@ func TestApplyChangesRepairsATableDeletedBehindIt(t *testing.T) {
 	}
 	checkKernel(t, f, freshDump(t, d), "table deleted behind ApplyChanges")
 }
+
+// A change someone waits for (ApplyChanges) does not read the chains it rewrote back: with
+// thousands of services nft lists the whole ruleset for one chain. Settle reads them later,
+// and from then on someone's edit of such a chain's rules is drift again.
+func TestApplyChangesLeavesTheReadBackToSettle(t *testing.T) {
+	m, f := NewFakeManager()
+	m.FullEvery = time.Hour
+	var chainLists int
+	list := m.List
+	m.List = func(ctx context.Context, args ...string) ([]byte, error) {
+		if slices.Contains(args, "chain") {
+			chainLists++
+		}
+		return list(ctx, args...)
+	}
+	svcs := svcSet()
+	apply(t, m, svcs, nil)
+	if m.Unsettled() {
+		t.Fatal("unsettled after a plain Apply")
+	}
+	svcs[0].Backends[1].State = StateDrain
+	d := Resolve(svcs, nil, testEnv)
+	res, err := m.ApplyChanges(context.Background(), Render(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.ChainsRewritten) == 0 || chainLists != 0 || !m.Unsettled() {
+		t.Fatalf("ApplyChanges: %d chain listings, unsettled %v, want 0 and true: %+v", chainLists, m.Unsettled(), res)
+	}
+	checkKernel(t, f, freshDump(t, d), "drain")
+	if err := m.Settle(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if chainLists == 0 || m.Unsettled() {
+		t.Fatalf("Settle: %d chain listings, unsettled %v", chainLists, m.Unsettled())
+	}
+
+	// Someone rewrites the scheduler rule, keeping its comment: the next full read sees it.
+	f.RLock()
+	var rules []*knftables.Rule
+	for _, r := range f.Tables[knftables.InetFamily][NATTable].Chains["svc-web-v4"].Rules {
+		cp := *r
+		rules = append(rules, &cp)
+	}
+	f.RUnlock()
+	tx := f.NewTransaction()
+	tx.Flush(&knftables.Chain{Family: knftables.InetFamily, Table: NATTable, Name: "svc-web-v4"})
+	for _, r := range rules {
+		r.Handle = nil
+		if strings.Contains(r.Rule, "numgen") {
+			r.Rule = "drop"
+		}
+		tx.Add(r)
+	}
+	if err := f.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+	m.FullEvery = 0
+	res, d = apply(t, m, svcs, nil)
+	if !slices.Contains(res.Drift, "inet hostaccel-lb: chain svc-web-v4: rules changed") {
+		t.Errorf("an edit after Settle not seen: %+v", res)
+	}
+	checkKernel(t, f, freshDump(t, d), "edit repaired")
+}

@@ -52,7 +52,16 @@ type Runtime struct {
 	installed   bool
 	solicited   time.Time
 	urgent      atomic.Bool // a health transition or an API change is waiting: skip the full read
+	// mgrMu serialises the manager between syncs and the settle timer (a sync's chains
+	// rewritten in a hurry are read back settleAfter later, off the caller's wait).
+	mgrMu    sync.Mutex
+	settling *time.Timer
 }
+
+// settleAfter is how long after a change someone waited for (API call, health transition)
+// the chains it rewrote are read back for drift detection: after a burst of such changes,
+// one reading.
+var settleAfter = time.Second
 
 // NewRuntime returns a Runtime that asks for syncs through trigger.
 func NewRuntime(log *slog.Logger, trigger func()) *Runtime {
@@ -79,7 +88,9 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 		if !r.installed || r.mgr == nil {
 			return nil
 		}
+		r.mgrMu.Lock()
 		refs, err := r.mgr.Remove(ctx)
+		r.mgrMu.Unlock()
 		if err == nil {
 			r.installed = false
 			r.Log.Info("load balancer removed", "tables", refs)
@@ -121,7 +132,12 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 	if r.urgent.Swap(false) {
 		apply = mgr.ApplyChanges
 	}
+	r.mgrMu.Lock()
 	res, err := apply(ctx, Render(d))
+	if err == nil && mgr.Unsettled() {
+		r.settleLater(mgr)
+	}
+	r.mgrMu.Unlock()
 	r.mu.Lock()
 	r.installed = r.installed || err == nil
 	if err == nil {
@@ -141,6 +157,22 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 	r.flush(prev, d)
 	r.solicit(d)
 	return nil
+}
+
+// settleLater reads back, settleAfter from now, the chains mgr left unread (r.mgrMu held).
+func (r *Runtime) settleLater(mgr *Manager) {
+	if r.settling != nil {
+		r.settling.Stop()
+	}
+	r.settling = time.AfterFunc(settleAfter, func() {
+		r.mgrMu.Lock()
+		defer r.mgrMu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := mgr.Settle(ctx); err != nil {
+			r.Log.Warn("reading back rewritten chains (drift detection waits for the next full read)", "err", err)
+		}
+	})
 }
 
 // debouncedTrigger coalesces the health changes of one check round (probes of one
@@ -279,6 +311,11 @@ func (r *Runtime) stop() {
 	c, a := r.checker, r.api
 	r.checker, r.api, r.apiCfg = nil, nil, API{}
 	r.mu.Unlock()
+	r.mgrMu.Lock()
+	if r.settling != nil {
+		r.settling.Stop()
+	}
+	r.mgrMu.Unlock()
 	if c != nil {
 		c.Stop()
 	}
