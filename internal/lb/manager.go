@@ -337,6 +337,8 @@ type tableDiff struct {
 	objs                      []object
 	wanted, added, replaced   map[string]bool
 	wantChain, newChain, redo map[string]bool // chains: wanted, new, to rewrite
+	// ek, ev: the key and value of each of t.Elements as canonical text (after keepSlots).
+	ek, ev []string
 }
 
 type object struct {
@@ -350,7 +352,10 @@ type object struct {
 // chains whose rules it adds.
 func (m *Manager) update(tx *knftables.Transaction, kt *kernelTable, t *Table, res *Result) (rewritten []string) {
 	keepSlots(t, kt)
-	d := &tableDiff{kt: kt, t: t}
+	d := &tableDiff{kt: kt, t: t, ek: make([]string, len(t.Elements)), ev: make([]string, len(t.Elements))}
+	for i, e := range t.Elements {
+		d.ek[i], d.ev[i] = elemKey(e), elemValue(e)
+	}
 	d.diffMaps(res)
 	rewritten = m.diffChains(d, res)
 	m.removeElements(tx, d, res)
@@ -474,12 +479,12 @@ func (m *Manager) diffChains(d *tableDiff, res *Result) (rewritten []string) {
 func (m *Manager) removeElements(tx *knftables.Transaction, d *tableDiff, res *Result) {
 	t, kt := d.t, d.kt
 	desired := map[string]map[string]string{}
-	for _, e := range t.Elements {
+	for i, e := range t.Elements {
 		n := e.Set + e.Map
 		if desired[n] == nil {
 			desired[n] = map[string]string{}
 		}
-		desired[n][elemKey(e)] = elemValue(e)
+		desired[n][d.ek[i]] = d.ev[i]
 	}
 	for _, name := range slices.Sorted(maps.Keys(kt.Maps)) {
 		km := kt.Maps[name]
@@ -493,15 +498,20 @@ func (m *Manager) removeElements(tx *knftables.Transaction, d *tableDiff, res *R
 		if km.Dynamic { // flow tables: the datapath's
 			continue
 		}
-		for _, k := range slices.Sorted(maps.Keys(km.Elems)) {
-			if v, ok := desired[name][k]; !ok || v != km.Elems[k] {
-				e := &knftables.Element{Family: t.Family, Table: t.Name, Map: name, Key: split(k)}
-				if km.IsSet {
-					e.Set, e.Map = name, ""
-				}
-				tx.Delete(e)
-				res.ElementsRemoved++
+		var gone []string // sorted below: the same transaction for the same change
+		for k, v := range km.Elems {
+			if want, ok := desired[name][k]; !ok || want != v {
+				gone = append(gone, k)
 			}
+		}
+		slices.Sort(gone)
+		for _, k := range gone {
+			e := &knftables.Element{Family: t.Family, Table: t.Name, Map: name, Key: split(k)}
+			if km.IsSet {
+				e.Set, e.Map = name, ""
+			}
+			tx.Delete(e)
+			res.ElementsRemoved++
 		}
 	}
 }
@@ -530,8 +540,12 @@ func (d *tableDiff) removeObjects(tx *knftables.Transaction) {
 			}
 		}
 	}
+	wantCounter := make(map[string]bool, len(d.t.Counters))
+	for _, c := range d.t.Counters {
+		wantCounter[c.Name] = true
+	}
 	for _, name := range slices.Sorted(maps.Keys(kt.Counters)) {
-		if !slices.ContainsFunc(d.t.Counters, func(c *knftables.Counter) bool { return c.Name == name }) {
+		if !wantCounter[name] {
 			tx.Delete(&knftables.Counter{Family: fam, Table: tab, Name: name})
 		}
 	}
@@ -564,14 +578,14 @@ func (d *tableDiff) addObjects(tx *knftables.Transaction) {
 
 // addElements adds the elements that are missing (all of new and replaced maps).
 func (d *tableDiff) addElements(tx *knftables.Transaction, res *Result) {
-	for _, e := range d.t.Elements {
+	for i, e := range d.t.Elements {
 		n := e.Set + e.Map
 		km := d.kt.Maps[n]
 		if d.added[n] || d.replaced[n] || km == nil {
 			tx.Add(e)
 			continue
 		}
-		if v, ok := km.Elems[elemKey(e)]; !ok || v != elemValue(e) {
+		if v, ok := km.Elems[d.ek[i]]; !ok || v != d.ev[i] {
 			tx.Add(e)
 			res.ElementsAdded++
 		}
