@@ -67,7 +67,7 @@ func TestSyncPrunesVanishedDevices(t *testing.T) {
 	if err := a.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if st := a.State(); strings.Join(st.Devices, ",") != "eth0,eth1,gw" || !st.Healthy || st.LastResult.Flowtable.Reason != "devices changed" {
+	if st := a.State(); strings.Join(st.Devices, ",") != "eth0,eth1,gw" || !st.Healthy || st.LastResult.Flowtable.Reason != "spec changed" || st.LastResult.Flowtable.Drift != "" {
 		t.Errorf("eth1 back: %+v", st)
 	}
 }

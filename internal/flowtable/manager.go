@@ -110,8 +110,9 @@ func (m *Manager) rebuildReason(cur *nftjson.Table, r *Ruleset) string {
 	case m.last != "" && cur.Fingerprint() != m.last && m.vanished(cur) != m.last:
 		return "drift: table changed outside hostaccel"
 	}
-	ch := cur.Chains[ChainName]
-	if ch == nil || len(ch.Rules) != len(r.Rules) || cur.Flowtables[FlowtableName] == nil {
+	ch, off := cur.Chains[ChainName], cur.Chains[OffloadChain]
+	if ch == nil || len(ch.Rules) != len(r.Rules) || cur.Flowtables[FlowtableName] == nil ||
+		off == nil || len(off.Rules) != 1 || off.Rules[0].Comment != *r.OffloadRule.Comment {
 		return "drift: chain or flowtable differs"
 	}
 	for i, rl := range r.Rules {
@@ -182,12 +183,14 @@ func (m *Manager) update(tx *knftables.Transaction, cur *nftjson.Table, r *Rules
 		}
 		return
 	}
-	// Flushing the chain drops the rules' references to the flowtable, so it can be
+	// Flushing the chains drops the rules' references to the flowtable, so it can be
 	// deleted and re-added in the same transaction; the rules come back right after.
 	res.FlowtableRecreated = true
 	tx.Flush(r.Chain)
+	tx.Flush(r.Offload)
 	tx.Delete(&knftables.Flowtable{Name: FlowtableName})
 	tx.Add(r.Flowtable)
+	tx.Add(r.OffloadRule)
 	for _, rl := range r.Rules {
 		tx.Add(rl)
 	}

@@ -81,15 +81,16 @@ func TestManagerUpdatesInPlace(t *testing.T) {
 		t.Fatalf("exclude added: %+v", res)
 	}
 
-	// A device appears: flowtable recreated with it, device set updated.
+	// A device appears: the guards name it, so the table is rebuilt with it (which
+	// recreates the flowtable, as a device change always did).
 	s.Transports = append(s.Transports, "eth1")
-	if res := apply(t, m, s); !res.FlowtableRecreated || res.Reason != "devices changed" {
+	if res := apply(t, m, s); !res.Rebuilt || res.Reason != "spec changed" || res.Drift != "" {
 		t.Fatalf("device added: %+v", res)
 	}
 	if got := strings.Join(f.Table.Flowtables[FlowtableName].Devices, ","); got != "eth0,eth1,gw" {
 		t.Errorf("flowtable devices: %s", got)
 	}
-	if got := elements(f, DevicesSet); got != `"eth0","gw","eth1"` {
+	if got := elements(f, DevicesSet); got != `"eth0","eth1","gw"` {
 		t.Errorf("device set: %s", got)
 	}
 
@@ -145,7 +146,7 @@ func TestManagerRepairsDrift(t *testing.T) {
 	f.Unlock()
 	gone := s
 	gone.Transports = nil
-	if res := apply(t, m, gone); res.Drift != "" || res.Rebuilt {
+	if res := apply(t, m, gone); res.Drift != "" {
 		t.Fatalf("a vanished device: %+v", res)
 	}
 	// A device someone else added is.
@@ -172,6 +173,20 @@ func TestManagerRepairsDrift(t *testing.T) {
 	f.Unlock()
 	if res := apply(t, m2, s); !res.Rebuilt || res.Drift != "" {
 		t.Fatalf("edited rule not repaired by a fresh manager: %+v", res)
+	}
+
+	// The chain the class rules go to, emptied: nothing would be offloaded any more.
+	f.Lock()
+	f.Table.Chains[OffloadChain].Rules = nil
+	f.Unlock()
+	if res := apply(t, m2, s); !res.Rebuilt {
+		t.Fatalf("emptied %s chain not repaired: %+v", OffloadChain, res)
+	}
+	f.RLock()
+	n := len(f.Table.Chains[OffloadChain].Rules)
+	f.RUnlock()
+	if n != 1 {
+		t.Fatalf("%s chain has %d rules after the repair, want 1", OffloadChain, n)
 	}
 }
 

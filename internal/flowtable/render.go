@@ -22,7 +22,13 @@ const (
 	TableName     = "hostaccel"
 	FlowtableName = "fastpath"
 	ChainName     = "forward"
-	DevicesSet    = "fastpath-devices"
+	// OffloadChain holds the one `flow add`: a class rule ends in `goto to-fastpath`, so that a
+	// packet of a matched connection leaves the forward chain at its class whether or not
+	// the flow can be added yet (`flow add` ends its rule, not the chain, for a packet it
+	// does not offload: a SYN, a FIN, a flow already offloaded). Without it such packets,
+	// most of a short connection's, walked every later rule.
+	OffloadChain = "to-fastpath"
+	DevicesSet   = "fastpath-devices"
 	// ChainPriority runs the offload decision after filter-priority chains of other tables
 	// (network policy, firewalls): a connection they drop never becomes established, so it
 	// is never offloaded.
@@ -44,6 +50,9 @@ type Ruleset struct {
 	Elements  map[string][]string // set name -> element keys, as nft writes them
 	Chain     *knftables.Chain
 	Rules     []*knftables.Rule
+	// Offload is the regular chain class rules go to, with its one rule (OffloadRule).
+	Offload     *knftables.Chain
+	OffloadRule *knftables.Rule
 }
 
 type family struct {
@@ -51,11 +60,13 @@ type family struct {
 	proto  string // "ip" / "ip6"
 	addr   string // set type
 	is     func(netip.Addr) bool
+	// localPod is how rules name this node's Pod CIDRs: the set, or its one prefix.
+	localPod string
 }
 
 var families = []family{
-	{"v4", "ip", "ipv4_addr", netip.Addr.Is4},
-	{"v6", "ip6", "ipv6_addr", netip.Addr.Is6},
+	{"v4", "ip", "ipv4_addr", netip.Addr.Is4, ""},
+	{"v6", "ip6", "ipv6_addr", netip.Addr.Is6, ""},
 }
 
 // address sets, each per family; prefixes (interval) unless noted.
@@ -87,6 +98,9 @@ func Render(s model.State, o Options) *Ruleset {
 			Priority: knftables.PtrTo(knftables.BaseChainPriority(ChainPriority)),
 			Comment:  knftables.PtrTo("offload eligible forwarded connections to @" + FlowtableName),
 		},
+		Offload: &knftables.Chain{Name: OffloadChain, Comment: knftables.PtrTo("a class rule's connections: added to @" + FlowtableName + " once the kernel can (established, not closing)")},
+		OffloadRule: &knftables.Rule{Chain: OffloadChain, Rule: "flow add @" + FlowtableName,
+			Comment: knftables.PtrTo("the packet leaves the forward chain here whether or not its flow is added")},
 	}
 	r.Sets = append(r.Sets, &knftables.Set{Name: DevicesSet, Type: "ifname", Comment: knftables.PtrTo("devices of the flowtable")})
 	for _, d := range s.Devices() {
@@ -120,8 +134,8 @@ func Render(s model.State, o Options) *Ruleset {
 	// keep connections on other links (a second uplink, a VPN) out of the flowtable, whose
 	// hook only sees its own devices (such a flow would be half offloaded).
 	rule("meta l4proto != { tcp, udp } return", "the flowtable offloads TCP and UDP; ICMP (errors, PMTU) always takes the normal path")
-	rule("iifname != @"+DevicesSet+" return", "input device not in the flowtable")
-	rule("oifname != @"+DevicesSet+" return", "output device not in the flowtable")
+	rule(deviceGuard("iifname", s.Devices()), "input device not in the flowtable")
+	rule(deviceGuard("oifname", s.Devices()), "output device not in the flowtable")
 	// Only rules that can match exist: exclude rules while the family's exclude set has
 	// elements, a class rule while every set it requires has some. Emptiness is part of the
 	// spec, so such a change rebuilds the table in one transaction.
@@ -131,6 +145,12 @@ func Render(s model.State, o Options) *Ruleset {
 	}
 	for _, f := range families {
 		has := func(set string) bool { return len(r.Elements[set+"-"+f.suffix]) > 0 }
+		// A node has one Pod CIDR per family: its rules compare the address with it, which
+		// costs the packet a mask and a compare where a set costs a tree lookup.
+		f.localPod = "@local-pod-" + f.suffix
+		if l := r.Elements["local-pod-"+f.suffix]; len(l) == 1 {
+			f.localPod = l[0]
+		}
 		if has("exclude") {
 			ex := "@exclude-" + f.suffix
 			for _, m := range []string{"ct original " + f.proto + " saddr", "ct original " + f.proto + " daddr", "ct reply " + f.proto + " saddr", "ct reply " + f.proto + " daddr"} {
@@ -140,7 +160,7 @@ func Render(s model.State, o Options) *Ruleset {
 		for _, c := range ruleOrder(s.Classes) {
 			for _, m := range classMatches(c, f, len(s.ServiceCIDRs) > 0) {
 				if !slices.ContainsFunc(m.needs, func(set string) bool { return !has(set) }) {
-					rule(m.match+threshold+" counter flow add @"+FlowtableName+" accept",
+					rule(m.match+threshold+" counter goto "+OffloadChain,
 						fmt.Sprintf("%s %s: %s", c, f.suffix, m.what))
 				}
 			}
@@ -148,6 +168,26 @@ func Render(s model.State, o Options) *Ruleset {
 	}
 	r.Comment = "hostaccel flowtable datapath, spec " + r.spec()
 	return r
+}
+
+// maxInlineDevices is how many flowtable devices the guards compare one by one; beyond it
+// they look the name up in @fastpath-devices. A compare costs a packet far less than a set
+// lookup, and a node has few such devices (a gateway and a transport, often); a device that
+// joins or leaves changes the guard's text, which rebuilds the table, as it already
+// recreates the flowtable.
+const maxInlineDevices = 4
+
+// deviceGuard is the rule that returns packets whose key (iifname, oifname) is not one of
+// devs.
+func deviceGuard(key string, devs []string) string {
+	if len(devs) == 0 || len(devs) > maxInlineDevices {
+		return key + " != @" + DevicesSet + " return"
+	}
+	var b strings.Builder
+	for _, d := range devs {
+		fmt.Fprintf(&b, "%s != %q ", key, d)
+	}
+	return b.String() + "return"
 }
 
 // ruleOrder puts pod-to-pod first: it is the commonest class and the one with no NAT, whose
@@ -181,7 +221,12 @@ type match struct {
 // most selective test comes first (`ct status` before set lookups), so that a packet of
 // another class leaves the rule at its first expression.
 func classMatches(c model.Class, f family, haveServiceCIDRs bool) []match {
-	o := func(dir, set string) string { return "ct original " + f.proto + " " + dir + " " + set + "-" + f.suffix }
+	o := func(dir, set string) string {
+		if v, ok := strings.CutSuffix(set, "@local-pod"); ok && f.localPod != "" {
+			return "ct original " + f.proto + " " + dir + " " + v + f.localPod
+		}
+		return "ct original " + f.proto + " " + dir + " " + set + "-" + f.suffix
+	}
 	switch c {
 	case model.PodToPod:
 		return []match{
@@ -217,6 +262,7 @@ func (r *Ruleset) spec() string {
 		fmt.Fprintf(h, "set %s %s %v\n", s.Name, s.Type, s.Flags)
 	}
 	fmt.Fprintf(h, "chain %s %s\n", r.Chain.Name, *r.Chain.Priority)
+	fmt.Fprintf(h, "chain %s: %s # %s\n", r.Offload.Name, r.OffloadRule.Rule, *r.OffloadRule.Comment)
 	for _, rl := range r.Rules {
 		fmt.Fprintf(h, "rule %s # %s\n", rl.Rule, *rl.Comment)
 	}
@@ -241,6 +287,8 @@ func (r *Ruleset) AddAll(tx *knftables.Transaction) {
 			tx.Add(elem(s.Name, e))
 		}
 	}
+	tx.Add(r.Offload)
+	tx.Add(r.OffloadRule)
 	tx.Add(r.Chain)
 	for _, rl := range r.Rules {
 		tx.Add(rl)

@@ -99,15 +99,25 @@ func TestRenderExamples(t *testing.T) {
 }
 
 // The rendered transaction is valid for knftables (the Fake checks references), and the
-// spec hash changes with policy but not with set contents or devices.
+// spec hash changes with policy but not with peer set contents; the devices (up to
+// maxInlineDevices) are in the guards' text, so they change it, and beyond that they do not.
 func TestSpecHash(t *testing.T) {
 	a := base()
 	a.Classes = []model.Class{model.PodToPod}
 	b := a
 	b.PeerPodCIDRs = pfx("10.244.9.0/24", "fd00:10:244:9::/64")
-	b.Transports = []string{"eth0", "eth1"}
 	if Render(a, Options{}).Comment != Render(b, Options{}).Comment {
-		t.Error("elements or devices changed the spec")
+		t.Error("elements changed the spec")
+	}
+	b.Transports = []string{"eth0", "eth1"}
+	if Render(a, Options{}).Comment == Render(b, Options{}).Comment {
+		t.Error("a device added to the inline guards did not change the spec")
+	}
+	many, more := a, a
+	many.Transports = []string{"e1", "e2", "e3", "e4", "e5"}
+	more.Transports = []string{"e1", "e2", "e3", "e4", "e5", "e6"}
+	if Render(many, Options{}).Comment != Render(more, Options{}).Comment {
+		t.Error("devices beyond the inline guards changed the spec")
 	}
 	c := a
 	c.Classes = []model.Class{model.PodToPod, model.PodToService}
