@@ -304,7 +304,7 @@ func (s *Service) ports() []int {
 
 func (s *Service) validate(f string) []error {
 	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(f+"."+format, a...)) }
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf("%s.%s", f, fmt.Sprintf(format, a...))) }
 	if !validName.MatchString(s.Name) {
 		bad("name: %s is not a valid name (lower-case letters, digits and '-', at most 32, e.g. \"web\")", model.Quote(s.Name))
 	}
@@ -505,7 +505,7 @@ func famName(is6 bool) string {
 
 func (h *HealthCheck) validate(f string) []error {
 	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(f+"."+format, a...)) }
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf("%s.%s", f, fmt.Sprintf(format, a...))) }
 	if !slices.Contains(checkTypes, h.Type) {
 		bad("type: %s is not one of %s", model.Quote(h.Type), strings.Join(checkTypes, ", "))
 	}
