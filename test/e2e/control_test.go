@@ -61,8 +61,11 @@ table ip nat {
 	}
 	st := status(t, tp.Node)
 	var wantComments, gotComments []string
-	for _, m := range regexp.MustCompile(`(?m)^add rule .* comment "([^"]*)"$`).FindAllStringSubmatch(rendered, -1) {
+	for _, m := range regexp.MustCompile(`(?m)^add rule inet hostaccel `+flowtable.ChainName+` .* comment "([^"]*)"$`).FindAllStringSubmatch(rendered, -1) {
 		wantComments = append(wantComments, m[1])
+	}
+	if off := st.Table.Chains[flowtable.OffloadChain]; off == nil || len(off.Rules) != 1 {
+		t.Errorf("chain %s in the kernel: %+v, want its one flow add rule", flowtable.OffloadChain, off)
 	}
 	for _, r := range st.Table.Chains[flowtable.ChainName].Rules {
 		gotComments = append(gotComments, r.Comment)
