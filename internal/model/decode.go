@@ -40,10 +40,31 @@ func UnmarshalStrict(b []byte, v any) error {
 	} else if i := strings.LastIndex(msg, "JSON: "); i >= 0 {
 		msg = msg[i+len("JSON: "):]
 	}
-	if len(msg) > 4*MaxQuoted { // a message that quotes the document itself
-		msg = strings.ToValidUTF8(msg[:4*MaxQuoted], "") + "…"
+	return errors.New(shorten(msg, 4*MaxQuoted))
+}
+
+// shorten cuts a long decoding message to about max bytes. YAML lists its errors a line each
+// ("  line 3: key \"t\" already set in map"): whole lines are kept and the last says how many
+// were left off, so every line still names where it is. A message of one line (one that
+// quotes the document itself) is cut and ends in "…".
+func shorten(msg string, max int) string {
+	if len(msg) <= max {
+		return msg
 	}
-	return errors.New(msg)
+	lines := strings.Split(msg, "\n")
+	n, size := 0, len(" (and 999 more)")
+	for n < len(lines) && size+len(lines[n])+1 <= max {
+		size += len(lines[n]) + 1
+		n++
+	}
+	if n < 2 { // not even the heading and one error fit
+		return strings.ToValidUTF8(msg[:max], "") + "…"
+	}
+	kept := strings.Join(lines[:n], "\n")
+	if n < len(lines) {
+		kept += fmt.Sprintf(" (and %d more)", len(lines)-n)
+	}
+	return kept
 }
 
 var unknownField = regexp.MustCompile(`unknown field "((?:[^"\\]|\\.)*)"`)

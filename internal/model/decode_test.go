@@ -39,3 +39,27 @@ func errString(err error) string {
 	}
 	return err.Error()
 }
+
+// A long list of YAML errors is cut at a line: each kept line still says where it is, and
+// the last says how many were left off.
+func TestUnmarshalStrictCutsErrorListAtLines(t *testing.T) {
+	var d struct {
+		S string `json:"s"`
+	}
+	err := UnmarshalStrict([]byte("s:\nt: \nt: \nt: \nt: \ns: \nt: \nt: \n\ns:"), &d)
+	if err == nil {
+		t.Fatal("duplicate keys decoded")
+	}
+	lines := strings.Split(err.Error(), "\n")
+	if len(err.Error()) > 4*MaxQuoted || lines[0] != "yaml: unmarshal errors:" {
+		t.Fatalf("message not cut to a heading and whole lines: %q", err)
+	}
+	for _, l := range lines[1:] {
+		if !strings.HasPrefix(l, "  line ") || strings.HasSuffix(l, "…") {
+			t.Fatalf("line %q of %q is not a whole error line", l, err)
+		}
+	}
+	if last := lines[len(lines)-1]; !strings.HasSuffix(last, " more)") {
+		t.Fatalf("last line %q does not say how many were left off", last)
+	}
+}
