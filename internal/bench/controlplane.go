@@ -23,7 +23,7 @@ import (
 // fresh network namespace.
 
 // CPParts are the parts measured.
-var CPParts = []string{"tc", "flowtable", "lb", "lb-one", "lb-api"}
+var CPParts = []string{"tc", "flowtable", "lb", "lb-one", "lb-api", "lb-health"}
 
 // CPOptions configure a control-plane run.
 type CPOptions struct {
@@ -129,6 +129,8 @@ func (r *cpRun) run(ctx context.Context) error {
 		return r.lb(ctx, 1, r.n)
 	case "lb-api":
 		return r.lbAPI(ctx)
+	case "lb-health":
+		return r.lbHealth(ctx)
 	}
 	return fmt.Errorf("unknown part %q", r.part)
 }
@@ -376,6 +378,7 @@ var cpPartTitles = map[string]string{
 	"lb":        "load balancer: services of 100 backends (dnat, rr), `hostaccel apply`",
 	"lb-one":    "load balancer: one service with all the backends, `hostaccel apply`",
 	"lb-api":    "load balancer agent: services of 5 backends; `hostaccel lb backend drain` until the backend leaves the kernel's map (5 drains a repetition); the agent's resident memory after them",
+	"lb-health": "load balancer agent: services of 100 backends, a TCP health check every second on each (timeout 500ms, fall 2, rise 1); backends answered by one listener behind a local route; the agent's CPU per second of checking (a core = 1 s), a backend refused (RST) until out of its map and accepted again until back (3 a repetition)",
 }
 
 // Markdown is the report as tables: per part, a row per step, a column per size.

@@ -205,3 +205,65 @@ func TestCheckerTimeoutAboveInterval(t *testing.T) {
 		}
 	}
 }
+
+// Probes started together spread their first checks over the interval (no burst every
+// interval), and a TCP check closes with RST: no FIN exchange, no TIME_WAIT left per check.
+func TestCheckerSpreadsFirstChecksAndClosesTCPWithRST(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	a, port := addrPort(t, ln.Addr())
+	const interval, n = 400 * time.Millisecond, 200
+	svc := Service{Name: "many", VIPs: []string{"192.0.2.1"}, Port: port,
+		HealthCheck: &HealthCheck{Type: "tcp", Interval: Duration{Duration: interval}}}
+	for i := range n {
+		svc.Backends = append(svc.Backends, Backend{Address: a.String(), Port: 10000 + i})
+	}
+	c := NewChecker(nil, nil)
+	var mu sync.Mutex
+	first := map[int]time.Duration{}
+	start := time.Now()
+	c.check = func(ctx context.Context, tg target) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if _, ok := first[tg.Port]; !ok {
+			first[tg.Port] = time.Since(start)
+		}
+		return nil
+	}
+	c.Update([]Service{svc})
+	time.Sleep(interval + 200*time.Millisecond)
+	c.Stop()
+	mu.Lock()
+	early := 0
+	for _, d := range first {
+		if d < interval/10 {
+			early++
+		}
+	}
+	mu.Unlock()
+	if len(first) != n || early > n/4 {
+		t.Errorf("%d of %d backends checked, %d of them in the first tenth of the interval: want every one, spread over it", len(first), n, early)
+	}
+
+	done := make(chan error, 1)
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer conn.Close()
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = conn.Read(make([]byte, 1))
+		done <- err
+	}()
+	if err := check(context.Background(), target{Check: HealthCheck{Type: "tcp"}, Addr: a, Port: port}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "connection reset") {
+		t.Errorf("the backend read %v after the check, want a connection reset (RST), not EOF (FIN)", err)
+	}
+}
