@@ -129,11 +129,16 @@ func Render(s model.State, o Options) *Ruleset {
 	rule := func(text, comment string) {
 		r.Rules = append(r.Rules, &knftables.Rule{Chain: ChainName, Rule: text, Comment: knftables.PtrTo(comment)})
 	}
-	// The guards: the kernel would not offload other protocols either, but without this
-	// guard an ICMP echo's or error's packets would be counted in a class; the device guards
-	// keep connections on other links (a second uplink, a VPN) out of the flowtable, whose
-	// hook only sees its own devices (such a flow would be half offloaded).
-	rule("meta l4proto != { tcp, udp } return", "the flowtable offloads TCP and UDP; ICMP (errors, PMTU) always takes the normal path")
+	// The guards. The kernel offloads a TCP connection once it is established and ends the
+	// offload at FIN or RST: a SYN, SYN-ACK, FIN or RST can never start one, and they are
+	// most of a short connection's slow-path packets, so they leave first, uncounted (one
+	// compare; `flow add` would refuse them after the class rules). The kernel would not
+	// offload other protocols either, but without the second guard an ICMP echo's or error's
+	// packets would be counted in a class (two compares cost less than a set lookup). The
+	// device guards keep connections on other links (a second uplink, a VPN) out of the
+	// flowtable, whose hook only sees its own devices (such a flow would be half offloaded).
+	rule("tcp flags & (fin | syn | rst) != 0 return", "TCP SYN, FIN and RST never start an offload (the kernel offloads established connections): they take the normal path, uncounted")
+	rule("meta l4proto != tcp meta l4proto != udp return", "the flowtable offloads TCP and UDP; ICMP (errors, PMTU) always takes the normal path")
 	rule(deviceGuard("iifname", s.Devices()), "input device not in the flowtable")
 	rule(deviceGuard("oifname", s.Devices()), "output device not in the flowtable")
 	// Only rules that can match exist: exclude rules while the family's exclude set has
@@ -190,10 +195,10 @@ func deviceGuard(key string, devs []string) string {
 	return b.String() + "return"
 }
 
-// ruleOrder puts pod-to-pod first: it is the commonest class and the one with no NAT, whose
-// first expression (`ct original daddr @peer-pod`, then `ct original saddr @peer-pod`) fails
-// at once for the NAT classes (their original destination is a VIP, a NodePort or an LB IP,
-// or their source is external); the NAT classes then start with their `ct status` test. A
+// ruleOrder puts pod-to-pod first: it is the commonest class and the one with no NAT. Its
+// rules compare with the local Pod CIDR before their set lookup (a compare costs less), so a
+// NAT-ed connection from a local Pod fails the second rule at once (its original destination
+// is a VIP); the NAT classes then start with their `ct status` test. A
 // connection matches one class only (the sets may not overlap), so the order changes no
 // decision and no class's counters.
 func ruleOrder(cs []model.Class) []model.Class {
@@ -230,8 +235,8 @@ func classMatches(c model.Class, f family, haveServiceCIDRs bool) []match {
 	switch c {
 	case model.PodToPod:
 		return []match{
-			{o("daddr", "@peer-pod") + " " + o("saddr", "@local-pod"), "local Pods to peer Pods", []string{"local-pod", "peer-pod"}},
-			{o("saddr", "@peer-pod") + " " + o("daddr", "@local-pod"), "peer Pods to local Pods", []string{"local-pod", "peer-pod"}},
+			{o("saddr", "@local-pod") + " " + o("daddr", "@peer-pod"), "local Pods to peer Pods", []string{"local-pod", "peer-pod"}},
+			{o("daddr", "@local-pod") + " " + o("saddr", "@peer-pod"), "peer Pods to local Pods", []string{"local-pod", "peer-pod"}},
 		}
 	case model.LocalPodToPod:
 		return []match{{"meta l4proto tcp " + o("saddr", "@local-pod") + " " + o("daddr", "@local-pod"), "local Pods to local Pods (TCP)", []string{"local-pod"}}}

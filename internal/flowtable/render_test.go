@@ -130,9 +130,9 @@ func TestSpecHash(t *testing.T) {
 	if err := fake.Run(context.Background(), tx); err != nil {
 		t.Fatal(err)
 	}
-	// guards, pod-to-pod v4 (2) and v6 (2), pod-to-service (no Service CIDRs: any DNAT-ed
+	// four guards, pod-to-pod v4 (2) and v6 (2), pod-to-service (no Service CIDRs: any DNAT-ed
 	// destination of a local Pod) v4 and v6; no exclude rules (empty sets).
-	if got := len(fake.Table.Chains[ChainName].Rules); got != 3+4+2 {
+	if got := len(fake.Table.Chains[ChainName].Rules); got != 4+4+2 {
 		t.Errorf("rules: %d", got)
 	}
 }
