@@ -60,14 +60,24 @@ type family struct {
 	proto  string // "ip" / "ip6"
 	addr   string // set type
 	is     func(netip.Addr) bool
-	// localPod is how rules name this node's Pod CIDRs: the set, or its one prefix.
-	localPod string
+	// inline holds, per set of inlineSets (without suffix), its one prefix when it has one:
+	// rules compare with it instead of looking the set up.
+	inline map[string]string
 }
 
 var families = []family{
-	{"v4", "ip", "ipv4_addr", netip.Addr.Is4, ""},
-	{"v6", "ip6", "ipv6_addr", netip.Addr.Is6, ""},
+	{"v4", "ip", "ipv4_addr", netip.Addr.Is4, nil},
+	{"v6", "ip6", "ipv6_addr", netip.Addr.Is6, nil},
 }
+
+// inlineSets are the sets whose rules compare with the prefix itself while the set holds one
+// per family: a mask and a compare cost a packet less than an interval set's tree lookup
+// (TCP_CRR Pod-to-Service +0.6% in the VM, docs/benchmarks/2026-11-25-*-inline.md). They are
+// the node's own addresses and the cluster's Service CIDRs, which a node has one of per
+// family and which seldom change: a change rewrites the rule, which rebuilds the table (its
+// offloaded flows restart on the normal path). Sets that change with the cluster (peer
+// Pods, peer nodes, LoadBalancer IPs, exclusions) stay sets, updated element by element.
+var inlineSets = []string{"local-pod", "service", "node-ip"}
 
 // address sets, each per family; prefixes (interval) unless noted.
 var addrSets = []struct{ name, comment string }{
@@ -150,11 +160,11 @@ func Render(s model.State, o Options) *Ruleset {
 	}
 	for _, f := range families {
 		has := func(set string) bool { return len(r.Elements[set+"-"+f.suffix]) > 0 }
-		// A node has one Pod CIDR per family: its rules compare the address with it, which
-		// costs the packet a mask and a compare where a set costs a tree lookup.
-		f.localPod = "@local-pod-" + f.suffix
-		if l := r.Elements["local-pod-"+f.suffix]; len(l) == 1 {
-			f.localPod = l[0]
+		f.inline = map[string]string{}
+		for _, set := range inlineSets {
+			if l := r.Elements[set+"-"+f.suffix]; len(l) == 1 {
+				f.inline[set] = l[0]
+			}
 		}
 		if has("exclude") {
 			ex := "@exclude-" + f.suffix
@@ -227,8 +237,9 @@ type match struct {
 // another class leaves the rule at its first expression.
 func classMatches(c model.Class, f family, haveServiceCIDRs bool) []match {
 	o := func(dir, set string) string {
-		if v, ok := strings.CutSuffix(set, "@local-pod"); ok && f.localPod != "" {
-			return "ct original " + f.proto + " " + dir + " " + v + f.localPod
+		op, name, _ := strings.Cut(set, "@")
+		if p, ok := f.inline[name]; ok {
+			return "ct original " + f.proto + " " + dir + " " + op + p
 		}
 		return "ct original " + f.proto + " " + dir + " " + set + "-" + f.suffix
 	}

@@ -174,3 +174,51 @@ func TestRenderOnlyRulesThatCanMatch(t *testing.T) {
 		t.Error("another exclude element changed the spec")
 	}
 }
+
+// The node's own prefixes (Pod CIDR, Service CIDR, node IP) are compared in the rules while
+// a family has one; with two the rule looks the set up, and the set always holds them (so
+// status and a later process see them either way).
+func TestRenderInlinesSinglePrefixes(t *testing.T) {
+	rule := func(r *Ruleset, comment string) string {
+		for _, rl := range r.Rules {
+			if strings.HasPrefix(*rl.Comment, comment) {
+				return rl.Rule
+			}
+		}
+		t.Fatalf("no rule %q", comment)
+		return ""
+	}
+	s := base()
+	s.Classes = []model.Class{model.PodToService, model.ExternalToNodePort}
+	s.ServiceCIDRs = pfx("10.96.0.0/16")
+	s.NodeIPs = []netip.Addr{netip.MustParseAddr("172.18.0.2")}
+	s.Normalize()
+	one := Render(s, Options{})
+	for comment, want := range map[string]string{
+		"pod-to-service v4":       "ct status dnat ct original ip saddr 10.244.1.0/24 ct original ip daddr 10.96.0.0/16",
+		"external-to-nodeport v4": "ct status dnat ct original ip daddr 172.18.0.2/32 ct original ip saddr != 10.244.1.0/24",
+	} {
+		if got := rule(one, comment); !strings.HasPrefix(got, want+" ") {
+			t.Errorf("%s: %q, want it to start %q", comment, got, want)
+		}
+	}
+	if got := one.Elements["service-v4"]; !slices.Equal(got, []string{"10.96.0.0/16"}) {
+		t.Errorf("service-v4 elements %v", got)
+	}
+
+	s.ServiceCIDRs = pfx("10.96.0.0/16", "10.97.0.0/16")
+	s.NodeIPs = append(s.NodeIPs, netip.MustParseAddr("172.19.0.2"))
+	s.Normalize()
+	two := Render(s, Options{})
+	for comment, want := range map[string]string{
+		"pod-to-service v4":       "ct original ip daddr @service-v4 ",
+		"external-to-nodeport v4": "ct original ip daddr @node-ip-v4 ",
+	} {
+		if got := rule(two, comment); !strings.Contains(got, want) {
+			t.Errorf("%s: %q, want the set lookup %q", comment, got, want)
+		}
+	}
+	if one.Comment == two.Comment {
+		t.Error("a second Service CIDR (rule text changed) left the spec as it was")
+	}
+}
