@@ -188,7 +188,7 @@ func (r *Runtime) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, r.Status(req.Context(), true).Services)
 	})
 	mux.HandleFunc("GET /v1/services/{name}", func(w http.ResponseWriter, req *http.Request) {
-		s, ok := r.Status(req.Context(), true).Service(req.PathValue("name"))
+		s, ok := r.ServiceStatus(req.Context(), req.PathValue("name"), true)
 		if !ok {
 			writeErr(w, notFound(req.PathValue("name")))
 			return
@@ -219,7 +219,7 @@ func (r *Runtime) Handler() http.Handler {
 			if name == "" {
 				name = serviceName(body)
 			}
-			s, _ := r.Status(req.Context(), false).Service(name)
+			s, _ := r.ServiceStatus(req.Context(), name, false)
 			writeJSON(w, status, s)
 		}
 	}
@@ -405,6 +405,8 @@ func (r *Runtime) change(ctx context.Context, fn func(svcs []Service, o *Overlay
 		return fmt.Errorf("loadBalancer.stateFile: %w", err)
 	}
 	r.overlay = o
+	r.overlayVer++
+	r.remember(r.cfg.Services, svcs)
 	r.gen++
 	gen := r.gen
 	r.mu.Unlock()
@@ -417,6 +419,7 @@ func (r *Runtime) change(ctx context.Context, fn func(svcs []Service, o *Overlay
 		r.mu.Lock()
 		if r.gen == gen { // nothing changed since: roll back
 			r.overlay = prev
+			r.overlayVer++
 			prev.Save(r.overlayPath)
 			r.gen++
 		}

@@ -232,3 +232,44 @@ func TestMerge(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// A sync does not validate again the merge an API change validated (or the last sync did),
+// but a reloaded config (a new slice) or a replaced overlay is validated again: a config that
+// now conflicts with the API's services is refused, not applied from the memo.
+func TestServicesValidatedOnce(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "lb-services.yaml")
+	cfg := Config{API: &API{Disabled: true}, StateFile: state, Services: []Service{fixture(DNAT, RoundRobin)}}
+	r, c, _ := testRuntime(t, cfg)
+	ctx := context.Background()
+	api := fixture(SNAT, Weighted)
+	api.Name, api.VIPs = "api", []string{"192.0.2.20"}
+	if err := c.Do(ctx, http.MethodPost, "/v1/services", api, nil); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	memo := r.valid.svcs
+	r.mu.Unlock()
+	if len(memo) != 2 {
+		t.Fatalf("the API change left no valid merge: %+v", memo)
+	}
+	got, err := r.services(cfg)
+	if err != nil || len(got) != 2 || &got[0] != &memo[0] {
+		t.Errorf("the same config and overlay: %v, %d services, memo used %v", err, len(got), err == nil && &got[0] == &memo[0])
+	}
+
+	// The config reloaded with a service on the API service's VIP and port: a new slice.
+	reloaded := cfg
+	clash := fixture(DNAT, RoundRobin)
+	clash.Name, clash.VIPs = "clash", []string{"192.0.2.20"}
+	reloaded.Services = []Service{fixture(DNAT, RoundRobin), clash}
+	if _, err := r.services(reloaded); err == nil || !strings.Contains(err.Error(), "192.0.2.20 tcp/80 is already used") {
+		t.Errorf("a reloaded config that conflicts with the API's service: %v", err)
+	}
+	// The overlay replaced (the API service deleted) under the same config: validated anew.
+	if err := c.Do(ctx, http.MethodDelete, ServicePath("api"), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := r.services(cfg); err != nil || len(got) != 1 {
+		t.Errorf("after the API service's delete: %v, %d services", err, len(got))
+	}
+}

@@ -461,6 +461,9 @@ func (m *Manager) diffChains(d *tableDiff, res *Result) (rewritten []string) {
 		for i := 0; same && i < len(want); i++ {
 			got := kc.Rules[i]
 			same = got.Comment == *want[i].Comment && !m.cache.edited(d.t.ref(), c.Name, got)
+			if len(d.replaced) == 0 { // most changes replace no map: no rule to scan
+				continue
+			}
 			for _, ref := range mapRef.FindAllStringSubmatch(want[i].Rule, -1) {
 				same = same && !d.replaced[ref[1]]
 			}

@@ -38,20 +38,31 @@ type Runtime struct {
 	cfg         Config
 	overlay     Overlay
 	overlayPath string
-	gen         uint64 // bumped by every API change
-	applied     uint64 // gen of the last successful sync
-	lastErr     error
-	lastSync    time.Time
-	synced      chan struct{} // closed and replaced after every sync
-	desired     *Desired
-	result      Result
-	mgr         *Manager
-	checker     *Checker
-	api         *apiServer
-	apiCfg      API
-	installed   bool
-	solicited   time.Time
-	urgent      atomic.Bool // a health transition or an API change is waiting: skip the full read
+	overlayVer  uint64 // bumped whenever overlay is replaced
+	// valid is the last merge of config and overlay that passed validation, with what it
+	// came from (the config's services by their first element's address: a reloaded config
+	// is a new slice); an API change validates it, and the sync it triggers need not again
+	// (at 2,000 services ~12 ms of the caller's wait).
+	valid struct {
+		cfg     *Service
+		n       int
+		overlay uint64
+		svcs    []Service
+	}
+	gen       uint64 // bumped by every API change
+	applied   uint64 // gen of the last successful sync
+	lastErr   error
+	lastSync  time.Time
+	synced    chan struct{} // closed and replaced after every sync
+	desired   *Desired
+	result    Result
+	mgr       *Manager
+	checker   *Checker
+	api       *apiServer
+	apiCfg    API
+	installed bool
+	solicited time.Time
+	urgent    atomic.Bool // a health transition or an API change is waiting: skip the full read
 	// mgrMu serialises the manager between syncs and the settle timer (a sync's chains
 	// rewritten in a hurry are read back settleAfter later, off the caller's wait).
 	mgrMu    sync.Mutex
@@ -209,13 +220,36 @@ func (r *Runtime) services(cfg Config) ([]Service, error) {
 			return nil, fmt.Errorf("loadBalancer.stateFile: %w", err)
 		}
 		r.overlay, r.overlayPath = o, path
+		r.overlayVer++
+	}
+	if svcs, ok := r.validated(cfg.Services); ok {
+		return svcs, nil
 	}
 	svcs := Merge(cfg.Services, r.overlay)
 	if errs := ValidateServices(svcs, fieldByName(svcs)); len(errs) > 0 {
 		return nil, fmt.Errorf("the services changed through the API (%s) conflict with the config; keeping the last good state: %w",
 			r.overlayPath, errors.Join(errs...))
 	}
+	r.remember(cfg.Services, svcs)
 	return svcs, nil
+}
+
+// validated returns the valid merge of cfgSvcs and the current overlay, if it is known
+// (r.mu held). The merge is shared: its readers do not modify it.
+func (r *Runtime) validated(cfgSvcs []Service) ([]Service, bool) {
+	v := &r.valid
+	if v.svcs == nil || len(cfgSvcs) == 0 || v.cfg != &cfgSvcs[0] || v.n != len(cfgSvcs) || v.overlay != r.overlayVer {
+		return nil, false
+	}
+	return v.svcs, true
+}
+
+// remember records svcs as the valid merge of cfgSvcs and the current overlay (r.mu held).
+func (r *Runtime) remember(cfgSvcs []Service, svcs []Service) {
+	if len(cfgSvcs) == 0 {
+		return
+	}
+	r.valid.cfg, r.valid.n, r.valid.overlay, r.valid.svcs = &cfgSvcs[0], len(cfgSvcs), r.overlayVer, svcs
 }
 
 // Effective returns the services in effect for cfg: the config's merged with the state

@@ -62,6 +62,17 @@ const (
 
 // Status reports the current state; with counters it reads the kernel's rule counters.
 func (r *Runtime) Status(ctx context.Context, counters bool) Status {
+	return r.status(ctx, counters, "")
+}
+
+// ServiceStatus is Status of the one service named name (an API answer about one service
+// need not build the status of thousands).
+func (r *Runtime) ServiceStatus(ctx context.Context, name string, counters bool) (ServiceStatus, bool) {
+	return r.status(ctx, counters, name).Service(name)
+}
+
+// status builds Status, of every service or of the one named only.
+func (r *Runtime) status(ctx context.Context, counters bool, only string) Status {
 	r.mu.Lock()
 	st := Status{LastSync: r.lastSync, LastResult: r.result, StateFile: r.overlayPath}
 	if r.lastErr != nil {
@@ -87,6 +98,9 @@ func (r *Runtime) Status(ctx context.Context, counters bool) Status {
 		}
 	}
 	for _, ss := range d.Services {
+		if only != "" && ss.Service.Name != only {
+			continue
+		}
 		s := ServiceStatus{Name: ss.Service.Name, Origin: "config", Topology: ss.Topology, Protocol: ss.Protocol,
 			Scheduler: ss.Sched, VIPs: ss.Service.VIPs, Ports: ss.Ports, Skipped: ss.Skipped, Packets: packets[ss.Service.Name],
 			Service: ss.Service}
