@@ -68,6 +68,7 @@ type Agent struct {
 	cfg     *config.Config
 	cfgHash [32]byte
 	caps    *probe.Result
+	probed  time.Time // when caps was probed
 	lb      lbRuntime // the load balancer (lb.go)
 }
 
@@ -276,11 +277,13 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 	}
 
 	// Probe again while the kernel lacks something a datapath could use: a module loaded
-	// later (nf_flow_table, nf_conntrack with its kfuncs) then counts from the next sync on.
-	// Not in a sync someone waits for (TriggerNow): probing runs nft a few times.
-	if a.caps == nil || !a.urgent.Load() && (!a.caps.Has(probe.Flowtable) || !a.caps.Has(probe.ConntrackKfuncs)) {
+	// later (nf_flow_table, nf_conntrack with its kfuncs) then counts from a later sync on.
+	// Not in a sync someone waits for (TriggerNow), and at most every reprobeEvery: probing
+	// runs nft and loads programs (~0.1-0.2 s), which an event's sync must not pay each time.
+	if a.caps == nil || !a.urgent.Load() && time.Since(a.probed) >= reprobeEvery &&
+		(!a.caps.Has(probe.Flowtable) || !a.caps.Has(probe.ConntrackKfuncs)) {
 		caps := a.opts.Probe(ctx)
-		a.caps = &caps
+		a.caps, a.probed = &caps, time.Now()
 	}
 	links, err := a.opts.Links()
 	if err != nil {
@@ -326,6 +329,9 @@ const (
 	DriftSockmap   = "sockmap"
 	DriftLB        = "lb"
 )
+
+// reprobeEvery is how often a sync probes the kernel again while it lacks a feature.
+var reprobeEvery = 30 * time.Second
 
 // DriftDatapaths lists them.
 var DriftDatapaths = []string{DriftFlowtable, DriftTC, DriftSockmap, DriftLB}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/knftables"
 
@@ -167,5 +168,37 @@ func TestDriftRepairLoggedAndCounted(t *testing.T) {
 	want := `level=WARN msg="drift repaired: changed outside hostaccel, restored" datapath=flowtable drift="[table missing]"`
 	if strings.Count(log.String(), "drift repaired") != 1 || !strings.Contains(log.String(), want) {
 		t.Errorf("log lacks one %q:\n%s", want, log.String())
+	}
+}
+
+// A kernel that lacks a feature is probed again, for a module loaded later, but not at every
+// sync: at most every reprobeEvery (an EndpointSlice's sync must not pay a probe). Once the
+// feature is there, no more probes.
+func TestReprobeAtMostEvery(t *testing.T) {
+	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}, {Name: "eth1", Up: true}}
+	a, _ := newTestAgent(t, false, &links)
+	probes, loaded := 0, false
+	a.opts.Probe = func(ctx context.Context) probe.Result {
+		probes++
+		r := caps(loaded)(ctx)
+		r.Features = append(r.Features, probe.Feature{Name: probe.ConntrackKfuncs, Available: loaded})
+		return r
+	}
+	ctx := context.Background()
+	for range 3 {
+		a.Sync(ctx)
+	}
+	if probes != 1 {
+		t.Errorf("3 syncs in a row probed %d times, want 1", probes)
+	}
+	defer func(d time.Duration) { reprobeEvery = d }(reprobeEvery)
+	reprobeEvery = 0
+	loaded = true // the module is loaded
+	if err := a.Sync(ctx); err != nil || probes != 2 {
+		t.Errorf("after reprobeEvery: %d probes, err %v; want 2, the flowtable found", probes, err)
+	}
+	a.Sync(ctx)
+	if probes != 2 {
+		t.Errorf("a kernel with every feature was probed again (%d)", probes)
 	}
 }

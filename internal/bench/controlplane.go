@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -14,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/hostaccel/hostaccel/internal/lb"
 )
 
 // The control-plane benchmark: how long `hostaccel apply` and `hostaccel render` take, and
@@ -22,8 +25,12 @@ import (
 // the same elements (the limit). It drives the binary as a user does, each repetition in a
 // fresh network namespace.
 
-// CPParts are the parts measured.
+// CPParts are the parts measured by default.
 var CPParts = []string{"tc", "flowtable", "lb", "lb-one", "lb-api", "lb-health"}
+
+// CPPartsAll are every part there is: the defaults and k8s (it needs the binaries of
+// scripts/k8s-build-test-bins.sh, and a size is Services: 5,000 Services on 1,000 Nodes).
+var CPPartsAll = append(slices.Clone(CPParts), "k8s")
 
 // CPOptions configure a control-plane run.
 type CPOptions struct {
@@ -131,6 +138,8 @@ func (r *cpRun) run(ctx context.Context) error {
 		return r.lbAPI(ctx)
 	case "lb-health":
 		return r.lbHealth(ctx)
+	case "k8s":
+		return r.k8sScale(ctx)
 	}
 	return fmt.Errorf("unknown part %q", r.part)
 }
@@ -377,7 +386,8 @@ var cpPartTitles = map[string]string{
 	"flowtable": "flowtable datapath: peer Pod CIDRs, `hostaccel render` (this host has no flowtable to apply to)",
 	"lb":        "load balancer: services of 100 backends (dnat, rr), `hostaccel apply`",
 	"lb-one":    "load balancer: one service with all the backends, `hostaccel apply`",
-	"lb-api":    "load balancer agent: services of 5 backends; `hostaccel lb backend drain` until the backend leaves the kernel's map (5 drains a repetition); the agent's resident memory after them",
+	"lb-api":    "load balancer agent: services of 5 backends; a drain until the backend leaves the kernel's map, by an API request (the agent's latency) and by `hostaccel lb backend drain` (adds the CLI's start), 5 each a repetition; the agent's resident memory after them",
+	"k8s":       "Kubernetes mode: the agent (datapath none, load balancer) against the real kube-apiserver of test/k8s holding N Services (ClusterIP, one port, an EndpointSlice of 2 ready endpoints each) and N/5 Nodes; an endpoint's change until the kernel's transaction for its Service (`nft monitor`), 10 each way a repetition; a Node created until the agent's state has it; the agent's memory; the API server's LIST and WATCH requests while the changes ran",
 	"lb-health": "load balancer agent: services of 100 backends, a TCP health check every second on each (timeout 500ms, fall 2, rise 1); backends answered by one listener behind a local route; the agent's CPU per second of checking (a core = 1 s), a backend refused (RST) until out of its map and accepted again until back (3 a repetition)",
 }
 
@@ -569,15 +579,27 @@ func (r *cpRun) lbAPI(ctx context.Context) error {
 	// The API answers once the change is applied; the map is then checked (and polled, if
 	// need be: each nft listing costs as much as a sync at thousands of services, so polling
 	// hard would slow the agent it measures).
-	drain := r.rep.cell(r.part, r.n, "drain: API call until out of the map")
-	for k := range 5 {
+	// Two ways in: the API request itself (the agent's latency, as another program sees it)
+	// and the CLI a user types (adds starting the hostaccel process).
+	api := r.rep.cell(r.part, r.n, "drain: API request until out of the map")
+	cli := r.rep.cell(r.part, r.n, "drain: `hostaccel lb backend drain` until out of the map")
+	client := lb.NewClient(sock, "", "")
+	for k := range 10 {
 		svc := (k * 7919) % services
-		addr := backendAddr(svc*5 + k).String()
+		addr := backendAddr(svc*5 + k%5).String()
 		m := fmt.Sprintf("s%d-backends-v4", svc)
 		t0 := time.Now()
-		if _, err := r.sh(ctx, true, "", r.o.Bin, "lb", "backend", "drain", fmt.Sprintf("s%d", svc), addr+":8080", "--socket", sock); err != nil {
-			drain.Seconds = append(drain.Seconds, math.NaN())
-			drain.Errors = append(drain.Errors, err.Error())
+		cell := api
+		var err error
+		if k%2 == 0 {
+			err = client.Do(ctx, http.MethodPatch, lb.BackendPath(fmt.Sprintf("s%d", svc), addr+":8080"), map[string]any{"state": lb.StateDrain}, nil)
+		} else {
+			cell = cli
+			_, err = r.sh(ctx, true, "", r.o.Bin, "lb", "backend", "drain", fmt.Sprintf("s%d", svc), addr+":8080", "--socket", sock)
+		}
+		if err != nil {
+			cell.Seconds = append(cell.Seconds, math.NaN())
+			cell.Errors = append(cell.Errors, err.Error())
 			continue
 		}
 		answered := time.Since(t0)
@@ -588,18 +610,19 @@ func (r *cpRun) lbAPI(ctx context.Context) error {
 				if first {
 					d = answered // gone at the first look: the API answered after the change
 				}
-				drain.Seconds = append(drain.Seconds, d.Seconds())
+				cell.Seconds = append(cell.Seconds, d.Seconds())
 				break
 			}
 			if time.Since(t0) > 30*time.Second {
-				drain.Seconds = append(drain.Seconds, math.NaN())
-				drain.Errors = append(drain.Errors, "still in the map after 30s")
+				cell.Seconds = append(cell.Seconds, math.NaN())
+				cell.Errors = append(cell.Errors, "still in the map after 30s")
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	r.said = append(r.said, fmt.Sprintf("drains %v", drain.Seconds[len(drain.Seconds)-5:]))
+	drain := api
+	r.said = append(r.said, fmt.Sprintf("drains by API %v, by CLI %v", api.Seconds[len(api.Seconds)-5:], cli.Seconds[len(cli.Seconds)-5:]))
 	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", agent.Process.Pid)); err == nil {
 		for line := range strings.Lines(string(st)) {
 			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {

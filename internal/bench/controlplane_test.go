@@ -2,6 +2,7 @@ package bench
 
 import (
 	"encoding/json"
+	"maps"
 	"math"
 	"strings"
 	"testing"
@@ -51,5 +52,22 @@ func TestControlPlaneObjectsAreDistinct(t *testing.T) {
 	}
 	if len(cidrs) != 50001 || len(addrs) != 50001 {
 		t.Errorf("%d distinct CIDRs, %d distinct addresses of 50,001", len(cidrs), len(addrs))
+	}
+}
+
+func TestParseAPIRequests(t *testing.T) {
+	body := `# HELP apiserver_request_total [STABLE] Counter of apiserver requests
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="nodes",scope="cluster",subresource="",verb="LIST",version="v1"} 2
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="nodes",scope="cluster",subresource="",verb="LIST",version="v1"} 1
+apiserver_request_total{code="0",component="apiserver",dry_run="",group="discovery.k8s.io",resource="endpointslices",scope="cluster",subresource="",verb="WATCH",version="v1"} 3
+apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="services",scope="namespace",subresource="",verb="POST",version="v1"} 5000
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="cluster",subresource="",verb="LIST",version="v1"} 7
+apiserver_longrunning_requests{component="apiserver",group="",resource="services",scope="cluster",subresource="",verb="WATCH",version="v1"} 2
+apiserver_longrunning_requests_other 9
+`
+	got := parseAPIRequests(body)
+	want := map[string]int{"LIST nodes": 3, "WATCH endpointslices": 3, "open WATCH services": 2}
+	if !maps.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
 	}
 }

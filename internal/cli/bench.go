@@ -170,8 +170,8 @@ Records the seconds and the peak memory of every sample; writes
 				return fmt.Errorf("bench control-plane needs root (network namespaces)")
 			}
 			for _, p := range o.Parts {
-				if !slices.Contains(bench.CPParts, p) {
-					return fmt.Errorf("--parts: %q is none of %v", p, bench.CPParts)
+				if !slices.Contains(bench.CPPartsAll, p) {
+					return fmt.Errorf("--parts: %q is none of %v", p, bench.CPPartsAll)
 				}
 			}
 			if o.Reps < 1 || len(o.Sizes) == 0 {
@@ -201,7 +201,7 @@ Records the seconds and the peak memory of every sample; writes
 	f := c.Flags()
 	f.IntSliceVar(&o.Sizes, "sizes", []int{100, 1000, 10000, 50000}, "numbers of objects")
 	f.IntVar(&o.Reps, "reps", o.Reps, "repetitions (parts rotated every repetition)")
-	f.StringSliceVar(&o.Parts, "parts", bench.CPParts, "what to measure")
+	f.StringSliceVar(&o.Parts, "parts", bench.CPParts, "what to measure (also: k8s, which needs scripts/k8s-build-test-bins.sh)")
 	f.DurationVar(&o.Timeout, "timeout", o.Timeout, "give up on a step after this long (recorded as failed)")
 	f.StringVar(&o.Bin, "bin", "", "the hostaccel binary to measure (default: this one)")
 	f.StringVar(&out, "out", ".", "directory for the report")

@@ -71,8 +71,9 @@ var families = []family{
 }
 
 // inlineSets are the sets whose rules compare with the prefix itself while the set holds one
-// per family: a mask and a compare cost a packet less than an interval set's tree lookup
-// (TCP_CRR Pod-to-Service +0.6% in the VM, docs/benchmarks/2026-11-25-*-inline.md). They are
+// per family: a mask and a compare cost a slow-path packet less than an interval set's tree
+// lookup (a Pod-to-Service or NodePort packet then meets no lookup at all; the TCP_CRR effect
+// is below what the VM bench resolves, docs/benchmarks/2026-11-25-1a1505f-crr.md). They are
 // the node's own addresses and the cluster's Service CIDRs, which a node has one of per
 // family and which seldom change: a change rewrites the rule, which rebuilds the table (its
 // offloaded flows restart on the normal path). Sets that change with the cluster (peer

@@ -123,3 +123,9 @@ func lbName(full string) string {
 	sum := sha256.Sum256([]byte(full))
 	return prefix + "-" + hex.EncodeToString(sum[:])[:hashLen]
 }
+
+// LBName is the load balancer service name of a Service port's front (FrontCluster, ...) for
+// IPv4: the name its kernel objects carry (`svc-NAME-v4`, `NAME-backends-v4`).
+func LBName(namespace, service, port, front string) string {
+	return lbName(namespace + "/" + service + ":" + port + "/" + front)
+}

@@ -47,7 +47,8 @@ type Options struct {
 	Services    ServicePolicy
 	ProxyName   string
 
-	// Debounce coalesces a burst of API events into one derivation (default 100ms).
+	// Debounce is the least time between two derivations (default 100ms): the first event
+	// after a quiet spell is derived at once, a burst's events together.
 	Debounce time.Duration
 	// ProbeInterval is how often the API server is asked for this Node to tell whether it is
 	// reachable (default 5s).
@@ -213,22 +214,28 @@ func (s *Source) Run(ctx context.Context) {
 		s.log.Info("informers synced", "node", s.opts.NodeName)
 	}
 	s.markDirty()
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.dirty:
 		}
-		// Coalesce: whatever else arrives within Debounce is served by this derivation.
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(s.opts.Debounce):
+		// At most one derivation per Debounce: an event after a quiet spell is served at
+		// once (an EndpointSlice change reaches the agent without waiting), the events of a
+		// burst by one derivation when the spell is over.
+		if wait := s.opts.Debounce - time.Since(last); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			select {
+			case <-s.dirty:
+			default:
+			}
 		}
-		select {
-		case <-s.dirty:
-		default:
-		}
+		last = time.Now()
 		s.derive(ctx)
 	}
 }
