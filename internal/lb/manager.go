@@ -138,7 +138,7 @@ func (m *Manager) apply(ctx context.Context, r *Ruleset, full, trust bool) (Resu
 			return res, fmt.Errorf("nft transaction (nothing was changed): %w", err)
 		}
 	}
-	next, err := m.remember(ctx, r.Tables, plans, trust)
+	next, err := m.remember(ctx, r.Tables, plans)
 	if err != nil {
 		m.cache.distrust()
 		return res, err
@@ -224,39 +224,25 @@ func (m *Manager) readLost(ctx context.Context, t *Table, kt *kernelTable) error
 }
 
 // remember is the cache after an apply of tables (done as plans say): each table as the
-// apply left it, with the expressions of the rules it added (read back) and of those it read.
-// With trust (ApplyChanges), rewritten chains are not read back: listing one chain costs nft
-// a listing of the whole ruleset (0.2-0.9 s at 2,000 services), which a change someone waits
-// for must not pay; they are left for Settle.
-func (m *Manager) remember(ctx context.Context, tables []*Table, plans []tablePlan, trust bool) (*kernelCache, error) {
+// apply left it, with the expressions of the rules it read and of the tables it rebuilt (read
+// back). Chains it rewrote in a table it kept are not read back here: listing one chain costs
+// nft a listing of the whole ruleset (0.2-0.9 s at 2,000 services, ~2 s at 5,000), which no
+// change should wait for (an API call, a health transition, an EndpointSlice event); they are
+// left for Settle, which the agent runs a moment later. A one-shot `apply` exits without: its
+// next run reads the tables whole anyway.
+func (m *Manager) remember(ctx context.Context, tables []*Table, plans []tablePlan) (*kernelCache, error) {
 	next := m.cache.next(tables)
 	for _, p := range plans {
 		ref := p.t.ref()
 		switch {
-		case trust && !p.rebuilt && len(p.rewritten) > 0:
-			next.leaveUnread(ref, p.rewritten)
 		case p.rebuilt:
 			kt, err := m.observe(ctx, ref, true)
 			if err != nil {
 				return nil, err
 			}
 			next.readRules(ref, kt)
-		case len(p.rewritten) > 2:
-			// One listing of the table without its elements, not one nft run per chain
-			// (a hundred services added at once took a hundred runs).
-			kt, err := m.observe(ctx, ref, true)
-			if err != nil {
-				return nil, err
-			}
-			next.readRules(ref, kt, p.rewritten...)
 		case len(p.rewritten) > 0:
-			for _, c := range p.rewritten {
-				kt, err := m.list(ctx, ref, "chain", c)
-				if err != nil {
-					return nil, err
-				}
-				next.readRules(ref, kt, c)
-			}
+			next.leaveUnread(ref, p.rewritten)
 		}
 		if p.read != nil {
 			var kept []string
@@ -273,7 +259,7 @@ func (m *Manager) remember(ctx context.Context, tables []*Table, plans []tablePl
 	return next, nil
 }
 
-// Settle reads back the chains ApplyChanges rewrote without reading them, so that an edit
+// Settle reads back the chains an apply rewrote without reading them, so that an edit
 // of their rules by someone else is seen as drift from now on. Until then such an edit goes
 // unnoticed, and one made before Settle is taken as ours. Cheap when nothing is unread.
 func (m *Manager) Settle(ctx context.Context) error {
