@@ -140,7 +140,11 @@ func k8sRenderCmd(g *globals) *cobra.Command {
 			d := src.Derived()
 			switch output {
 			case "yaml":
-				_, err = c.OutOrStdout().Write(d.YAML)
+				y, err := d.YAML()
+				if err != nil {
+					return err
+				}
+				_, err = c.OutOrStdout().Write(y)
 				return err
 			case "json":
 				return writeJSON(c.OutOrStdout(), src.Status())

@@ -1,9 +1,11 @@
 package config
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -262,5 +264,32 @@ loadBalancer:
 func TestLoadLimit(t *testing.T) {
 	if _, err := Load("/dev/zero"); err == nil || !strings.Contains(err.Error(), "/dev/zero is larger than 16 MiB") {
 		t.Errorf("/dev/zero: %v", err)
+	}
+}
+
+// ParseJSON (the Kubernetes source's derived configs) gives what Parse gives for the same
+// config, and refuses what Parse refuses: unknown fields, invalid values, trailing data.
+func TestParseJSONAsParse(t *testing.T) {
+	y := []byte("datapath: flowtable\nnode:\n  gateways: [gw]\n  transports: [eth0]\n  localPodCIDRs: [10.244.1.0/24]\n  peerPodCIDRs: [10.244.2.0/24]\nclasses: {pod-to-pod: true}\n")
+	want, err := Parse(y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := json.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParseJSON(j)
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("ParseJSON: %v\n%+v\nwant %+v", err, got, want)
+	}
+	for _, bad := range []struct{ in, want string }{
+		{`{"datapath": "flowtable", "bogus": 1}`, `unknown field "bogus"`},
+		{`{"datapath": "warp"}`, "datapath"},
+		{`{"datapath": "flowtable"} {}`, "trailing data"},
+	} {
+		if _, err := ParseJSON([]byte(bad.in)); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("ParseJSON(%s): %v, want an error with %q", bad.in, err, bad.want)
+		}
 	}
 }

@@ -61,12 +61,12 @@ func TestDerivePeersFollowNodes(t *testing.T) {
 		t.Errorf("peer n3 without podCIDRs: %+v", got)
 	}
 	// The YAML is a valid config file that parses to the same config.
-	c, err := config.Parse(d.YAML)
+	c, err := config.Parse(d.JSON)
 	if err != nil {
-		t.Fatalf("derived YAML does not parse: %v\n%s", err, d.YAML)
+		t.Fatalf("derived YAML does not parse: %v\n%s", err, d.JSON)
 	}
 	if !reflect.DeepEqual(c, d.Config) {
-		t.Errorf("YAML round trip differs:\n%s", d.YAML)
+		t.Errorf("YAML round trip differs:\n%s", d.JSON)
 	}
 }
 

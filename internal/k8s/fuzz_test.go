@@ -267,12 +267,12 @@ func FuzzDerive(f *testing.F) {
 			}
 			return
 		}
-		c, err := config.Parse(d.YAML)
+		c, err := config.Parse(d.JSON)
 		if err != nil || !reflect.DeepEqual(c, d.Config) {
-			t.Fatalf("derived YAML does not parse back: %v\n%s\n%s", err, d.YAML, describe(snap, p))
+			t.Fatalf("derived YAML does not parse back: %v\n%s\n%s", err, d.JSON, describe(snap, p))
 		}
 		if _, err := configtest.Render(d.Config); err != nil {
-			t.Fatalf("derived config does not render: %v\n%s\n%s", err, d.YAML, describe(snap, p))
+			t.Fatalf("derived config does not render: %v\n%s\n%s", err, d.JSON, describe(snap, p))
 		}
 	})
 }

@@ -378,7 +378,7 @@ func (s *Source) derive(ctx context.Context) {
 		return
 	}
 	s.st.DeriveError = ""
-	changed := s.last == nil || !bytes.Equal(s.last.YAML, d.YAML)
+	changed := s.last == nil || !bytes.Equal(s.last.JSON, d.JSON)
 	summaryChanged := s.last == nil || !summaryEqual(s.last.Summary, d.Summary)
 	if changed {
 		s.st.Changes++

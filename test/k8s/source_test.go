@@ -254,7 +254,7 @@ func TestServicesAndEndpointSlices(t *testing.T) {
 		return true
 	}
 	dump := func() string {
-		y := s.Derived().YAML
+		y, _ := s.Derived().YAML()
 		return string(y)
 	}
 	d := k8stest.WaitFor(t, "the Service's load balancer services", 5*time.Second, func() bool {
