@@ -108,6 +108,28 @@ func ControlPlane(ctx context.Context, o CPOptions, prog *Progress) (*CPReport, 
 	return rep, nil
 }
 
+// agentProc is a hostaccel agent the bench runs in a namespace, its output in log.
+type agentProc struct {
+	cmd *exec.Cmd
+	log strings.Builder
+}
+
+// startAgent runs `hostaccel agent args...` in network namespace ns.
+func (r *cpRun) startAgent(ctx context.Context, ns string, args ...string) (*agentProc, error) {
+	a := &agentProc{cmd: exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns, r.o.Bin, "agent"}, args...)...)}
+	a.cmd.Stdout, a.cmd.Stderr = &a.log, &a.log
+	if err := a.cmd.Start(); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// stop ends the agent (SIGTERM: it leaves the kernel's state) and waits for it.
+func (a *agentProc) stop() {
+	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	_ = a.cmd.Wait()
+}
+
 type cpRun struct {
 	o    CPOptions
 	rep  *CPReport
@@ -548,18 +570,13 @@ func (r *cpRun) lbAPI(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	agent := exec.CommandContext(ctx, "ip", "netns", "exec", r.ns, r.o.Bin, "agent", "-f", p,
-		"--lock-file", filepath.Join(r.dir, "lock"), "--state-file", filepath.Join(r.dir, "agent-state.json"))
-	var log strings.Builder
-	agent.Stdout, agent.Stderr = &log, &log
 	start := time.Now()
-	if err := agent.Start(); err != nil {
+	agent, err := r.startAgent(ctx, r.ns, "-f", p,
+		"--lock-file", filepath.Join(r.dir, "lock"), "--state-file", filepath.Join(r.dir, "agent-state.json"))
+	if err != nil {
 		return err
 	}
-	defer func() {
-		_ = agent.Process.Signal(syscall.SIGTERM)
-		_ = agent.Wait()
-	}()
+	defer agent.stop()
 	last := fmt.Sprintf("s%d-backends-v4", services-1)
 	c := r.rep.cell(r.part, r.n, "agent start until the last service is in the kernel")
 	for {
@@ -567,9 +584,9 @@ func (r *cpRun) lbAPI(ctx context.Context) error {
 		if strings.Contains(out, " : ") {
 			break
 		}
-		if time.Since(start) > r.o.Timeout || agent.ProcessState != nil {
+		if time.Since(start) > r.o.Timeout || agent.cmd.ProcessState != nil {
 			c.Seconds = append(c.Seconds, math.NaN())
-			c.Errors = append(c.Errors, "the agent did not install the services: "+firstLines(log.String(), 2))
+			c.Errors = append(c.Errors, "the agent did not install the services: "+firstLines(agent.log.String(), 2))
 			return errors.New("agent start: timed out")
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -623,7 +640,7 @@ func (r *cpRun) lbAPI(ctx context.Context) error {
 	}
 	drain := api
 	r.said = append(r.said, fmt.Sprintf("drains by API %v, by CLI %v", api.Seconds[len(api.Seconds)-5:], cli.Seconds[len(cli.Seconds)-5:]))
-	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", agent.Process.Pid)); err == nil {
+	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", agent.cmd.Process.Pid)); err == nil {
 		for line := range strings.Lines(string(st)) {
 			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
 				var kb float64

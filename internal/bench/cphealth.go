@@ -10,11 +10,9 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/hostaccel/hostaccel/internal/testbed"
@@ -61,18 +59,13 @@ func (r *cpRun) lbHealth(ctx context.Context) error {
 		return err
 	}
 	const metricsAddr = "127.0.0.1:9464"
-	agent := exec.CommandContext(ctx, "ip", "netns", "exec", r.ns, r.o.Bin, "agent", "-f", p, "--metrics-address", metricsAddr,
-		"--lock-file", filepath.Join(r.dir, "lock"), "--state-file", filepath.Join(r.dir, "agent-state.json"))
-	var log strings.Builder
-	agent.Stdout, agent.Stderr = &log, &log
 	start := time.Now()
-	if err := agent.Start(); err != nil {
+	agent, err := r.startAgent(ctx, r.ns, "-f", p, "--metrics-address", metricsAddr,
+		"--lock-file", filepath.Join(r.dir, "lock"), "--state-file", filepath.Join(r.dir, "agent-state.json"))
+	if err != nil {
 		return err
 	}
-	defer func() {
-		_ = agent.Process.Signal(syscall.SIGTERM)
-		_ = agent.Wait()
-	}()
+	defer agent.stop()
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (c net.Conn, err error) {
 			err = ns.Do(func() (derr error) { c, derr = (&net.Dialer{}).DialContext(ctx, network, addr); return derr })
@@ -89,16 +82,16 @@ func (r *cpRun) lbHealth(ctx context.Context) error {
 			first = m
 			break
 		}
-		if time.Since(start) > r.o.Timeout || agent.ProcessState != nil {
+		if time.Since(start) > r.o.Timeout || agent.cmd.ProcessState != nil {
 			up.Seconds = append(up.Seconds, math.NaN())
-			up.Errors = append(up.Errors, fmt.Sprintf("%d of %d backends up (%v): %s", m.up, r.n, err, firstLines(log.String(), 2)))
+			up.Errors = append(up.Errors, fmt.Sprintf("%d of %d backends up (%v): %s", m.up, r.n, err, firstLines(agent.log.String(), 2)))
 			return errors.New("agent start: timed out")
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 	up.Seconds = append(up.Seconds, time.Since(start).Seconds())
 
-	pid := agent.Process.Pid // ip netns exec execs the agent: the same process
+	pid := agent.cmd.Process.Pid // ip netns exec execs the agent: the same process
 	const window = 10 * time.Second
 	cpu0, err := cpuSeconds(pid)
 	if err != nil {

@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -115,7 +114,7 @@ func (r *cpRun) k8sScale(ctx context.Context) error {
 		return err
 	}
 	defer l.Close()
-	go relayTCP(l, strings.TrimPrefix(env.Host, "https://"))
+	go testenv.Relay(l, strings.TrimPrefix(env.Host, "https://"))
 	kubeconfig := filepath.Join(r.dir, "kubeconfig")
 	if err := env.WriteKubeconfigAt(kubeconfig, "https://"+l.Addr().String(), env.AdminToken); err != nil {
 		return err
@@ -136,18 +135,13 @@ func (r *cpRun) k8sScale(ctx context.Context) error {
 	defer mon.stop()
 	statePath := filepath.Join(r.dir, "agent-state.json")
 	_ = os.Remove(statePath)
-	agent := exec.CommandContext(ctx, "ip", "netns", "exec", ns.Name, r.o.Bin, "agent", "--kubernetes", "-f", base,
-		"--kubeconfig", kubeconfig, "--node-name", self, "--state-file", statePath, "--lock-file", filepath.Join(r.dir, "lock"))
-	var log strings.Builder
-	agent.Stdout, agent.Stderr = &log, &log
 	start := time.Now()
-	if err := agent.Start(); err != nil {
+	agent, err := r.startAgent(ctx, ns.Name, "--kubernetes", "-f", base,
+		"--kubeconfig", kubeconfig, "--node-name", self, "--state-file", statePath, "--lock-file", filepath.Join(r.dir, "lock"))
+	if err != nil {
 		return err
 	}
-	defer func() {
-		_ = agent.Process.Signal(syscall.SIGTERM)
-		_ = agent.Wait()
-	}()
+	defer agent.stop()
 
 	up := r.rep.cell(r.part, r.n, "agent start until every Service is in the kernel")
 	for {
@@ -155,9 +149,9 @@ func (r *cpRun) k8sScale(ctx context.Context) error {
 		if err == nil && strings.Count(out, " : goto ") >= services {
 			break
 		}
-		if time.Since(start) > r.o.Timeout || agent.ProcessState != nil {
+		if time.Since(start) > r.o.Timeout || agent.cmd.ProcessState != nil {
 			up.Seconds = append(up.Seconds, math.NaN())
-			up.Errors = append(up.Errors, "not every Service in the kernel: "+firstLines(log.String(), 2))
+			up.Errors = append(up.Errors, "not every Service in the kernel: "+firstLines(agent.log.String(), 2))
 			return errors.New("agent start: timed out")
 		}
 		time.Sleep(time.Second)
@@ -228,7 +222,7 @@ func (r *cpRun) k8sScale(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	rss, hwm := procMemMiB(agent.Process.Pid)
+	rss, hwm := procMemMiB(agent.cmd.Process.Pid)
 	up.MaxRSSMiB = append(up.MaxRSSMiB, hwm)
 	var load []string
 	for _, k := range slices.Sorted(func(yield func(string) bool) {
@@ -415,34 +409,4 @@ func procMemMiB(pid int) (rss, hwm float64) {
 		}
 	}
 	return rss, hwm
-}
-
-// relayTCP forwards every connection accepted on l to addr.
-func relayTCP(l net.Listener, addr string) {
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			u, err := net.Dial("tcp", addr)
-			if err != nil {
-				return
-			}
-			defer u.Close()
-			done := make(chan struct{}, 2)
-			cp := func(dst, src net.Conn) {
-				_, _ = io.Copy(dst, src)
-				if tc, ok := dst.(*net.TCPConn); ok {
-					_ = tc.CloseWrite()
-				}
-				done <- struct{}{}
-			}
-			go cp(u, c)
-			go cp(c, u)
-			<-done
-			<-done
-		}()
-	}
 }

@@ -3,7 +3,6 @@ package k8s_test
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -22,6 +21,7 @@ import (
 	"github.com/hostaccel/hostaccel/internal/k8s"
 	"github.com/hostaccel/hostaccel/internal/k8s/k8stest"
 	"github.com/hostaccel/hostaccel/internal/testbed"
+	"github.com/hostaccel/hostaccel/test/k8s/testenv"
 )
 
 // The binary's agent in Kubernetes mode, in a network namespace of its own, against the real
@@ -65,7 +65,7 @@ func TestAgentKubernetes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	go relay(l, apiAddr)
+	go testenv.Relay(l, apiAddr)
 
 	_, file, _, _ := runtime.Caller(0)
 	deploy := filepath.Join(filepath.Dir(file), "..", "..", "deploy")
@@ -212,33 +212,3 @@ func TestAgentKubernetes(t *testing.T) {
 var counters = regexp.MustCompile(`counter packets \d+ bytes \d+`)
 
 func stripCounters(s string) string { return counters.ReplaceAllString(s, "counter") }
-
-// relay forwards every connection accepted on l to addr.
-func relay(l net.Listener, addr string) {
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			u, err := net.Dial("tcp", addr)
-			if err != nil {
-				return
-			}
-			defer u.Close()
-			done := make(chan struct{}, 2)
-			cp := func(dst, src net.Conn) {
-				_, _ = io.Copy(dst, src)
-				if tc, ok := dst.(*net.TCPConn); ok {
-					_ = tc.CloseWrite()
-				}
-				done <- struct{}{}
-			}
-			go cp(u, c)
-			go cp(c, u)
-			<-done
-			<-done
-		}()
-	}
-}

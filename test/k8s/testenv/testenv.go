@@ -22,6 +22,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -482,4 +483,36 @@ func freePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// Relay forwards every connection accepted on l to addr (the API server on the host's
+// loopback, for an agent in a network namespace of its own: TLS passes through, the
+// certificate names 127.0.0.1). It returns when l is closed.
+func Relay(l net.Listener, addr string) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			u, err := net.Dial("tcp", addr)
+			if err != nil {
+				return
+			}
+			defer u.Close()
+			done := make(chan struct{}, 2)
+			cp := func(dst, src net.Conn) {
+				_, _ = io.Copy(dst, src)
+				if tc, ok := dst.(*net.TCPConn); ok {
+					_ = tc.CloseWrite()
+				}
+				done <- struct{}{}
+			}
+			go cp(u, c)
+			go cp(c, u)
+			<-done
+			<-done
+		}()
+	}
 }
