@@ -640,14 +640,8 @@ func (r *cpRun) lbAPI(ctx context.Context) error {
 	}
 	drain := api
 	r.said = append(r.said, fmt.Sprintf("drains by API %v, by CLI %v", api.Seconds[len(api.Seconds)-5:], cli.Seconds[len(cli.Seconds)-5:]))
-	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", agent.cmd.Process.Pid)); err == nil {
-		for line := range strings.Lines(string(st)) {
-			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-				var kb float64
-				fmt.Sscan(strings.TrimSpace(v), &kb)
-				drain.MaxRSSMiB = append(drain.MaxRSSMiB, kb/1024)
-			}
-		}
+	if rss, _ := procMemMiB(agent.cmd.Process.Pid); !math.IsNaN(rss) {
+		drain.MaxRSSMiB = append(drain.MaxRSSMiB, rss)
 	}
 	return nil
 }

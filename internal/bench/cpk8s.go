@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -243,39 +244,17 @@ func (r *cpRun) k8sScale(ctx context.Context) error {
 	return nil
 }
 
-// parallel runs fn(0..n-1) on 16 workers and returns the first error.
+// parallel runs fn(0..n-1) on 16 workers; the first error stops it and is returned.
 func parallel(ctx context.Context, n int, fn func(i int) error) error {
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-		next = make(chan int)
-	)
-	for range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				if err := fn(i); err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-				}
-			}
-		}()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(16)
+	for i := 0; i < n && gctx.Err() == nil; i++ {
+		g.Go(func() error { return fn(i) })
 	}
-	for i := 0; i < n && ctx.Err() == nil; i++ {
-		mu.Lock()
-		failed := len(errs) > 0
-		mu.Unlock()
-		if failed {
-			break
-		}
-		next <- i
+	if err := g.Wait(); err != nil {
+		return err
 	}
-	close(next)
-	wg.Wait()
-	return errors.Join(append(errs, ctx.Err())...)
+	return ctx.Err()
 }
 
 // monitor follows `nft monitor` in a namespace: expect(s) returns a channel that receives the
