@@ -160,7 +160,10 @@ wait_status() { # wait until `hostaccel status` matches a pattern
 }
 
 step "hostaccel agent --kubernetes (datapath $DATAPATH, the ServiceAccount's token, metrics on 127.0.0.1:9464)"
-in_ns "$HA" agent --kubernetes -f "$WORK/config.yaml" "${KUBEFLAGS[@]}" --state-file "$WORK/agent.json" \
+# Not through in_ns: a shell function run with & is a subshell whose child the agent is, and
+# SIGTERM to that subshell left the agent running (holding /run/hostaccel's lock). `ip netns
+# exec` execs, so $! is the agent itself.
+ip netns exec "$NS" "$HA" agent --kubernetes -f "$WORK/config.yaml" "${KUBEFLAGS[@]}" --state-file "$WORK/agent.json" \
 	--metrics-address 127.0.0.1:9464 --cleanup-on-exit >"$WORK/agent.log" 2>&1 &
 AGENT_PID=$!
 for _ in $(seq 300); do [ -n "$(syncs)" ] && break; sleep 0.1; done

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"slices"
@@ -250,7 +251,7 @@ func applyCmd() *cobra.Command {
 
 func agentCmd(g *globals) *cobra.Command {
 	var file, metricsAddr, statePath, lockPath string
-	var cleanup bool
+	var cleanup, profiling bool
 	var kube *kubeFlags
 	c := &cobra.Command{
 		Use:   "agent -f CONFIG",
@@ -294,6 +295,12 @@ func agentCmd(g *globals) *cobra.Command {
 				mux.Handle("/metrics", met.Handler())
 				mux.HandleFunc("/healthz", healthz(a.State))
 				mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+				if profiling {
+					mux.HandleFunc("/debug/pprof/", pprof.Index)
+					mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+					mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+					mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+				}
 				srv := &http.Server{Addr: metricsAddr, Handler: mux}
 				go func() {
 					if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -308,6 +315,7 @@ func agentCmd(g *globals) *cobra.Command {
 	}
 	c.Flags().StringVarP(&file, "file", "f", "", "config file (required)")
 	c.Flags().StringVar(&metricsAddr, "metrics-address", "", "serve /metrics, /healthz and /livez here, e.g. 127.0.0.1:9464 (off when empty)")
+	c.Flags().BoolVar(&profiling, "profiling", false, "also serve Go's /debug/pprof on --metrics-address (CPU, heap, goroutines)")
 	c.Flags().StringVar(&statePath, "state-file", agent.DefaultStatePath, "where the agent publishes its state (read by hostaccel status)")
 	c.Flags().BoolVar(&cleanup, "cleanup-on-exit", false, "remove hostaccel's rules when the agent stops")
 	addLockFlag(c, &lockPath)
