@@ -19,6 +19,7 @@ echo "== go vet"
 go vet ./...
 # The benchmark is built only with -tags bench (hostaccel-bench; the agent leaves it out).
 go vet -tags bench ./internal/cli/ ./cmd/...
+go test -count=1 -tags bench ./internal/cli/
 
 # The BPF objects bpf2go generated from internal/tc/bpf and internal/sockmap/bpf are committed;
 # they must be what the source compiles to (where clang is here to say so).

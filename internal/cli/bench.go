@@ -68,6 +68,11 @@ failure or Ctrl-C.`,
 			if vmOnly {
 				o.VM = bench.VMOnly
 			}
+			// --duration is the host's run length: a VM-only run ignoring it silently
+			// measured 1 s cells that its author took for 5 s ones.
+			if o.VM == bench.VMOnly && c.Flags().Changed("duration") && !c.Flags().Changed("vm-duration") {
+				return fmt.Errorf("--duration: the host's netperf run length, and this run has no host part (--vm only); the VM's is --vm-duration")
+			}
 			o.Command = bench.CommandLine(append([]string{"hostaccel"}, os.Args[1:]...))
 			if err := o.Validate(); err != nil {
 				return err

@@ -173,12 +173,10 @@ func Render(s model.State, o Options) *Ruleset {
 				rule(m+" "+ex+" counter return", "exclude: "+m)
 			}
 		}
-		for _, c := range ruleOrder(s.Classes) {
-			for _, m := range classMatches(c, f, len(s.ServiceCIDRs) > 0) {
-				if !slices.ContainsFunc(m.needs, func(set string) bool { return !has(set) }) {
-					rule(m.match+threshold+" counter goto "+OffloadChain,
-						fmt.Sprintf("%s %s: %s", c, f.suffix, m.what))
-				}
+		for _, cm := range ruleOrder(s.Classes, f, len(s.ServiceCIDRs) > 0) {
+			if !slices.ContainsFunc(cm.m.needs, func(set string) bool { return !has(set) }) {
+				rule(cm.m.match+threshold+" counter goto "+OffloadChain,
+					fmt.Sprintf("%s %s: %s", cm.class, f.suffix, cm.m.what))
 			}
 		}
 	}
@@ -206,24 +204,39 @@ func deviceGuard(key string, devs []string) string {
 	return b.String() + "return"
 }
 
-// ruleOrder puts pod-to-pod first: it is the commonest class and the one with no NAT. Its
-// rules compare with the local Pod CIDR before their set lookup (a compare costs less), so a
-// NAT-ed connection from a local Pod fails the second rule at once (its original destination
-// is a VIP); the NAT classes then start with their `ct status` test. A
-// connection matches one class only (the sets may not overlap), so the order changes no
-// decision and no class's counters.
-func ruleOrder(cs []model.Class) []model.Class {
-	out := slices.Clone(cs)
-	slices.SortStableFunc(out, func(a, b model.Class) int {
-		switch {
-		case a == model.PodToPod && b != model.PodToPod:
-			return -1
-		case b == model.PodToPod && a != model.PodToPod:
-			return 1
+// ruleOrder lists the class rules of a family in the order the forward chain walks them. A
+// slow-path packet pays for every rule before its own, so the commonest connections come
+// first: Pod-to-Pod from a local Pod (one compare and one lookup), then Pod-to-Service,
+// then Pod-to-Pod towards a local Pod, then the other classes. A Pod-to-Service packet thus
+// meets one failed lookup before its rule, not also the inbound Pod-to-Pod rule; and an
+// inbound Pod-to-Pod packet fails the Pod-to-Service rule at its `ct status` test. The order
+// changes no decision: a connection that two classes describe (a local Pod's connection
+// DNAT-ed to a peer Pod, while no Service CIDR is set) is offloaded either way and counted
+// under the first, as before.
+func ruleOrder(cs []model.Class, f family, haveServiceCIDRs bool) []classMatch {
+	var out []classMatch
+	for _, c := range cs {
+		for i, m := range classMatches(c, f, haveServiceCIDRs) {
+			rank := 3
+			switch {
+			case c == model.PodToPod && i == 0:
+				rank = 0
+			case c == model.PodToService:
+				rank = 1
+			case c == model.PodToPod:
+				rank = 2
+			}
+			out = append(out, classMatch{m, c, rank})
 		}
-		return 0
-	})
+	}
+	slices.SortStableFunc(out, func(a, b classMatch) int { return a.rank - b.rank })
 	return out
+}
+
+type classMatch struct {
+	m     match
+	class model.Class
+	rank  int
 }
 
 type match struct {
