@@ -30,6 +30,9 @@ type Manager struct {
 	FullEvery time.Duration
 
 	cache kernelCache
+	// applies counts the applies and removals: a Settle's reading is dropped when one ran
+	// while nft listed.
+	applies uint64
 	// expect is every table as the last successful apply left it (nil: none since
 	// NewManager or Remove); unlike cache it survives a failed apply, so that a repair
 	// after one still sees what someone else changed (Result.Drift).
@@ -94,6 +97,7 @@ func (m *Manager) ApplyChanges(ctx context.Context, r *Ruleset) (Result, error) 
 }
 
 func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full, trust bool) (Result, error) {
+	m.applies++
 	full = full || !m.cache.known()
 	res, err := m.apply(ctx, r, full, trust && !full)
 	if err != nil && !full {
@@ -263,28 +267,78 @@ func (m *Manager) remember(ctx context.Context, tables []*Table, plans []tablePl
 // of their rules by someone else is seen as drift from now on. Until then such an edit goes
 // unnoticed, and one made before Settle is taken as ours. Cheap when nothing is unread.
 func (m *Manager) Settle(ctx context.Context) error {
+	s := m.StartSettle()
+	if err := s.Read(ctx); err != nil {
+		return err
+	}
+	m.FinishSettle(s)
+	return nil
+}
+
+// Settling is one Settle split in three, so that its reading (nft lists the whole ruleset,
+// ~2 s at 5,000 services) need not hold the manager: StartSettle and FinishSettle must be
+// called where Apply may be, Read anywhere.
+type Settling struct {
+	list    func(ctx context.Context, ref TableRef, kind, name string) (*kernelTable, error)
+	observe func(ctx context.Context, ref TableRef) (*kernelTable, error)
+	applies uint64
+	want    map[TableRef][]string
+	got     map[TableRef]map[string]*kernelTable // per table, per chain (or "" for the table)
+}
+
+// StartSettle notes which chains are unread.
+func (m *Manager) StartSettle() *Settling {
+	s := &Settling{list: m.list, observe: func(ctx context.Context, ref TableRef) (*kernelTable, error) { return m.observe(ctx, ref, true) },
+		applies: m.applies, want: map[TableRef][]string{}, got: map[TableRef]map[string]*kernelTable{}}
 	for ref, chains := range m.cache.unread {
 		if m.cache.tables[ref] == nil {
 			delete(m.cache.unread, ref)
 			continue
 		}
+		s.want[ref] = slices.Clone(chains)
+	}
+	return s
+}
+
+// Read lists the chains (a table with more than two of them whole).
+func (s *Settling) Read(ctx context.Context) error {
+	for ref, chains := range s.want {
+		s.got[ref] = map[string]*kernelTable{}
 		if len(chains) > 2 {
-			kt, err := m.observe(ctx, ref, true)
+			kt, err := s.observe(ctx, ref)
 			if err != nil {
 				return err
 			}
-			m.cache.readRules(ref, kt, chains...)
+			s.got[ref][""] = kt
 			continue
 		}
-		for _, c := range slices.Clone(chains) {
-			kt, err := m.list(ctx, ref, "chain", c)
+		for _, c := range chains {
+			kt, err := s.list(ctx, ref, "chain", c)
 			if err != nil {
 				return err
 			}
-			m.cache.readRules(ref, kt, c)
+			s.got[ref][c] = kt
 		}
 	}
 	return nil
+}
+
+// FinishSettle remembers what s read, unless an apply ran since StartSettle: the reading
+// may then hold rules that apply replaced, which would be taken for someone's edit. That
+// apply left its own chains unread, for the next Settle.
+func (m *Manager) FinishSettle(s *Settling) {
+	if s.applies != m.applies {
+		return
+	}
+	for ref, got := range s.got {
+		if kt := got[""]; kt != nil {
+			m.cache.readRules(ref, kt, s.want[ref]...)
+			continue
+		}
+		for c, kt := range got {
+			m.cache.readRules(ref, kt, c)
+		}
+	}
 }
 
 // Unsettled reports whether Settle has chains to read.
@@ -621,6 +675,7 @@ func (m *Manager) Remove(ctx context.Context) ([]TableRef, error) {
 	for _, ref := range refs {
 		tx.Delete(&knftables.Table{Family: ref.Family, Name: ref.Name})
 	}
+	m.applies++
 	m.cache.forget()
 	return refs, m.NFT.Run(ctx, tx)
 }

@@ -480,6 +480,47 @@ func TestApplyLeavesTheReadBackToSettle(t *testing.T) {
 	}
 }
 
+// Settle's reading runs without the manager (the agent lets syncs through meanwhile). A
+// reading taken before another apply is dropped, not remembered: it may hold the rules that
+// apply replaced, which would later look like someone's edit and be "repaired".
+func TestSettleDropsAReadingOlderThanAnApply(t *testing.T) {
+	m, _ := NewFakeManager()
+	m.FullEvery = time.Hour
+	svcs := svcSet()
+	apply(t, m, svcs, nil)
+	svcs[0].Backends[1].State = StateDrain
+	if _, err := m.Apply(context.Background(), Render(Resolve(svcs, nil, testEnv))); err != nil {
+		t.Fatal(err)
+	}
+	s := m.StartSettle()
+	if err := s.Read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	svcs[0].Backends[1].State = StateUp
+	if _, err := m.Apply(context.Background(), Render(Resolve(svcs, nil, testEnv))); err != nil {
+		t.Fatal(err)
+	}
+	m.FinishSettle(s)
+	if !m.Unsettled() {
+		t.Fatal("a reading older than the last apply was remembered")
+	}
+	s = m.StartSettle()
+	if err := s.Read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m.FinishSettle(s)
+	if m.Unsettled() {
+		t.Fatal("a reading after the last apply was not remembered")
+	}
+	// With nothing changed since, a full read finds no drift (the remembered rules are the
+	// kernel's).
+	m.FullEvery = 0
+	res, _ := apply(t, m, svcs, nil)
+	if len(res.Drift) > 0 || len(res.ChainsRewritten) > 0 {
+		t.Fatalf("full read after settling: %+v", res)
+	}
+}
+
 // countChainLists makes m count its nft listings of single chains.
 func countChainLists(m *Manager) *int {
 	n := new(int)

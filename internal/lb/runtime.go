@@ -171,18 +171,27 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 }
 
 // settleLater reads back, settleAfter from now, the chains mgr left unread (r.mgrMu held).
+// A sync re-arms it, so that a burst of changes is read once, after it.
 func (r *Runtime) settleLater(mgr *Manager) {
 	if r.settling != nil {
 		r.settling.Stop()
 	}
 	r.settling = time.AfterFunc(settleAfter, func() {
 		r.mgrMu.Lock()
-		defer r.mgrMu.Unlock()
+		s := mgr.StartSettle()
+		r.mgrMu.Unlock()
+		// nft lists without the manager held: a sync meanwhile (the next EndpointSlice event)
+		// need not wait for it. If one applies, the reading is dropped and its own settle
+		// reads again.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := mgr.Settle(ctx); err != nil {
+		if err := s.Read(ctx); err != nil {
 			r.Log.Warn("reading back rewritten chains (drift detection waits for the next full read)", "err", err)
+			return
 		}
+		r.mgrMu.Lock()
+		mgr.FinishSettle(s)
+		r.mgrMu.Unlock()
 	})
 }
 
