@@ -1,7 +1,6 @@
 package lb
 
 import (
-	"maps"
 	"slices"
 	"time"
 
@@ -55,10 +54,11 @@ func (c *kernelCache) table(ref TableRef) *kernelTable {
 	if k == nil {
 		return nil
 	}
-	cp := &kernelTable{Table: k.Table, Maps: map[string]*kernelMap{}, Counters: k.Counters}
+	// The maps are copied, their elements shared: an apply replaces a map's Elems (readLost),
+	// it never writes into them.
+	cp := &kernelTable{Table: k.Table, Maps: make(map[string]*kernelMap, len(k.Maps)), Counters: k.Counters}
 	for n, km := range k.Maps {
 		m := *km
-		m.Elems = maps.Clone(km.Elems)
 		cp.Maps[n] = &m
 	}
 	return cp
@@ -97,9 +97,12 @@ func (c *kernelCache) next(tables []*Table) *kernelCache {
 	}
 	// Only the rules the tables still have: a rule's comment names its content, so a
 	// service changed back and forth would otherwise leave an expression per version.
-	for k, v := range c.exprs {
-		if kt := n.tables[k.table]; kt != nil && kt.hasRule(k.chain, k.comment) {
-			n.exprs[k] = v
+	for _, t := range tables {
+		for _, rl := range t.Rules {
+			k := ruleKey{t.ref(), rl.Chain, *rl.Comment}
+			if v, ok := c.exprs[k]; ok {
+				n.exprs[k] = v
+			}
 		}
 	}
 	for ref, chains := range c.unread {
@@ -112,12 +115,6 @@ func (c *kernelCache) next(tables []*Table) *kernelCache {
 		}
 	}
 	return n
-}
-
-// hasRule reports whether chain has a rule with comment.
-func (kt *kernelTable) hasRule(chain, comment string) bool {
-	ch := kt.Chains[chain]
-	return ch != nil && slices.ContainsFunc(ch.Rules, func(r *nftjson.Rule) bool { return r.Comment == comment })
 }
 
 // leaveUnread marks chains of ref as rewritten and not read back: the expressions of their

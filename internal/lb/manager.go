@@ -379,6 +379,24 @@ type tableDiff struct {
 	wantChain, newChain, redo map[string]bool // chains: wanted, new, to rewrite
 	// ek, ev: the key and value of each of t.Elements as canonical text (after keepSlots).
 	ek, ev []string
+	// in: whether each of t.Elements is in the kernel's map with its value; held counts
+	// those per map (a map holding all its wanted elements and no other has none to remove).
+	in   []bool
+	held map[string]int
+}
+
+// compare fills d.in and d.held.
+func (d *tableDiff) compare() {
+	d.in, d.held = make([]bool, len(d.t.Elements)), map[string]int{}
+	for i, e := range d.t.Elements {
+		n := e.Set + e.Map
+		if km := d.kt.Maps[n]; km != nil {
+			if v, ok := km.Elems[d.ek[i]]; ok && v == d.ev[i] {
+				d.in[i] = true
+				d.held[n]++
+			}
+		}
+	}
 }
 
 type object struct {
@@ -391,11 +409,12 @@ type object struct {
 // to go deleted, new maps and chains added, rules added, new elements added. It returns the
 // chains whose rules it adds.
 func (m *Manager) update(tx *knftables.Transaction, kt *kernelTable, t *Table, res *Result) (rewritten []string) {
-	keepSlots(t, kt)
 	d := &tableDiff{kt: kt, t: t, ek: make([]string, len(t.Elements)), ev: make([]string, len(t.Elements))}
 	for i, e := range t.Elements {
 		d.ek[i], d.ev[i] = elemKey(e), elemValue(e)
 	}
+	d.keepSlots()
+	d.compare()
 	d.diffMaps(res)
 	rewritten = m.diffChains(d, res)
 	m.removeElements(tx, d, res)
@@ -411,8 +430,10 @@ func (m *Manager) update(tx *knftables.Transaction, kt *kernelTable, t *Table, r
 // keepSlots reorders the values of t's free slot maps (Table.Slots) so that every slot the
 // kernel has keeps its value while that value is still wanted there; the values left over
 // fill the other slots, in rendered order. One backend leaving a service of n then changes
-// its own slot and removes the last one instead of moving every slot after it.
-func keepSlots(t *Table, kt *kernelTable) {
+// its own slot and removes the last one instead of moving every slot after it. A map the
+// kernel holds as rendered is left as it is (most of them, in a change to one service).
+func (d *tableDiff) keepSlots() {
+	t, kt := d.t, d.kt
 	slots := map[string][]int{} // slot map -> indices of its elements in t.Elements
 	for i, e := range t.Elements {
 		if e.Map != "" && t.Slots[e.Map] {
@@ -425,20 +446,26 @@ func keepSlots(t *Table, kt *kernelTable) {
 		if km == nil || km.IsSet {
 			continue
 		}
+		if len(km.Elems) == len(idx) && !slices.ContainsFunc(idx, func(i int) bool {
+			v, ok := km.Elems[d.ek[i]]
+			return !ok || v != d.ev[i]
+		}) {
+			continue
+		}
 		left := map[string]int{} // wanted values not placed yet
 		for _, i := range idx {
-			left[elemValue(t.Elements[i])]++
+			left[d.ev[i]]++
 		}
 		vals := make([]string, len(idx))
 		for j, i := range idx {
-			if v, ok := km.Elems[elemKey(t.Elements[i])]; ok && left[v] > 0 {
+			if v, ok := km.Elems[d.ek[i]]; ok && left[v] > 0 {
 				vals[j] = v
 				left[v]--
 			}
 		}
 		var rest []string
 		for _, i := range idx {
-			if v := elemValue(t.Elements[i]); left[v] > 0 {
+			if v := d.ev[i]; left[v] > 0 {
 				rest = append(rest, v)
 				left[v]--
 			}
@@ -447,7 +474,7 @@ func keepSlots(t *Table, kt *kernelTable) {
 			if vals[j] == "" {
 				vals[j], rest = rest[0], rest[1:]
 			}
-			if vals[j] == elemValue(t.Elements[i]) {
+			if vals[j] == d.ev[i] {
 				continue
 			}
 			if !cloned { // the caller's slice stays as rendered
@@ -456,6 +483,7 @@ func keepSlots(t *Table, kt *kernelTable) {
 			e := *t.Elements[i]
 			e.Value = split(vals[j])
 			t.Elements[i] = &e
+			d.ev[i] = vals[j]
 		}
 	}
 }
@@ -521,13 +549,21 @@ func (m *Manager) diffChains(d *tableDiff, res *Result) (rewritten []string) {
 // dynamic maps that point at a backend that is gone.
 func (m *Manager) removeElements(tx *knftables.Transaction, d *tableDiff, res *Result) {
 	t, kt := d.t, d.kt
-	desired := map[string]map[string]string{}
+	var desired map[string]map[string]string // of the maps that hold others than ours
+	dirty := func(name string) bool {
+		km := kt.Maps[name]
+		return !km.Dynamic && len(km.Elems) != d.held[name] && d.wanted[name] && !d.replaced[name]
+	}
 	for i, e := range t.Elements {
-		n := e.Set + e.Map
-		if desired[n] == nil {
-			desired[n] = map[string]string{}
+		if n := e.Set + e.Map; kt.Maps[n] != nil && dirty(n) {
+			if desired == nil {
+				desired = map[string]map[string]string{}
+			}
+			if desired[n] == nil {
+				desired[n] = map[string]string{}
+			}
+			desired[n][d.ek[i]] = d.ev[i]
 		}
-		desired[n][d.ek[i]] = d.ev[i]
 	}
 	for _, name := range slices.Sorted(maps.Keys(kt.Maps)) {
 		km := kt.Maps[name]
@@ -538,7 +574,7 @@ func (m *Manager) removeElements(tx *knftables.Transaction, d *tableDiff, res *R
 			forget(tx, t, name, km, allowed, res)
 			continue
 		}
-		if km.Dynamic { // flow tables: the datapath's
+		if km.Dynamic || !dirty(name) { // flow tables: the datapath's
 			continue
 		}
 		var gone []string // sorted below: the same transaction for the same change
@@ -628,7 +664,7 @@ func (d *tableDiff) addElements(tx *knftables.Transaction, res *Result) {
 			tx.Add(e)
 			continue
 		}
-		if v, ok := km.Elems[d.ek[i]]; !ok || v != d.ev[i] {
+		if !d.in[i] {
 			tx.Add(e)
 			res.ElementsAdded++
 		}

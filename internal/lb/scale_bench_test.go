@@ -1,0 +1,45 @@
+package lb
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+// scaleServices is the control-plane bench's shape (bench control-plane, lb-api): n dnat
+// services of backends each.
+func scaleServices(n, backends int) []Service {
+	svcs := make([]Service, 0, n)
+	k := 0
+	for s := range n {
+		svc := Service{Name: fmt.Sprintf("s%d", s), VIPs: []string{netip.AddrFrom4([4]byte{198, 18, byte(s >> 8), byte(s)}).String()},
+			Port: 80, Topology: DNAT, Scheduler: RoundRobin}
+		for range backends {
+			svc.Backends = append(svc.Backends, Backend{Address: netip.AddrFrom4([4]byte{10, byte(k >> 16), byte(k >> 8), byte(k)}).String(), Port: 8080})
+			k++
+		}
+		svcs = append(svcs, svc)
+	}
+	return svcs
+}
+
+// BenchmarkDrainOneOf2000 is one backend drained and undrained among 2,000 services of 5
+// backends, as the agent's sync does it (Resolve, Render, ApplyChanges) on the Fake: for
+// profiles (go test -bench DrainOneOf -cpuprofile), not a pass/fail test.
+func BenchmarkDrainOneOf2000(b *testing.B) {
+	m, _ := NewFakeManager()
+	m.FullEvery = time.Hour
+	svcs := scaleServices(2000, 5)
+	if _, err := m.Apply(context.Background(), Render(Resolve(svcs, nil, testEnv))); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		svcs[7].Backends[2].State = []string{StateDrain, StateUp}[i%2]
+		if _, err := m.ApplyChanges(context.Background(), Render(Resolve(svcs, nil, testEnv))); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
