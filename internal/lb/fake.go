@@ -14,7 +14,7 @@ import (
 // containing "counter" report 7 packets.
 func NewFakeManager() (*Manager, *knftables.Fake) {
 	f := knftables.NewFake("", "")
-	return &Manager{NFT: f, List: FakeLister(f), Tables: FakeTables(f)}, f
+	return &Manager{NFT: f, List: FakeLister(f), Tables: FakeTables(f), ReadCounter: FakeCounters(FakeLister(f))}, f
 }
 
 // FakeTables lists the Fake's tables as `nft list tables` would.

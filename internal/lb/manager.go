@@ -24,10 +24,12 @@ import (
 // against what its last apply left (its cache), and reads single dynamic maps only when a
 // backend their entries may point at is gone.
 type Manager struct {
-	NFT       knftables.Interface // not bound to a table: objects name theirs
-	List      Lister
-	Tables    func(context.Context) ([]TableRef, error)
-	FullEvery time.Duration
+	NFT    knftables.Interface // not bound to a table: objects name theirs
+	List   Lister
+	Tables func(context.Context) ([]TableRef, error)
+	// ReadCounter reads a table's named counters (status); nil: from nft's listing.
+	ReadCounter CounterReader
+	FullEvery   time.Duration
 
 	cache kernelCache
 	// applies counts the applies and removals: a Settle's reading is dropped when one ran
@@ -48,7 +50,7 @@ func NewManager() (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Manager{NFT: nft, List: NFTList, Tables: ListTables, FullEvery: DefaultFullEvery}, nil
+	return &Manager{NFT: nft, List: NFTList, Tables: ListTables, ReadCounter: NetlinkCounters, FullEvery: DefaultFullEvery}, nil
 }
 
 // Result says what one Apply changed.

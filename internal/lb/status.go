@@ -85,12 +85,17 @@ func (r *Runtime) status(ctx context.Context, counters bool, only string) Status
 	}
 	packets := map[string]uint64{}
 	if counters && mgr != nil {
-		tables, err := mgr.Observe(ctx)
+		// The counters' names and comments as the last apply left them (under the manager's
+		// lock, briefly), then the kernel's numbers without it.
+		r.mgrMu.Lock()
+		names := mgr.CounterTables()
+		r.mgrMu.Unlock()
+		tables, err := mgr.ReadCounters(ctx, names)
 		if err != nil {
 			st.Errors = append(st.Errors, err.Error())
 		}
-		for _, t := range tables {
-			for _, c := range t.Counters {
+		for _, cs := range tables {
+			for _, c := range cs {
 				if svc, what, ok := parseComment(c.Comment); ok && (what == whatNewConnections || what == whatPackets) {
 					packets[svc] += c.Packets
 				}

@@ -44,6 +44,19 @@ func TestRoundRobin(t *testing.T) {
 			})
 		}
 	}
+	// The agent's status counts each service's packets from the kernel's named counters
+	// (read over netlink): 60 connections went to each rr service.
+	st, err := topo.status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, topoName := range topologies {
+		name := svcName(topoName, sc("rr"))
+		s, ok := st.Service(name)
+		if !ok || s.Packets < 60 {
+			t.Errorf("status of %s: %d packets counted (found %v), want at least one per connection (60); errors %v", name, s.Packets, ok, st.Errors)
+		}
+	}
 }
 
 // weight: 3000 new connections land on backends weighted 1:2:3 as a fair draw would. The check
