@@ -16,10 +16,7 @@ type CounterReader func(ctx context.Context, ref TableRef) (map[string]Counter, 
 // (google/nftables): nft 1.0.6 fetches the whole ruleset for any listing (~2 s at 5,000
 // services), a dump of a table's objects costs milliseconds.
 func NetlinkCounters(_ context.Context, ref TableRef) (map[string]Counter, error) {
-	fam, ok := map[knftables.Family]nftables.TableFamily{
-		knftables.InetFamily: nftables.TableFamilyINet, knftables.IPv4Family: nftables.TableFamilyIPv4,
-		knftables.IPv6Family: nftables.TableFamilyIPv6, knftables.NetDevFamily: nftables.TableFamilyNetdev,
-	}[ref.Family]
+	fam, ok := nlFamily(ref.Family)
 	if !ok {
 		return nil, fmt.Errorf("counters of %s: unknown family", ref)
 	}
@@ -110,4 +107,14 @@ func (m *Manager) ReadCounters(ctx context.Context, tables map[TableRef]map[stri
 		out[ref] = cs
 	}
 	return out, nil
+}
+
+// nlFamily is families' inverse.
+func nlFamily(f knftables.Family) (nftables.TableFamily, bool) {
+	for nl, k := range families {
+		if k == f {
+			return nl, true
+		}
+	}
+	return 0, false
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/google/nftables"
 	"sigs.k8s.io/knftables"
 
 	"github.com/hostaccel/hostaccel/internal/nftjson"
@@ -28,36 +29,32 @@ func (t TableRef) ours() bool {
 		t.Family == knftables.NetDevFamily && strings.HasPrefix(t.Name, IngressTablePrefix)
 }
 
-// ListTables runs `nft --json list tables`.
-func ListTables(ctx context.Context) ([]TableRef, error) {
-	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, "nft", "--json", "list", "tables")
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+// ListTables lists the tables of the calling thread's network namespace over netlink
+// (google/nftables). `nft --json list tables` took 2.4 s at 5,000 services (nft 1.0.6 fetches
+// the whole ruleset first), and Apply asks at every sync which of our tables exist.
+func ListTables(context.Context) ([]TableRef, error) {
+	c, err := nftables.New()
 	if err != nil {
-		return nil, fmt.Errorf("nft list tables: %v: %s", err, strings.TrimSpace(stderr.String()))
+		return nil, fmt.Errorf("list tables: %w", err)
 	}
-	return parseTables(out)
-}
-
-func parseTables(out []byte) ([]TableRef, error) {
-	var doc struct {
-		Nftables []map[string]json.RawMessage `json:"nftables"`
+	defer c.CloseLasting()
+	ts, err := c.ListTables()
+	if err != nil {
+		return nil, fmt.Errorf("list tables: %w", err)
 	}
-	if err := json.Unmarshal(out, &doc); err != nil {
-		return nil, fmt.Errorf("parse nft json: %w", err)
-	}
-	var refs []TableRef
-	for _, o := range doc.Nftables {
-		if raw, ok := o["table"]; ok {
-			var t struct{ Family, Name string }
-			if err := json.Unmarshal(raw, &t); err != nil {
-				return nil, err
-			}
-			refs = append(refs, TableRef{knftables.Family(t.Family), t.Name})
+	refs := make([]TableRef, 0, len(ts))
+	for _, t := range ts {
+		if f, ok := families[t.Family]; ok {
+			refs = append(refs, TableRef{f, t.Name})
 		}
 	}
 	return refs, nil
+}
+
+// families maps netlink's table families to knftables' (arp and bridge tables are never ours).
+var families = map[nftables.TableFamily]knftables.Family{
+	nftables.TableFamilyINet: knftables.InetFamily, nftables.TableFamilyIPv4: knftables.IPv4Family,
+	nftables.TableFamilyIPv6: knftables.IPv6Family, nftables.TableFamilyNetdev: knftables.NetDevFamily,
 }
 
 // Lister runs `nft --json ARGS...` and returns its output (injectable for tests).
