@@ -31,7 +31,14 @@ type Manager struct {
 	ReadCounter CounterReader
 	FullEvery   time.Duration
 
+	// DeferFull: Apply does not read the tables whole itself when FullEvery is due; the
+	// caller reads them apart, without holding up changes (StartFullRead, Read,
+	// FinishFullRead), and the next Apply diffs against that reading (FullDue says when).
+	// A first apply, and one after a failure, still read at once.
+	DeferFull bool
+
 	cache kernelCache
+	fresh *FullRead // a full reading for the next Apply (DeferFull)
 	// applies counts the applies and removals: a Settle's reading is dropped when one ran
 	// while nft listed.
 	applies uint64
@@ -86,7 +93,11 @@ func (r Result) Changed() bool { return r.Operations > 0 }
 // its layout changed. Our tables that r does not have are deleted. Dynamic maps (flows,
 // persistent clients) keep their entries, except those pointing at backends that are gone.
 func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
-	return m.applyAs(ctx, r, m.cache.fullDue(m.FullEvery), false)
+	full := m.cache.fullDue(m.FullEvery)
+	if m.DeferFull && m.FullEvery > 0 && m.cache.known() {
+		full = m.fresh != nil && m.fresh.applies == m.applies
+	}
+	return m.applyAs(ctx, r, full, false)
 }
 
 // ApplyChanges is Apply without the periodic full read: for changes that must reach the
@@ -99,13 +110,18 @@ func (m *Manager) ApplyChanges(ctx context.Context, r *Ruleset) (Result, error) 
 }
 
 func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full, trust bool) (Result, error) {
+	fresh := m.fresh
+	if fresh != nil && fresh.applies != m.applies {
+		fresh = nil // read before another apply: it may hold what that apply replaced
+	}
+	m.fresh = nil
 	m.applies++
 	full = full || !m.cache.known()
-	res, err := m.apply(ctx, r, full, trust && !full)
+	res, err := m.apply(ctx, r, full, trust && !full, fresh)
 	if err != nil && !full {
 		// What we remembered may be stale (someone changed the tables): read them and retry.
 		m.cache.distrust()
-		return m.apply(ctx, r, true, false)
+		return m.apply(ctx, r, true, false, nil)
 	}
 	return res, err
 }
@@ -121,11 +137,16 @@ type tablePlan struct {
 // apply diffs every table of r against the kernel (read whole when full, else the cache),
 // runs the changes as one transaction and remembers the result. With trust, the tables the
 // cache knows are taken as the ones there are.
-func (m *Manager) apply(ctx context.Context, r *Ruleset, full, trust bool) (Result, error) {
+func (m *Manager) apply(ctx context.Context, r *Ruleset, full, trust bool, fresh *FullRead) (Result, error) {
 	res := Result{FullRead: full}
 	var existing []TableRef
 	var err error
-	if trust {
+	if !full {
+		fresh = nil
+	}
+	if fresh != nil {
+		existing = fresh.refs
+	} else if trust {
 		existing = slices.SortedFunc(maps.Keys(m.cache.tables), func(a, b TableRef) int { return strings.Compare(a.String(), b.String()) })
 	} else if existing, err = m.ours(ctx); err != nil {
 		return res, err
@@ -134,7 +155,7 @@ func (m *Manager) apply(ctx context.Context, r *Ruleset, full, trust bool) (Resu
 	removeUnwanted(tx, existing, r.Tables, &res)
 	plans := make([]tablePlan, len(r.Tables))
 	for i, t := range r.Tables {
-		if plans[i], err = m.plan(ctx, tx, t, slices.Contains(existing, t.ref()), full, &res); err != nil {
+		if plans[i], err = m.plan(ctx, tx, t, slices.Contains(existing, t.ref()), full, fresh, &res); err != nil {
 			return res, err
 		}
 	}
@@ -169,10 +190,14 @@ func removeUnwanted(tx *knftables.Transaction, existing []TableRef, tables []*Ta
 
 // plan adds to tx what brings the kernel's table to t: the whole table when it is missing
 // or its layout changed, else the difference.
-func (m *Manager) plan(ctx context.Context, tx *knftables.Transaction, t *Table, exists, full bool, res *Result) (tablePlan, error) {
+func (m *Manager) plan(ctx context.Context, tx *knftables.Transaction, t *Table, exists, full bool, fresh *FullRead, res *Result) (tablePlan, error) {
 	p := tablePlan{t: t}
-	kt, read, err := m.current(ctx, t, exists, full)
-	if err != nil {
+	var kt *kernelTable
+	var read bool
+	var err error
+	if fresh != nil {
+		kt, read = fresh.read[t.ref()], exists
+	} else if kt, read, err = m.current(ctx, t, exists, full); err != nil {
 		return p, err
 	}
 	if read {
@@ -739,4 +764,56 @@ func (m *Manager) Observe(ctx context.Context) (map[TableRef]TableState, error) 
 type TableState struct {
 	*nftjson.Table
 	Counters map[string]Counter
+}
+
+// FullRead is a reading of our tables whole, taken apart from Apply (DeferFull).
+type FullRead struct {
+	tables  func(context.Context) ([]TableRef, error)
+	observe func(ctx context.Context, ref TableRef) (*kernelTable, error)
+	applies uint64
+	refs    []TableRef
+	read    map[TableRef]*kernelTable
+}
+
+// FullDue reports whether a full reading is due and none is waiting (DeferFull).
+func (m *Manager) FullDue() bool {
+	return m.DeferFull && m.FullEvery > 0 && m.cache.known() && m.cache.fullDue(m.FullEvery) &&
+		(m.fresh == nil || m.fresh.applies != m.applies)
+}
+
+// StartFullRead notes the apply a full reading follows. Call it where Apply may be called.
+func (m *Manager) StartFullRead() *FullRead {
+	return &FullRead{tables: m.Tables, applies: m.applies,
+		observe: func(ctx context.Context, ref TableRef) (*kernelTable, error) { return m.observe(ctx, ref, false) }}
+}
+
+// Read lists our tables whole (nft); anywhere.
+func (f *FullRead) Read(ctx context.Context) error {
+	all, err := f.tables(ctx)
+	if err != nil {
+		return err
+	}
+	f.read = map[TableRef]*kernelTable{}
+	for _, ref := range all {
+		if !ref.ours() {
+			continue
+		}
+		kt, err := f.observe(ctx, ref)
+		if err != nil {
+			return err
+		}
+		f.refs = append(f.refs, ref)
+		f.read[ref] = kt
+	}
+	return nil
+}
+
+// FinishFullRead keeps f for the next Apply unless an apply ran since StartFullRead; it
+// reports whether it did. Call it where Apply may be called.
+func (m *Manager) FinishFullRead(f *FullRead) bool {
+	if f.applies != m.applies || f.read == nil {
+		return false
+	}
+	m.fresh = f
+	return true
 }

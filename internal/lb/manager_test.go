@@ -533,3 +533,58 @@ func countChainLists(m *Manager) *int {
 	}
 	return n
 }
+
+// With DeferFull (the agent), an Apply that finds the periodic full read due does not read
+// the tables whole (an event's sync does not wait for nft to list thousands of services); a
+// reading taken apart does, and the Apply after it repairs what someone changed. A reading
+// older than an apply is not used.
+func TestDeferredFullRead(t *testing.T) {
+	m, f := NewFakeManager()
+	m.DeferFull, m.FullEvery = true, time.Millisecond
+	lists := 0
+	list := m.List
+	m.List = func(ctx context.Context, args ...string) ([]byte, error) {
+		if slices.Contains(args, "table") {
+			lists++
+		}
+		return list(ctx, args...)
+	}
+	svcs := svcSet()
+	apply(t, m, svcs, nil) // the first apply reads (nothing there yet)
+	tx := f.NewTransaction()
+	tx.Flush(&knftables.Map{Family: knftables.InetFamily, Table: NATTable, Name: "web-backends-v4"})
+	if err := f.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Millisecond)
+	if !m.FullDue() {
+		t.Fatal("no full read due")
+	}
+	lists = 0
+	if res, _ := apply(t, m, svcs, nil); res.FullRead || lists != 0 || res.Drift != nil {
+		t.Fatalf("a due full read was done in Apply (%d table listings): %+v", lists, res)
+	}
+
+	stale := m.StartFullRead()
+	if err := stale.Read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	apply(t, m, svcs, nil)
+	if m.FinishFullRead(stale) {
+		t.Fatal("a reading older than an apply was kept")
+	}
+
+	fr := m.StartFullRead()
+	if err := fr.Read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !m.FinishFullRead(fr) || m.FullDue() {
+		t.Fatalf("a current reading was not kept (or another is still due: %v)", m.FullDue())
+	}
+	lists = 0
+	res, d := apply(t, m, svcs, nil)
+	if !res.FullRead || lists != 0 || len(res.Drift) != 1 || !strings.HasPrefix(res.Drift[0], "inet hostaccel-lb: map web-backends-v4: ") {
+		t.Fatalf("the apply after the reading (%d listings of its own): %+v", lists, res)
+	}
+	checkKernel(t, f, freshDump(t, d), "map emptied, repaired from the deferred reading")
+}

@@ -63,6 +63,7 @@ type Runtime struct {
 	installed bool
 	solicited time.Time
 	urgent    atomic.Bool // a health transition or an API change is waiting: skip the full read
+	reading   atomic.Bool // readFull runs
 	// mgrMu serialises the manager between syncs and the settle timer (a sync's chains
 	// rewritten in a hurry are read back settleAfter later, off the caller's wait).
 	mgrMu    sync.Mutex
@@ -125,6 +126,7 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 			r.mu.Unlock()
 			return err
 		}
+		r.mgr.DeferFull = true // the periodic full read runs apart (readFull)
 	}
 	mgr, prev := r.mgr, r.desired
 	if r.FullEvery > 0 {
@@ -147,6 +149,9 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 	res, err := apply(ctx, Render(d))
 	if err == nil && mgr.Unsettled() {
 		r.settleLater(mgr)
+	}
+	if err == nil && mgr.FullDue() && r.reading.CompareAndSwap(false, true) {
+		go r.readFull(mgr)
 	}
 	r.mgrMu.Unlock()
 	r.mu.Lock()
@@ -193,6 +198,29 @@ func (r *Runtime) settleLater(mgr *Manager) {
 		mgr.FinishSettle(s)
 		r.mgrMu.Unlock()
 	})
+}
+
+// readFull reads the tables whole for drift repair without holding the manager (nft lists
+// the whole ruleset: seconds at 5,000 services, which an event's sync used to wait for),
+// then asks for the sync that diffs against the reading. A sync that applies meanwhile makes
+// the reading stale; the next sync starts another.
+func (r *Runtime) readFull(mgr *Manager) {
+	defer r.reading.Store(false)
+	r.mgrMu.Lock()
+	f := mgr.StartFullRead()
+	r.mgrMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := f.Read(ctx); err != nil {
+		r.Log.Warn("reading the tables for drift repair (retried at the next sync)", "err", err)
+		return
+	}
+	r.mgrMu.Lock()
+	kept := mgr.FinishFullRead(f)
+	r.mgrMu.Unlock()
+	if kept && r.Trigger != nil {
+		r.Trigger()
+	}
 }
 
 // debouncedTrigger coalesces the health changes of one check round (probes of one
