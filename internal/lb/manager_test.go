@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -587,4 +588,55 @@ func TestDeferredFullRead(t *testing.T) {
 		t.Fatalf("the apply after the reading (%d listings of its own): %+v", lists, res)
 	}
 	checkKernel(t, f, freshDump(t, d), "map emptied, repaired from the deferred reading")
+}
+
+// The agent reads Settle's chains one reading at a time: at thousands of services each
+// listing takes seconds, and a reading started after every event of a steady stream piled up
+// beside the others until none finished within its timeout (seen at 5,000 services).
+func TestSettleReadsOneAtATime(t *testing.T) {
+	defer func(d time.Duration) { settleAfter = d }(settleAfter)
+	settleAfter = time.Millisecond
+	m, _ := NewFakeManager()
+	m.FullEvery = time.Hour
+	svcs := svcSet()
+	apply(t, m, svcs, nil)
+	svcs[0].Backends[1].State = StateDrain
+	if _, err := m.Apply(context.Background(), Render(Resolve(svcs, nil, testEnv))); err != nil {
+		t.Fatal(err)
+	}
+	var running, most, total atomic.Int32
+	release := make(chan struct{})
+	list := m.List
+	m.List = func(ctx context.Context, args ...string) ([]byte, error) {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for most.Load() < n && !most.CompareAndSwap(most.Load(), n) {
+		}
+		total.Add(1)
+		<-release
+		return list(ctx, args...)
+	}
+	r := NewRuntime(nil, func() {})
+	r.mgrMu.Lock()
+	for range 5 { // five syncs in a row, each re-arming the settle
+		r.settleLater(m)
+		r.mgrMu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+		r.mgrMu.Lock()
+	}
+	r.mgrMu.Unlock()
+	close(release)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r.mgrMu.Lock()
+		done := !m.Unsettled()
+		r.mgrMu.Unlock()
+		if done || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if most.Load() != 1 || m.Unsettled() {
+		t.Fatalf("%d settle readings at once (want 1), %d in all; unsettled at the end: %v", most.Load(), total.Load(), m.Unsettled())
+	}
 }

@@ -49,21 +49,22 @@ type Runtime struct {
 		overlay uint64
 		svcs    []Service
 	}
-	gen       uint64 // bumped by every API change
-	applied   uint64 // gen of the last successful sync
-	lastErr   error
-	lastSync  time.Time
-	synced    chan struct{} // closed and replaced after every sync
-	desired   *Desired
-	result    Result
-	mgr       *Manager
-	checker   *Checker
-	api       *apiServer
-	apiCfg    API
-	installed bool
-	solicited time.Time
-	urgent    atomic.Bool // a health transition or an API change is waiting: skip the full read
-	reading   atomic.Bool // readFull runs
+	gen        uint64 // bumped by every API change
+	applied    uint64 // gen of the last successful sync
+	lastErr    error
+	lastSync   time.Time
+	synced     chan struct{} // closed and replaced after every sync
+	desired    *Desired
+	result     Result
+	mgr        *Manager
+	checker    *Checker
+	api        *apiServer
+	apiCfg     API
+	installed  bool
+	solicited  time.Time
+	urgent     atomic.Bool // a health transition or an API change is waiting: skip the full read
+	reading    atomic.Bool // readFull runs
+	settleRuns atomic.Bool // a settle's reading runs
 	// mgrMu serialises the manager between syncs and the settle timer (a sync's chains
 	// rewritten in a hurry are read back settleAfter later, off the caller's wait).
 	mgrMu    sync.Mutex
@@ -182,21 +183,32 @@ func (r *Runtime) settleLater(mgr *Manager) {
 		r.settling.Stop()
 	}
 	r.settling = time.AfterFunc(settleAfter, func() {
+		// One reading at a time: at thousands of services each lists the whole ruleset for
+		// seconds, and readings started after every event of a steady stream piled up until
+		// none finished within its timeout. The running one re-arms when it ends.
+		if !r.settleRuns.CompareAndSwap(false, true) {
+			return
+		}
+		defer r.settleRuns.Store(false)
 		r.mgrMu.Lock()
 		s := mgr.StartSettle()
 		r.mgrMu.Unlock()
 		// nft lists without the manager held: a sync meanwhile (the next EndpointSlice event)
-		// need not wait for it. If one applies, the reading is dropped and its own settle
-		// reads again.
+		// need not wait for it. If one applies, the reading is dropped and read again later.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := s.Read(ctx); err != nil {
+		err := s.Read(ctx)
+		if err != nil {
 			r.Log.Warn("reading back rewritten chains (drift detection waits for the next full read)", "err", err)
-			return
 		}
 		r.mgrMu.Lock()
-		mgr.FinishSettle(s)
-		r.mgrMu.Unlock()
+		defer r.mgrMu.Unlock()
+		if err == nil {
+			mgr.FinishSettle(s)
+		}
+		if err == nil && mgr.Unsettled() {
+			r.settleLater(mgr)
+		}
 	})
 }
 
