@@ -485,14 +485,7 @@ func TestApplyLeavesTheReadBackToSettle(t *testing.T) {
 // reading taken before another apply is dropped, not remembered: it may hold the rules that
 // apply replaced, which would later look like someone's edit and be "repaired".
 func TestSettleDropsAReadingOlderThanAnApply(t *testing.T) {
-	m, _ := NewFakeManager()
-	m.FullEvery = time.Hour
-	svcs := svcSet()
-	apply(t, m, svcs, nil)
-	svcs[0].Backends[1].State = StateDrain
-	if _, err := m.Apply(context.Background(), Render(Resolve(svcs, nil, testEnv))); err != nil {
-		t.Fatal(err)
-	}
+	m, svcs := unsettled(t)
 	s := m.StartSettle()
 	if err := s.Read(context.Background()); err != nil {
 		t.Fatal(err)
@@ -596,14 +589,7 @@ func TestDeferredFullRead(t *testing.T) {
 func TestSettleReadsOneAtATime(t *testing.T) {
 	defer func(d time.Duration) { settleAfter = d }(settleAfter)
 	settleAfter = time.Millisecond
-	m, _ := NewFakeManager()
-	m.FullEvery = time.Hour
-	svcs := svcSet()
-	apply(t, m, svcs, nil)
-	svcs[0].Backends[1].State = StateDrain
-	if _, err := m.Apply(context.Background(), Render(Resolve(svcs, nil, testEnv))); err != nil {
-		t.Fatal(err)
-	}
+	m, _ := unsettled(t)
 	var running, most, total atomic.Int32
 	release := make(chan struct{})
 	list := m.List
@@ -639,4 +625,21 @@ func TestSettleReadsOneAtATime(t *testing.T) {
 	if most.Load() != 1 || m.Unsettled() {
 		t.Fatalf("%d settle readings at once (want 1), %d in all; unsettled at the end: %v", most.Load(), total.Load(), m.Unsettled())
 	}
+}
+
+// unsettled is a Manager whose last apply (a backend drained) left a chain unread.
+func unsettled(t *testing.T) (*Manager, []Service) {
+	t.Helper()
+	m, _ := NewFakeManager()
+	m.FullEvery = time.Hour
+	svcs := svcSet()
+	apply(t, m, svcs, nil)
+	svcs[0].Backends[1].State = StateDrain
+	if _, err := m.Apply(context.Background(), Render(Resolve(svcs, nil, testEnv))); err != nil {
+		t.Fatal(err)
+	}
+	if !m.Unsettled() {
+		t.Fatal("nothing left for Settle")
+	}
+	return m, svcs
 }
