@@ -54,6 +54,7 @@ func (c *Config) State(links []Link, strict bool) (model.State, []string, error)
 		NodeIPs:         addrs(c.Node.NodeIPs),
 		PeerNodeIPs:     addrs(c.Node.PeerNodeIPs),
 		PacketThreshold: c.PacketThreshold,
+		CountOffloaded:  c.Flowtable.CountOffloaded,
 		TCNATCheck:      c.TC.NATCheck,
 	}
 	if c.Node.Transports.Auto {

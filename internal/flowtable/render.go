@@ -37,8 +37,9 @@ const (
 
 // Options are kernel-dependent rendering choices (from probe).
 type Options struct {
-	// FlowtableCounter sets the flowtable's counter flag (kernel >= 5.7), so that
-	// conntrack keeps counting packets and bytes of offloaded flows.
+	// FlowtableCounter says the kernel has the flowtable's counter flag (>= 5.7); it is set
+	// when the state asks for it (CountOffloaded), so that conntrack keeps counting packets
+	// and bytes of offloaded flows.
 	FlowtableCounter bool
 }
 
@@ -94,7 +95,7 @@ var addrSets = []struct{ name, comment string }{
 // Render computes the ruleset for s. It is pure: no kernel, no root.
 func Render(s model.State, o Options) *Ruleset {
 	prio := knftables.FilterIngressPriority
-	if o.FlowtableCounter {
+	if o.FlowtableCounter && s.CountOffloaded {
 		// knftables v0.0.22 has no flowtable counter field; it writes Priority verbatim after
 		// "hook ingress priority", so nft's "counter ;" statement rides along in that string.
 		prio = "filter ; counter"

@@ -81,6 +81,7 @@ type State struct {
 
 	Classes         []Class  // enabled classes, in the order of Classes
 	PacketThreshold int      // offload only once a connection has carried more packets than this (0: at once)
+	CountOffloaded  bool     // conntrack's counters keep running for offloaded flows (the flowtable's counter flag)
 	TCNATCheck      NATCheck // where the tc datapath checks conntrack for NAT ("": NATCheckBoth)
 }
 
