@@ -58,13 +58,6 @@ func FakeCounters(lister Lister) CounterReader {
 	}
 }
 
-// Counters reads the named counters of the tables the last apply left, each with the
-// comment that apply gave it. It does not touch the Manager's state but reads it: call it
-// where Apply may be called, or use CounterTables and ReadCounters apart.
-func (m *Manager) Counters(ctx context.Context) (map[TableRef]map[string]Counter, error) {
-	return m.ReadCounters(ctx, m.CounterTables())
-}
-
 // CounterTables is, per table the last apply left, its named counters with their comments
 // (nil when the Manager knows no apply: ReadCounters then lists the tables with nft). The
 // maps are the Manager's and never written after: read them anywhere.

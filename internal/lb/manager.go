@@ -768,7 +768,7 @@ type TableState struct {
 
 // FullRead is a reading of our tables whole, taken apart from Apply (DeferFull).
 type FullRead struct {
-	tables  func(context.Context) ([]TableRef, error)
+	ours    func(context.Context) ([]TableRef, error)
 	observe func(ctx context.Context, ref TableRef) (*kernelTable, error)
 	applies uint64
 	refs    []TableRef
@@ -783,28 +783,23 @@ func (m *Manager) FullDue() bool {
 
 // StartFullRead notes the apply a full reading follows. Call it where Apply may be called.
 func (m *Manager) StartFullRead() *FullRead {
-	return &FullRead{tables: m.Tables, applies: m.applies,
+	return &FullRead{ours: m.ours, applies: m.applies,
 		observe: func(ctx context.Context, ref TableRef) (*kernelTable, error) { return m.observe(ctx, ref, false) }}
 }
 
 // Read lists our tables whole (nft); anywhere.
 func (f *FullRead) Read(ctx context.Context) error {
-	all, err := f.tables(ctx)
+	refs, err := f.ours(ctx)
 	if err != nil {
 		return err
 	}
-	f.read = map[TableRef]*kernelTable{}
-	for _, ref := range all {
-		if !ref.ours() {
-			continue
-		}
-		kt, err := f.observe(ctx, ref)
-		if err != nil {
+	read := make(map[TableRef]*kernelTable, len(refs))
+	for _, ref := range refs {
+		if read[ref], err = f.observe(ctx, ref); err != nil {
 			return err
 		}
-		f.refs = append(f.refs, ref)
-		f.read[ref] = kt
 	}
+	f.refs, f.read = refs, read
 	return nil
 }
 
