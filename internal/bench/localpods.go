@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"os"
 	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hostaccel/hostaccel/internal/datapath"
+	"github.com/hostaccel/hostaccel/internal/flowtable"
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/probe"
 	"github.com/hostaccel/hostaccel/internal/sockmap"
@@ -55,6 +56,37 @@ var localSetups = map[string]func(ctx context.Context, p *testbed.LocalPods, cap
 	VariantDefault:  nil,
 	VariantLoopback: nil,
 	VariantSockmap: func(ctx context.Context, p *testbed.LocalPods, _ probe.Result) (func() error, error) {
+		return localSockmap(ctx, localState(p, model.DatapathSockmap))
+	},
+	VariantTC: func(ctx context.Context, p *testbed.LocalPods, _ probe.Result) (func() error, error) {
+		return localTC(ctx, p, localState(p, model.DatapathTC))
+	},
+	VariantAuto: func(ctx context.Context, p *testbed.LocalPods, caps probe.Result) (func() error, error) {
+		plan, err := datapath.Choose(localState(p, model.DatapathAuto), caps)
+		switch {
+		case plan.Sockmap != nil:
+			return localSockmap(ctx, *plan.Sockmap)
+		case plan.TC != nil:
+			return localTC(ctx, p, *plan.TC)
+		case plan.Flowtable != nil:
+			r := flowtable.Render(*plan.Flowtable, flowtable.Options{FlowtableCounter: caps.Has(probe.FlowtableCounter)})
+			return func() error { return removeFlowtableIn(context.Background(), p.Node) }, applyFlowtableRuleset(ctx, p.Node, r)
+		}
+		return nil, fmt.Errorf("auto chose nothing for local-pod-to-pod here: %v", err)
+	},
+}
+
+// localState is the node of the same-node traffic with datapath dp: its two gateways, both
+// Pods' CIDRs local, the local-pod-to-pod class only.
+func localState(p *testbed.LocalPods, dp string) model.State {
+	s := model.State{Datapath: dp, Gateways: []string{"gwa", "gwb"}, LocalPodCIDRs: p.CIDRs, Classes: []model.Class{model.LocalPodToPod}}
+	s.Normalize()
+	return s
+}
+
+// localSockmap applies the sockmap datapath for s; undo removes it.
+func localSockmap(ctx context.Context, s model.State) (func() error, error) {
+	{
 		// A BPF filesystem of its own for the pin, so that the bench never mounts one on
 		// the host's /sys/fs/bpf.
 		dir, err := os.MkdirTemp("", "hostaccel-bench-bpffs")
@@ -71,44 +103,26 @@ var localSetups = map[string]func(ctx context.Context, p *testbed.LocalPods, cap
 			err := m.Remove(context.Background())
 			return errors.Join(err, unix.Unmount(dir, unix.MNT_DETACH), os.Remove(dir))
 		}
-		s := model.State{Datapath: model.DatapathSockmap, LocalPodCIDRs: p.CIDRs, Classes: []model.Class{model.LocalPodToPod}}
 		if _, err := m.Apply(ctx, sockmap.Render(s)); err != nil {
 			return nil, errors.Join(err, undo())
 		}
 		return undo, nil
-	},
-	VariantTC: func(ctx context.Context, p *testbed.LocalPods, _ probe.Result) (func() error, error) {
-		d, err := tc.Render(localTCState(p))
-		if err != nil {
-			return nil, err
-		}
-		err = p.Node.Do(func() error { _, err := tc.NewManager().Apply(ctx, d); return err })
-		return func() error { return p.Node.Do(func() error { return tc.NewManager().Remove(context.Background()) }) }, err
-	},
+	}
 }
 
-// localTCState serves the same-node path with the tc datapath: it has no local-pod-to-pod
-// class, so Pod B's CIDRs are declared a peer Pod CIDR behind a transport (gwb). Both
-// directions are then pod-to-pod (gateway in: local -> peer; transport in: peer -> local),
-// routed by the FIB to the other Pod's veth and moved into its namespace with
-// bpf_redirect_peer.
-func localTCState(p *testbed.LocalPods) model.State {
-	var local, peer []netip.Prefix
-	for _, c := range p.CIDRs {
-		if c.Contains(p.A4) || c.Contains(p.A6) {
-			local = append(local, c)
-		} else {
-			peer = append(peer, c)
-		}
+// localTC applies the tc datapath for s in the node: its local-pod-to-pod class moves each
+// packet from one Pod's gateway veth into the other Pod (bpf_redirect_peer); undo removes it.
+func localTC(ctx context.Context, p *testbed.LocalPods, s model.State) (func() error, error) {
+	d, err := tc.Render(s)
+	if err != nil {
+		return nil, err
 	}
-	s := model.State{Datapath: model.DatapathTC, Gateways: []string{"gwa"}, Transports: []string{"gwb"},
-		LocalPodCIDRs: local, PeerPodCIDRs: peer, Classes: []model.Class{model.PodToPod}, TCNATCheck: model.NATCheckOff}
-	s.Normalize()
-	return s
+	err = p.Node.Do(func() error { _, err := tc.NewManager().Apply(ctx, d); return err })
+	return func() error { return p.Node.Do(func() error { return tc.NewManager().Remove(context.Background()) }) }, err
 }
 
 // localNote is printed under the report when the same-node traffic ran.
-const localNote = "Pod-to-Pod (same node): two Pods behind their own gateway veths of one node (10.213.0.0/16), netperf with 64-byte messages (-m 64 for TCP_STREAM, -r 64,64 otherwise) and 64-KiB ones. Default: the node routes between the gateways. hostaccel tc: the tc datapath with Pod B's CIDR declared a peer Pod CIDR behind a transport, so both directions are moved into the other Pod with bpf_redirect_peer (it has no same-node class). hostaccel sockmap: socket to socket. Loopback: netperf to 127.0.0.1 inside one Pod, the limit. Other variants do not run this traffic."
+const localNote = "Pod-to-Pod (same node): two Pods behind their own gateway veths of one node (10.213.0.0/16), netperf with 64-byte messages (-m 64 for TCP_STREAM, -r 64,64 otherwise) and 64-KiB ones. Default: the node routes between the gateways. hostaccel tc: the tc datapath's local-pod-to-pod class (both gateways, the NAT check on), each packet moved from one Pod's veth into the other Pod with bpf_redirect_peer. hostaccel sockmap: socket to socket. hostaccel auto: what datapath auto chooses for the class on this kernel (sockmap where FIONREAD counts its data, else tc, else the flowtable). Loopback: netperf to 127.0.0.1 inside one Pod, the limit. Other variants do not run this traffic."
 
 // localPods measures the same-node traffic types of o for the variants that have a setup for
 // it, interleaved (each repetition rotates the variants).

@@ -84,5 +84,5 @@ func flowtableBefore(n *Node) *flowtable.Ruleset {
 }
 
 func applyFlowtableBefore(ctx context.Context, n *Node) error {
-	return applyFlowtableRuleset(ctx, n, flowtableBefore(n))
+	return applyFlowtableRuleset(ctx, n.NS, flowtableBefore(n))
 }

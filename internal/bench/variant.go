@@ -185,12 +185,12 @@ func renderFlowtable(n *Node) (string, error) {
 }
 
 func applyFlowtable(ctx context.Context, n *Node, datapath string) error {
-	return applyFlowtableRuleset(ctx, n, flowtable.Render(flowtableState(n, datapath), flowtable.Options{FlowtableCounter: n.Caps.Has(probe.FlowtableCounter)}))
+	return applyFlowtableRuleset(ctx, n.NS, flowtable.Render(flowtableState(n, datapath), flowtable.Options{FlowtableCounter: n.Caps.Has(probe.FlowtableCounter)}))
 }
 
-// applyFlowtableRuleset applies a rendered flowtable ruleset in n's namespace.
-func applyFlowtableRuleset(ctx context.Context, n *Node, r *flowtable.Ruleset) error {
-	return n.NS.Do(func() error {
+// applyFlowtableRuleset applies a rendered flowtable ruleset in namespace ns.
+func applyFlowtableRuleset(ctx context.Context, ns *testbed.NS, r *flowtable.Ruleset) error {
+	return ns.Do(func() error {
 		m, err := flowtable.NewManager()
 		if err != nil {
 			return err
@@ -200,8 +200,11 @@ func applyFlowtableRuleset(ctx context.Context, n *Node, r *flowtable.Ruleset) e
 	})
 }
 
-func removeFlowtable(ctx context.Context, n *Node) error {
-	return n.NS.Do(func() error {
+func removeFlowtable(ctx context.Context, n *Node) error { return removeFlowtableIn(ctx, n.NS) }
+
+// removeFlowtableIn removes the flowtable datapath from namespace ns.
+func removeFlowtableIn(ctx context.Context, ns *testbed.NS) error {
+	return ns.Do(func() error {
 		m, err := flowtable.NewManager()
 		if err != nil {
 			return err

@@ -256,8 +256,6 @@ func (c *Config) validate() error {
 		switch {
 		case !slices.Contains(model.Classes, model.Class(name)):
 			bad("classes: unknown class %s (known: %s)", model.Quote(name), classList())
-		case on && c.Datapath == model.DatapathTC && model.Class(name) == model.LocalPodToPod:
-			bad("classes.%s: datapath tc does not serve it; use sockmap, flowtable or auto", name)
 		case on && c.Datapath == model.DatapathTC && !slices.Contains(model.TCClasses, model.Class(name)):
 			bad("classes.%s: datapath tc cannot serve it (it needs the host stack's NAT); use flowtable or auto", name)
 		case on && c.Datapath == model.DatapathSockmap && model.Class(name) != model.LocalPodToPod:

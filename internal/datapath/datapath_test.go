@@ -132,16 +132,21 @@ func TestChoosePrivilege(t *testing.T) {
 	}
 }
 
-// local-pod-to-pod: socket to socket where the kernel has sockmap, else the flowtable (it
-// passes the forward hook) with a note; datapath sockmap without it is an error.
+// local-pod-to-pod: socket to socket where the kernel has sockmap, else tc (bpf_redirect_peer)
+// where auto chooses tc, else the flowtable (it passes the forward hook), with a note;
+// datapath sockmap without it is an error.
 func TestChooseSockmap(t *testing.T) {
 	s := model.State{Datapath: model.DatapathAuto, Classes: []model.Class{model.LocalPodToPod, model.PodToPod}}
 	if p, err := Choose(s, full); err != nil || p.Summary() != "sockmap: [local-pod-to-pod]; tc: [pod-to-pod]" || len(p.Notes) > 0 {
 		t.Errorf("full kernel: %s %v %v", p.Summary(), p.Notes, err)
 	}
 	noSM := kernel(probe.NFTables, probe.Flowtable, probe.FlowtableCounter, probe.TCX, probe.ClsBPF, probe.RedirectNeigh, probe.ConntrackKfuncs)
-	if p, err := Choose(s, noSM); err != nil || p.Summary() != "tc: [pod-to-pod]; flowtable: [local-pod-to-pod]" || len(p.Notes) != 1 {
+	if p, err := Choose(s, noSM); err != nil || p.Summary() != "tc: [local-pod-to-pod pod-to-pod]" || len(p.Notes) != 1 {
 		t.Errorf("no sockmap: %s %v %v", p.Summary(), p.Notes, err)
+	}
+	noSMnoCT := kernel(probe.NFTables, probe.Flowtable, probe.FlowtableCounter, probe.TCX, probe.ClsBPF, probe.RedirectNeigh)
+	if p, err := Choose(s, noSMnoCT); err != nil || p.Summary() != "flowtable: [local-pod-to-pod pod-to-pod]" || len(p.Notes) != 2 {
+		t.Errorf("no sockmap, no NAT check: %s %v %v", p.Summary(), p.Notes, err)
 	}
 	// sockmap without the FIONREAD fix: auto passes, an explicit choice runs with a note.
 	noFIONREAD := kernel(probe.NFTables, probe.Flowtable, probe.TCX, probe.ClsBPF, probe.RedirectNeigh, probe.ConntrackKfuncs, probe.SockMap)

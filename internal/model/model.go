@@ -22,8 +22,9 @@ const (
 	ExternalToLoadBalancer Class = "external-to-loadbalancer"
 	ExternalToService      Class = "external-to-service"
 	NodeToRemotePod        Class = "node-to-remote-pod"
-	// LocalPodToPod is TCP between two Pods of this node (both ends in the local Pod
-	// CIDRs): the sockmap datapath carries it socket to socket.
+	// LocalPodToPod is traffic between two Pods of this node (both ends in the local Pod
+	// CIDRs): the sockmap datapath carries its TCP socket to socket, the tc datapath moves
+	// its packets from one Pod's gateway veth into the other Pod (bpf_redirect_peer).
 	LocalPodToPod Class = "local-pod-to-pod"
 )
 
@@ -31,8 +32,9 @@ const (
 // counted under the class that describes it best.
 var Classes = []Class{PodToService, ExternalToNodePort, ExternalToLoadBalancer, LocalPodToPod, PodToPod, NodeToRemotePod, ExternalToService}
 
-// TCClasses are the classes the stateless tc datapath can serve: no NAT involved.
-var TCClasses = []Class{PodToPod, NodeToRemotePod}
+// TCClasses are the classes the stateless tc datapath can serve: no NAT involved. Their
+// order is the program's class numbering (enum class in internal/tc/bpf/fastpath.c).
+var TCClasses = []Class{PodToPod, NodeToRemotePod, LocalPodToPod}
 
 // NATCheck says where the tc datapath asks conntrack whether this node's stack NATs a flow
 // (such flows stay on the stack, which un-NATs them).

@@ -16,11 +16,13 @@
 // address is looked up once in one LPM trie per family, whose value holds all its roles (local
 // Pod, peer Pod, peer node, excluded: the agent gives every prefix the roles of the prefixes
 // that contain it) and the agent's route. The destination comes first: on a gateway it must be
-// a peer Pod or peer node, on a transport a local Pod; anything else (a ClusterIP, a NodePort,
-// the node) passes after that one lookup. Then the source: on a gateway, local Pod -> peer Pod
-// is pod-to-pod and local Pod -> peer node node-to-remote-pod (the replies); on a transport,
-// peer Pod -> local Pod and peer node -> local Pod. Disabled classes and excluded sources or
-// destinations pass; so does a TTL / hop limit <= 1 (the stack sends time exceeded).
+// a peer Pod or peer node (or a local Pod, where local-pod-to-pod is on), on a transport a
+// local Pod; anything else (a ClusterIP, a NodePort, the node) passes after that one lookup.
+// Then the source: on a gateway, local Pod -> local Pod is local-pod-to-pod (where it is on;
+// else a local Pod inside a peer Pod CIDR stays pod-to-pod), local Pod -> peer Pod pod-to-pod
+// and local Pod -> peer node node-to-remote-pod (the replies); on a transport, peer Pod ->
+// local Pod and peer node -> local Pod. Disabled classes and excluded sources or destinations
+// pass; so does a TTL / hop limit <= 1 (the stack sends time exceeded).
 //
 // The NAT check (between the two lookups): a packet from the Pods' side to an address of no
 // class (a ClusterIP, a NodePort) goes to the stack, which may NAT it; its client end is

@@ -4,12 +4,14 @@ import (
 	"encoding/binary"
 	"math"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
@@ -296,6 +298,77 @@ func TestProgramDecisions(t *testing.T) {
 			t.Errorf("after a SYN: kept %+v, want nothing asked", h)
 		}
 	})
+}
+
+// local-pod-to-pod: on a gateway, a local Pod's packet to another local Pod is redirected
+// where the class is on (into the other Pod, bpf_redirect_peer) and counted as that class;
+// off, it passes, but a local Pod inside a peer Pod CIDR (a node given the cluster CIDR as
+// its peers) stays pod-to-pod as before. A reply to a client end handed to the stack whose
+// flow conntrack knows as NAT-ed (a backend Pod answering a ClusterIP connection from a Pod
+// of this node) is handed to the stack under either NAT check setting.
+func TestProgramLocalPodToPod(t *testing.T) {
+	p := newProgEnv(t)
+	const localBit = 1 << 2
+	a, b := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.1.3")
+	a6, b6 := netip.MustParseAddr("fd00:10:244:1::2"), netip.MustParseAddr("fd00:10:244:1::3")
+	p.route(b, flagPeer)
+	p.route(b6, flagPeer)
+	idx := slices.Index(Supported, model.LocalPodToPod)
+	if idx != 2 {
+		t.Fatalf("local-pod-to-pod is class %d, want 2 (CLASS_LOCAL_POD_TO_POD)", idx)
+	}
+	p.settings(0b11 | localBit)
+	for _, c := range []struct{ src, dst netip.Addr }{{a, b}, {a6, b6}} {
+		fam := map[bool]int{false: 0, true: 1}[c.src.Is6()]
+		before := p.counters()
+		if ret, _ := p.run(frame(c.src, c.dst, 64)); ret != actRedirect {
+			t.Fatalf("%s -> %s: return %d, want TC_ACT_REDIRECT", c.src, c.dst, int32(ret))
+		}
+		after := p.counters()
+		if after[idx*2+fam].Packets != before[idx*2+fam].Packets+1 || after[stat(ViaPeer)].Packets != before[stat(ViaPeer)].Packets+1 {
+			t.Errorf("%s -> %s: local-pod-to-pod +%d, peer +%d; want +1, +1", c.src, c.dst,
+				after[idx*2+fam].Packets-before[idx*2+fam].Packets, after[stat(ViaPeer)].Packets-before[stat(ViaPeer)].Packets)
+		}
+	}
+
+	p.settings(0b11)
+	if ret, _ := p.run(frame(a, b, 64)); ret != actUnspec {
+		t.Errorf("class off: return %d, want TC_ACT_UNSPEC", int32(ret))
+	}
+	super := netip.MustParsePrefix("10.244.0.0/16")
+	p.must(p.set.putAddr(super, fastpathAddr{Flags: addrPeerPod}))
+	p.must(p.set.putAddr(localPod, fastpathAddr{Flags: addrLocalPod | addrPeerPod})) // flatten's answer
+	before := p.counters()
+	if ret, _ := p.run(frame(a, b, 64)); ret != actRedirect || p.counters()[0].Packets != before[0].Packets+1 {
+		t.Errorf("class off, local Pods inside a peer CIDR: return %d, want TC_ACT_REDIRECT as pod-to-pod", int32(ret))
+	}
+	before = p.counters()
+	p.settings(0b11 | localBit)
+	if ret, _ := p.run(frame(a, b, 64)); ret != actRedirect || p.counters()[idx*2].Packets != before[idx*2].Packets+1 {
+		t.Errorf("class on, local Pods inside a peer CIDR: return %d, want TC_ACT_REDIRECT as local-pod-to-pod", int32(ret))
+	}
+	p.must(p.set.deleteAddr(super))
+	p.must(p.set.putAddr(localPod, fastpathAddr{Flags: addrLocalPod}))
+
+	// b answers a's connection to a ClusterIP: frame(b, a) goes to a:2000.
+	client := fastpathEndpoint{Port: htons(2000), Proto: 17}
+	copy(client.Addr[:], a.AsSlice())
+	h := fastpathHandedEnd{Asked: coarseNow(t), Port: htons(1000), Nat: 1}
+	copy(h.Server[:], b.AsSlice())
+	p.must(p.set.setHandedBit(client))
+	p.route(a, flagPeer)
+	for _, check := range []uint32{natCheckTowardPods | natCheckFromPods, natCheckTowardPods} {
+		p.must(p.set.setSettings(fastpathSettings{Classes: 0b11 | localBit, NatCheck: check, Flags: settingsNexthopCache, Generation: 7}))
+		p.must(p.set.maps.Handed.Put(client, h))
+		before := p.counters()
+		if ret, _ := p.run(frame(b, a, 64)); ret != actUnspec || p.counters()[stat(PassNAT)].Packets != before[stat(PassNAT)].Packets+1 {
+			t.Errorf("nat_check %#b: a NAT-ed reply between local Pods: return %d, want TC_ACT_UNSPEC counted as nat", check, int32(ret))
+		}
+	}
+	p.must(p.set.setSettings(fastpathSettings{Classes: 0b11 | localBit, NatCheck: 0, Flags: settingsNexthopCache, Generation: 7}))
+	if ret, _ := p.run(frame(b, a, 64)); ret != actRedirect {
+		t.Errorf("NAT check off: return %d, want TC_ACT_REDIRECT (the check is what hands it on)", int32(ret))
+	}
 }
 
 // coarseNow is bpf_ktime_get_coarse_ns() as a program would read it now.

@@ -4,7 +4,7 @@
 //
 // hostaccel's tc fastpath: a router at tc ingress of the gateway and transport devices.
 // Packets of the enabled classes (local Pod CIDRs <-> peer Pod CIDRs, peer nodes <-> local
-// Pods) are routed by the kernel's FIB and sent straight to the output device with the MACs
+// Pods, local Pod <-> local Pod between two gateways) are routed by the kernel's FIB and sent straight to the output device with the MACs
 // the FIB answered (bpf_redirect, or bpf_redirect_peer into a Pod's network namespace), their
 // TTL / hop limit decremented. Packets of connections that this node's stack NATs (conntrack
 // says so) and everything else are handed on untouched (TC_ACT_UNSPEC: the next tcx program
@@ -58,6 +58,7 @@ enum addr_flag {
 enum class {
 	CLASS_POD_TO_POD = 0,
 	CLASS_NODE_TO_REMOTE_POD = 1,
+	CLASS_LOCAL_POD_TO_POD = 2, /* between two gateways of this node */
 	NUM_CLASSES,
 };
 
@@ -278,15 +279,25 @@ static __always_inline void count(__u32 idx, struct __sk_buff *skb)
 	}
 }
 
+/* local_class reports whether a packet to an address with flags df, arriving on a device of
+ * role, is local-pod-to-pod where that class is on: it came from a gateway, and goes to a
+ * local Pod. (Where the class is off, a local Pod inside a peer Pod CIDR stays pod-to-pod.) */
+static __always_inline bool local_class(__u32 role, __u32 df, __u32 classes)
+{
+	return role == ROLE_GATEWAY && (df & ADDR_LOCAL_POD) && (classes & (1U << CLASS_LOCAL_POD_TO_POD));
+}
+
 /* classify returns the class of a packet from an address with flags sf to one with flags df,
  * arriving on a device of role, or -1. */
-static __always_inline int classify(__u32 role, __u32 sf, __u32 df)
+static __always_inline int classify(__u32 role, __u32 sf, __u32 df, __u32 classes)
 {
 	__u32 local = role == ROLE_GATEWAY ? sf : df;
 	__u32 remote = role == ROLE_GATEWAY ? df : sf;
 
 	if (!(local & ADDR_LOCAL_POD))
 		return -1;
+	if (local_class(role, df, classes))
+		return CLASS_LOCAL_POD_TO_POD;
 	if (remote & ADDR_PEER_POD)
 		return CLASS_POD_TO_POD;
 	if (remote & ADDR_PEER_NODE)
@@ -569,10 +580,26 @@ static __always_inline struct addr *roles(struct flow *f, struct endpoint *e)
 }
 
 /* serves is the role a packet's destination must have for a device of role: a peer (Pod or
- * node) on a gateway, a local Pod on a transport. */
-static __always_inline __u32 serves(__u32 role)
+ * node) on a gateway (or a local Pod, where local-pod-to-pod is on), a local Pod on a
+ * transport. */
+static __always_inline __u32 serves(__u32 role, __u32 classes)
 {
-	return role == ROLE_GATEWAY ? ADDR_PEER_POD | ADDR_PEER_NODE : ADDR_LOCAL_POD;
+	if (role != ROLE_GATEWAY)
+		return ADDR_LOCAL_POD;
+	if (classes & (1U << CLASS_LOCAL_POD_TO_POD))
+		return ADDR_PEER_POD | ADDR_PEER_NODE | ADDR_LOCAL_POD;
+	return ADDR_PEER_POD | ADDR_PEER_NODE;
+}
+
+/* nat_checked reports whether the NAT check runs for a packet to an address with flags df
+ * arriving on a device of role. A local Pod's packet to another local Pod may be a backend's
+ * reply to a ClusterIP or NodePort connection from a Pod of this node: it comes from the Pods
+ * and goes toward them, so either setting of the check covers it. */
+static __always_inline bool nat_checked(struct settings *cfg, __u32 role, __u32 df)
+{
+	if (local_class(role, df, cfg->classes))
+		return cfg->nat_check != 0;
+	return check_nat(cfg, role);
 }
 
 /* decide returns the class of a packet to redirect, with the agent's route for it in
@@ -586,9 +613,11 @@ static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struc
 	int class;
 
 	d = roles(f, &f->dst);
-	if (!d || !(d->flags & serves(in->role))) {
+	if (!d || !(d->flags & serves(in->role, cfg->classes))) {
 		/* To an address of no class (a ClusterIP, the node): the stack may NAT it, and its
-		 * replies come back on a device of the other role. Of a TCP connection only the
+		 * replies come back on a device of the other role (or, from a backend Pod of this
+		 * node, on a gateway: nat_checked() checks those whenever any check is on, and
+		 * every setting that has one checks toward the Pods). Of a TCP connection only the
 		 * SYN is remembered (every reply's lookup keeps the entry fresh). */
 		if (f->opens && check_nat(cfg, in->role == ROLE_GATEWAY ? ROLE_TRANSPORT : ROLE_GATEWAY) &&
 		    (s = roles(f, &f->src)) && sender(in->role, s->flags))
@@ -597,12 +626,12 @@ static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struc
 	}
 	/* A reply to a client end the program handed to the stack: if conntrack knows its flow
 	 * as NAT-ed, the stack un-NATs it, whatever else the packet is. */
-	if (check_nat(cfg, in->role) && (h = was_handed(&f->dst)) &&
+	if (nat_checked(cfg, in->role, d->flags) && (h = was_handed(&f->dst)) &&
 	    nat_reply(skb, f, h)) {
 		count(STAT_NAT, skb);
 		return -1;
 	}
-	if (!(s = roles(f, &f->src)) || (class = classify(in->role, s->flags, d->flags)) < 0)
+	if (!(s = roles(f, &f->src)) || (class = classify(in->role, s->flags, d->flags, cfg->classes)) < 0)
 		return -1;
 	if (!(cfg->classes & (1U << class)))
 		return -1;
