@@ -60,6 +60,8 @@ type TC struct {
 
 // Node describes this node's interfaces and addresses.
 type Node struct {
+	// Gateways are interface names; one ending in "*" names every interface whose name starts
+	// with what precedes it (a CNI's per-Pod veths: "knet*", "cali*"), as they come and go.
 	Gateways   []string   `json:"gateways"`
 	Transports Transports `json:"transports"`
 
@@ -69,6 +71,17 @@ type Node struct {
 	NodeIPs         []string `json:"nodeIPs"`
 	PeerNodeIPs     []string `json:"peerNodeIPs"`
 	LoadBalancerIPs []string `json:"loadBalancerIPs"`
+}
+
+// gateway returns the entry of Gateways that names interface name (itself, or a pattern that
+// matches it), or "".
+func (n Node) gateway(name string) string {
+	for _, g := range n.Gateways {
+		if p, ok := strings.CutSuffix(g, "*"); g == name || ok && strings.HasPrefix(name, p) {
+			return g
+		}
+	}
+	return ""
 }
 
 // Transports is either the word "auto" (every up, non-loopback link that is not a gateway)
@@ -204,14 +217,20 @@ func (c *Config) validate() error {
 			}
 		}
 	}
-	checkNames("node.gateways", c.Node.Gateways)
+	for i, n := range c.Node.Gateways {
+		if p, ok := strings.CutSuffix(n, "*"); ok && (!model.ValidInterfaceName(p) || strings.Contains(p, "*")) {
+			bad("node.gateways[%d]: %s is not a valid interface name or pattern (a name, or the start of names followed by one *)", i, model.Quote(n))
+		} else if !ok && !model.ValidInterfaceName(n) {
+			bad("node.gateways[%d]: %s is not a valid interface name", i, model.Quote(n))
+		}
+	}
 	checkNames("node.transports", c.Node.Transports.Names)
 	if fastpath && !c.Node.Transports.Auto && len(c.Node.Transports.Names) == 0 {
 		bad("node.transports: list at least one interface, or say \"auto\"")
 	}
 	for i, n := range c.Node.Transports.Names {
-		if slices.Contains(c.Node.Gateways, n) {
-			bad("node.transports[%d]: %s is also a gateway", i, model.Quote(n))
+		if g := c.Node.gateway(n); g != "" {
+			bad("node.transports[%d]: %s is also a gateway (node.gateways: %s)", i, model.Quote(n), model.Quote(g))
 		}
 	}
 

@@ -121,6 +121,41 @@ func TestStateResolution(t *testing.T) {
 	}
 }
 
+// A gateway ending in "*" names every present interface that starts with the rest (a CNI's
+// per-Pod veths); it matches nothing without error, keeps its interfaces out of `transports:
+// auto`, and an explicit transport it matches is refused.
+func TestGatewayPattern(t *testing.T) {
+	c, err := Parse([]byte(strings.NewReplacer("[gw]", `[gw, "knet*"]`, "[eth0]", "auto").Replace(good)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	links := []Link{{"lo", true, true}, {"gw", true, false}, {"eth0", true, false}, {"knetab12", true, false}, {"knet7", false, false}, {"kne", true, false}}
+	s, warn, err := c.State(links, true)
+	if err != nil || len(warn) != 0 {
+		t.Fatal(err, warn)
+	}
+	if got, want := strings.Join(s.Gateways, ","), "gw,knet7,knetab12"; got != want {
+		t.Errorf("gateways %s, want %s", got, want)
+	}
+	if got, want := strings.Join(s.Transports, ","), "eth0,kne"; got != want {
+		t.Errorf("auto transports %s, want %s", got, want)
+	}
+	if s, warn, err = c.State(links[:3], true); err != nil || len(warn) != 0 || strings.Join(s.Gateways, ",") != "gw" {
+		t.Errorf("no Pod veth yet: %v %v %v", s.Gateways, warn, err)
+	}
+
+	for _, bad := range []struct{ yaml, want string }{
+		{strings.Replace(good, "[gw]", `["*"]`, 1), `node.gateways[0]: "*" is not a valid interface name or pattern`},
+		{strings.Replace(good, "[gw]", `["a*b*"]`, 1), `node.gateways[0]: "a*b*" is not a valid interface name or pattern`},
+		{strings.Replace(good, "[gw]", `["abcdefghijklmnop*"]`, 1), `node.gateways[0]: "abcdefghijklmnop*" is not a valid interface name or pattern`},
+		{strings.Replace(good, "[gw]", `["eth*"]`, 1), `node.transports[0]: "eth0" is also a gateway (node.gateways: "eth*")`},
+	} {
+		if _, err := Parse([]byte(bad.yaml)); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s: err %v, want %q", bad.want, err, bad.want)
+		}
+	}
+}
+
 func TestExamplesValid(t *testing.T) {
 	files, _ := filepath.Glob("../../examples/*.yaml")
 	if len(files) < 2 {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/hostaccel/hostaccel/internal/lb"
 	"github.com/hostaccel/hostaccel/internal/model"
@@ -30,6 +31,9 @@ func (c *Config) State(links []Link, strict bool) (model.State, []string, error)
 	keep := func(field string, names []string) []string {
 		var out []string
 		for i, n := range names {
+			if strings.HasSuffix(n, "*") && field == "node.gateways" {
+				continue // a pattern: matched above
+			}
 			if _, ok := present[n]; ok {
 				out = append(out, n)
 				continue
@@ -43,9 +47,19 @@ func (c *Config) State(links []Link, strict bool) (model.State, []string, error)
 		}
 		return out
 	}
+	var gateways []string // named ones; patterns match the present interfaces
+	for _, g := range c.Node.Gateways {
+		if p, ok := strings.CutSuffix(g, "*"); ok {
+			for _, l := range links {
+				if strings.HasPrefix(l.Name, p) {
+					gateways = append(gateways, l.Name)
+				}
+			}
+		}
+	}
 	s := model.State{
 		Datapath:        c.Datapath,
-		Gateways:        keep("node.gateways", c.Node.Gateways),
+		Gateways:        append(keep("node.gateways", c.Node.Gateways), gateways...),
 		LocalPodCIDRs:   prefixes(c.Node.LocalPodCIDRs),
 		PeerPodCIDRs:    prefixes(c.Node.PeerPodCIDRs),
 		ServiceCIDRs:    prefixes(c.Node.ServiceCIDRs),
@@ -59,7 +73,7 @@ func (c *Config) State(links []Link, strict bool) (model.State, []string, error)
 	}
 	if c.Node.Transports.Auto {
 		for _, l := range links {
-			if l.Up && !l.Loopback && !slices.Contains(c.Node.Gateways, l.Name) {
+			if l.Up && !l.Loopback && c.Node.gateway(l.Name) == "" {
 				s.Transports = append(s.Transports, l.Name)
 			}
 		}

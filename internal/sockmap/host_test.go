@@ -27,7 +27,7 @@ import (
 )
 
 // Host tests: the programs attached to this host's cgroup v2 root, real TCP between two Pod
-// namespaces. Their Pod CIDRs (testbed.LocalPods: 10.213.0.0/16, fd00:213::/48) are used by
+// namespaces. Their Pod CIDRs (testbed.LocalPods: 10.213.0.0/16, fd00:213::/32) are used by
 // no other test, so the programs leave every other connection of the host alone.
 
 // streamBytes is the size of the large transfer: 64 MiB by default (each direction, at the

@@ -12,10 +12,13 @@ import (
 //
 //	PodA eth0 ── gwa  Node  gwb ── eth0 PodB
 //
-// Addresses come from 10.213.0.0/16 and fd00:213::/48, so that a sockmap program attached
+// Addresses come from 10.213.0.0/16 and fd00:213::/32, so that a sockmap program attached
 // for them (it sees every socket of the host) never takes another test's connections.
 type LocalPods struct {
 	A, B, Node *NS
+	// More are the Pods AddPod added: Pod i (from 0) is behind gateway "gw" + 'c'+i, at
+	// 10.213.(3+i).2 and fd00:213:(3+i)::2.
+	More []*NS
 	// A4, B4, A6, B6 are the Pods' addresses; CIDRs their Pod CIDRs (both families).
 	A4, B4, A6, B6 netip.Addr
 	CIDRs          []netip.Prefix
@@ -58,23 +61,7 @@ func NewLocalPods() (*LocalPods, error) {
 		return p, errors.Join(err, p.Close())
 	}
 	for i, pod := range []**NS{&p.A, &p.B} {
-		name := string(rune('a' + i))
-		if *pod, err = newTopoNS("pod"+name, false); err != nil {
-			return p, errors.Join(err, p.Close())
-		}
-		gw := "gw" + name
-		if err := Veth(p.Node, gw, *pod, "eth0"); err != nil {
-			return p, errors.Join(err, p.Close())
-		}
-		g4 := netip.AddrFrom4([4]byte{10, 213, byte(i + 1), 1})
-		g6 := netip.MustParseAddr(fmt.Sprintf("fd00:213:%d::1", i+1))
-		steps := []error{
-			p.Node.AddrAdd(gw, netip.PrefixFrom(g4, 24), netip.PrefixFrom(g6, 64)),
-			(*pod).AddrAdd("eth0", netip.PrefixFrom(p.Addr(i == 1, false), 24), netip.PrefixFrom(p.Addr(i == 1, true), 64)),
-			(*pod).RouteAdd(netip.MustParsePrefix("0.0.0.0/0"), g4),
-			(*pod).RouteAdd(netip.MustParsePrefix("::/0"), g6),
-		}
-		if err := errors.Join(steps...); err != nil {
+		if *pod, err = p.addPod(i); err != nil {
 			return p, errors.Join(err, p.Close())
 		}
 	}
@@ -86,10 +73,55 @@ func NewLocalPods() (*LocalPods, error) {
 	return p, nil
 }
 
+// AddPod adds a Pod behind a new gateway veth of the node (see More) and returns it with its
+// addresses (IPv4, IPv6).
+func (p *LocalPods) AddPod() (*NS, netip.Addr, netip.Addr, error) {
+	i := 2 + len(p.More)
+	pod, err := p.addPod(i)
+	if pod != nil {
+		p.More = append(p.More, pod)
+	}
+	if err != nil {
+		return nil, netip.Addr{}, netip.Addr{}, err
+	}
+	a4, a6 := podAddr(i, false), podAddr(i, true)
+	return pod, a4, a6, waitTCP(p.A, pod, a4)
+}
+
+// podAddr is the address of Pod i (A is 0) of the family.
+func podAddr(i int, v6 bool) netip.Addr {
+	if v6 {
+		return netip.MustParseAddr(fmt.Sprintf("fd00:213:%d::2", i+1))
+	}
+	return netip.AddrFrom4([4]byte{10, 213, byte(i + 1), 2})
+}
+
+// addPod creates Pod i (A is 0): its namespace, the veth "gw"+letter <-> its eth0, the
+// addresses and its default routes.
+func (p *LocalPods) addPod(i int) (*NS, error) {
+	name := string(rune('a' + i))
+	pod, err := newTopoNS("pod"+name, false)
+	if err != nil {
+		return nil, err
+	}
+	gw := "gw" + name
+	if err := Veth(p.Node, gw, pod, "eth0"); err != nil {
+		return pod, err
+	}
+	g4 := netip.AddrFrom4([4]byte{10, 213, byte(i + 1), 1})
+	g6 := netip.MustParseAddr(fmt.Sprintf("fd00:213:%d::1", i+1))
+	return pod, errors.Join(
+		p.Node.AddrAdd(gw, netip.PrefixFrom(g4, 24), netip.PrefixFrom(g6, 64)),
+		pod.AddrAdd("eth0", netip.PrefixFrom(podAddr(i, false), 24), netip.PrefixFrom(podAddr(i, true), 64)),
+		pod.RouteAdd(netip.MustParsePrefix("0.0.0.0/0"), g4),
+		pod.RouteAdd(netip.MustParsePrefix("::/0"), g6),
+	)
+}
+
 // Close deletes the namespaces.
 func (p *LocalPods) Close() error {
 	var errs []error
-	for _, n := range []*NS{p.A, p.B, p.Node} {
+	for _, n := range append([]*NS{p.A, p.B, p.Node}, p.More...) {
 		if n != nil {
 			errs = append(errs, n.Close())
 		}

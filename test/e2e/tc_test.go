@@ -12,6 +12,7 @@ import (
 	"github.com/hostaccel/hostaccel/internal/agent"
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/probe"
+	"github.com/hostaccel/hostaccel/internal/tc"
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
@@ -170,4 +171,62 @@ func TestTCDatapathAgent(t *testing.T) {
 	}
 	_ = netip.Addr{}
 	_ = fmt.Sprint()
+}
+
+// datapath: tc with the local-pod-to-pod class and the gateways named by a pattern ("gw*"), as
+// for a CNI's per-Pod veths: the agent attaches to every Pod's veth, also to one created
+// while it runs (the link event's sync), and the traffic between two Pods of the node, to
+// the new one too, is moved from veth to Pod by the program (its counters, IPv4 and IPv6).
+func TestTCLocalPodToPodAgent(t *testing.T) {
+	needTC(t)
+	p := testbed.NewLocalPodsT(t)
+	cfg := writeConfig(t, `node:
+  gateways: ["gw*"]
+  transports: auto
+  localPodCIDRs: [10.213.0.0/16, "fd00:213::/32"]
+datapath: tc
+classes: {local-pod-to-pod: true}
+agent: {resyncPeriod: 2s, minSyncInterval: 200ms}
+`)
+	startAgent(t, p.Node, "-f", cfg, "--state-file", t.TempDir()+"/agent.json")
+	attached := func() string {
+		st := status(t, p.Node)
+		if st.TC == nil {
+			return ""
+		}
+		var ds []string
+		for _, d := range st.TC.Devices {
+			if d.Role == tc.RoleGateway && d.Peer {
+				ds = append(ds, d.Name)
+			}
+		}
+		return strings.Join(ds, ",")
+	}
+	waitFor(t, "tc on both Pods' veths", 60*time.Second, func() bool { return attached() == "gwa,gwb" })
+	redirected := func(v6 bool) uint64 {
+		for _, c := range tcStatus(t, p.Node).TC.Classes {
+			if c.Class == model.LocalPodToPod && c.Family == map[bool]string{false: "ipv4", true: "ipv6"}[v6] {
+				return c.Bytes
+			}
+		}
+		return 0
+	}
+	moves := func(to *testbed.NS, addrs map[bool]netip.Addr, port int) {
+		t.Helper()
+		for _, v6 := range []bool{false, true} {
+			before := redirected(v6)
+			tcpConn(t, p.A, p.Addr(false, v6), to, addrs[v6], port, 1<<20)
+			if got := redirected(v6) - before; got < 2<<20 {
+				t.Errorf("to %s: %d bytes redirected as local-pod-to-pod, want >= %d (1 MiB each way)", addrs[v6], got, 2<<20)
+			}
+		}
+	}
+	moves(p.B, map[bool]netip.Addr{false: p.B4, true: p.B6}, 5120)
+
+	c, c4, c6, err := p.AddPod()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "tc on the new Pod's veth", 60*time.Second, func() bool { return attached() == "gwa,gwb,gwc" })
+	moves(c, map[bool]netip.Addr{false: c4, true: c6}, 5121)
 }

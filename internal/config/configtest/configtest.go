@@ -7,6 +7,7 @@ package configtest
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/hostaccel/hostaccel/internal/config"
 	"github.com/hostaccel/hostaccel/internal/datapath"
@@ -30,10 +31,13 @@ type Rendered struct {
 var AutoLinks = []config.Link{{Name: "lo", Up: true, Loopback: true}, {Name: "eth0", Up: true}, {Name: "eth9", Up: false}}
 
 // Links are the interfaces Render takes as present for c: AutoLinks and every gateway and
-// transport c names.
+// transport c names (for a gateway pattern "p*", the interface "p0").
 func Links(c *config.Config) []config.Link {
 	links := slices.Clone(AutoLinks)
 	for _, n := range append(slices.Clone(c.Node.Gateways), c.Node.Transports.Names...) {
+		if p, ok := strings.CutSuffix(n, "*"); ok && slices.Contains(c.Node.Gateways, n) {
+			n = p + "0"
+		}
 		if !slices.ContainsFunc(links, func(l config.Link) bool { return l.Name == n }) {
 			links = append(links, config.Link{Name: n, Up: true})
 		}
