@@ -49,6 +49,22 @@ func reachable(tp *testbed.Topo, a testbed.Addrs, port int) error {
 	return testbed.Transfer(c, 256<<10, 16<<10)
 }
 
+// tcDevices lists, in status order, the devices the tc datapath is attached to in ns that keep
+// accepts ("" while it is attached nowhere).
+func tcDevices(t *testing.T, ns *testbed.NS, keep func(tc.Device) bool) string {
+	st := status(t, ns)
+	if st.TC == nil {
+		return ""
+	}
+	var ds []string
+	for _, d := range st.TC.Devices {
+		if keep(d) {
+			ds = append(ds, d.Name)
+		}
+	}
+	return strings.Join(ds, ",")
+}
+
 func tcStatus(t *testing.T, ns *testbed.NS) agent.Status {
 	st := status(t, ns)
 	if st.TC == nil {
@@ -135,17 +151,7 @@ func TestTCDatapathAgent(t *testing.T) {
 	cfg := writeConfig(t, nodeConfig(tp, "datapath: auto\nclasses: {pod-to-pod: true}\nagent: {resyncPeriod: 2s, minSyncInterval: 200ms}\n"))
 	statePath := t.TempDir() + "/agent.json"
 	startAgent(t, tp.Node, "-f", cfg, "--state-file", statePath, "--metrics-address", "127.0.0.1:9467")
-	attached := func() string {
-		st := status(t, tp.Node)
-		if st.TC == nil {
-			return ""
-		}
-		var ds []string
-		for _, d := range st.TC.Devices {
-			ds = append(ds, d.Name)
-		}
-		return strings.Join(ds, ",")
-	}
+	attached := func() string { return tcDevices(t, tp.Node, func(tc.Device) bool { return true }) }
 	waitFor(t, "tc attached by the agent", 60*time.Second, func() bool { return attached() == "eth0,gw" || attached() == "gw,eth0" })
 	if err := reachable(tp, tp.V4, 5110); err != nil {
 		t.Fatal(err)
@@ -190,17 +196,7 @@ agent: {resyncPeriod: 2s, minSyncInterval: 200ms}
 `)
 	startAgent(t, p.Node, "-f", cfg, "--state-file", t.TempDir()+"/agent.json")
 	attached := func() string {
-		st := status(t, p.Node)
-		if st.TC == nil {
-			return ""
-		}
-		var ds []string
-		for _, d := range st.TC.Devices {
-			if d.Role == tc.RoleGateway && d.Peer {
-				ds = append(ds, d.Name)
-			}
-		}
-		return strings.Join(ds, ",")
+		return tcDevices(t, p.Node, func(d tc.Device) bool { return d.Role == tc.RoleGateway && d.Peer })
 	}
 	waitFor(t, "tc on both Pods' veths", 60*time.Second, func() bool { return attached() == "gwa,gwb" })
 	redirected := func(v6 bool) uint64 {
