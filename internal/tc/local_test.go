@@ -17,10 +17,23 @@ import (
 // stack for the un-DNAT; with the class off, nothing is redirected.
 func TestLocalPodToPod(t *testing.T) {
 	testbed.RequireRoot(t)
+	p := testbed.NewLocalPodsT(t)
+	// A ClusterIP on the node, DNAT-ed to Pod B (its rules also load nf_conntrack, whose BTF
+	// holds the kfuncs: in the VM nothing has loaded it before).
+	const port = 8080
+	vip := map[bool]netip.Addr{false: netip.MustParseAddr("10.96.0.77"), true: netip.MustParseAddr("fd00:10:96::77")}
+	var rules string
+	for _, v6 := range []bool{false, true} {
+		f := map[bool]string{false: "ip", true: "ip6"}[v6]
+		rules += fmt.Sprintf("table %[1]s hostaccel-test-local {\n\tchain prerouting {\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\t%[1]s daddr %[2]s tcp dport %[3]d dnat %[1]s to %[4]s\n\t}\n}\n",
+			f, vip[v6], port, netip.AddrPortFrom(p.Addr(true, v6), port))
+	}
+	if err := p.Node.NFT(rules); err != nil {
+		t.Fatal(err)
+	}
 	if !haveConntrackKfuncs() {
 		t.Fatal("this kernel lacks the conntrack kfuncs (bpf_skb_ct_lookup); both test kernels have them")
 	}
-	p := testbed.NewLocalPodsT(t)
 	s := model.State{Datapath: model.DatapathTC, Gateways: []string{"gwa", "gwb"}, LocalPodCIDRs: p.CIDRs,
 		Classes: []model.Class{model.LocalPodToPod}}
 	d, err := Render(s)
@@ -60,18 +73,7 @@ func TestLocalPodToPod(t *testing.T) {
 		}
 	}
 
-	// A ClusterIP on the node, DNAT-ed to Pod B: the stack un-DNATs B's replies.
-	const port = 8080
-	vip := map[bool]netip.Addr{false: netip.MustParseAddr("10.96.0.77"), true: netip.MustParseAddr("fd00:10:96::77")}
-	var rules string
-	for _, v6 := range []bool{false, true} {
-		f := map[bool]string{false: "ip", true: "ip6"}[v6]
-		rules += fmt.Sprintf("table %[1]s hostaccel-test-local {\n\tchain prerouting {\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\t%[1]s daddr %[2]s tcp dport %[3]d dnat %[1]s to %[4]s\n\t}\n}\n",
-			f, vip[v6], port, netip.AddrPortFrom(p.Addr(true, v6), port))
-	}
-	if err := p.Node.NFT(rules); err != nil {
-		t.Fatal(err)
-	}
+	// Through the ClusterIP: the stack un-DNATs B's replies.
 	for _, v6 := range []bool{false, true} {
 		before := status()
 		if err := testbed.Exchange(p.A, p.B, p.Addr(false, v6), netip.AddrPortFrom(p.Addr(true, v6), port), netip.AddrPortFrom(vip[v6], port), false); err != nil {
