@@ -86,28 +86,26 @@ func localState(p *testbed.LocalPods, dp string) model.State {
 
 // localSockmap applies the sockmap datapath for s; undo removes it.
 func localSockmap(ctx context.Context, s model.State) (func() error, error) {
-	{
-		// A BPF filesystem of its own for the pin, so that the bench never mounts one on
-		// the host's /sys/fs/bpf.
-		dir, err := os.MkdirTemp("", "hostaccel-bench-bpffs")
-		if err != nil {
-			return nil, err
-		}
-		if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
-			os.Remove(dir)
-			return nil, fmt.Errorf("bpffs for the sockmap pin: %w", err)
-		}
-		m := &sockmap.Manager{PinDir: dir}
-		undo := func() error {
-			m.Drain = 5 * time.Second // netperf's connections are closed: the map empties
-			err := m.Remove(context.Background())
-			return errors.Join(err, unix.Unmount(dir, unix.MNT_DETACH), os.Remove(dir))
-		}
-		if _, err := m.Apply(ctx, sockmap.Render(s)); err != nil {
-			return nil, errors.Join(err, undo())
-		}
-		return undo, nil
+	// A BPF filesystem of its own for the pin, so that the bench never mounts one on
+	// the host's /sys/fs/bpf.
+	dir, err := os.MkdirTemp("", "hostaccel-bench-bpffs")
+	if err != nil {
+		return nil, err
 	}
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		os.Remove(dir)
+		return nil, fmt.Errorf("bpffs for the sockmap pin: %w", err)
+	}
+	m := &sockmap.Manager{PinDir: dir}
+	undo := func() error {
+		m.Drain = 5 * time.Second // netperf's connections are closed: the map empties
+		err := m.Remove(context.Background())
+		return errors.Join(err, unix.Unmount(dir, unix.MNT_DETACH), os.Remove(dir))
+	}
+	if _, err := m.Apply(ctx, sockmap.Render(s)); err != nil {
+		return nil, errors.Join(err, undo())
+	}
+	return undo, nil
 }
 
 // localTC applies the tc datapath for s in the node: its local-pod-to-pod class moves each

@@ -77,11 +77,18 @@ type Node struct {
 // matches it), or "".
 func (n Node) gateway(name string) string {
 	for _, g := range n.Gateways {
-		if p, ok := strings.CutSuffix(g, "*"); g == name || ok && strings.HasPrefix(name, p) {
+		if gatewayNames(g, name) {
 			return g
 		}
 	}
 	return ""
+}
+
+// gatewayNames reports whether gateway entry g names interface name: g is name, or a pattern
+// ("knet*") that name starts with.
+func gatewayNames(g, name string) bool {
+	p, ok := strings.CutSuffix(g, "*")
+	return g == name || ok && strings.HasPrefix(name, p)
 }
 
 // Transports is either the word "auto" (every up, non-loopback link that is not a gateway)

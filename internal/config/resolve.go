@@ -28,11 +28,18 @@ func (c *Config) State(links []Link, strict bool) (model.State, []string, error)
 	}
 	var warnings []string
 	var errs Errors
-	keep := func(field string, names []string) []string {
+	// keep returns the present interfaces of names; with patterns, an entry ending in "*"
+	// names every present interface that starts with the rest (none is no error).
+	keep := func(field string, names []string, patterns bool) []string {
 		var out []string
 		for i, n := range names {
-			if strings.HasSuffix(n, "*") && field == "node.gateways" {
-				continue // a pattern: matched above
+			if patterns && strings.HasSuffix(n, "*") {
+				for _, l := range links {
+					if gatewayNames(n, l.Name) {
+						out = append(out, l.Name)
+					}
+				}
+				continue
 			}
 			if _, ok := present[n]; ok {
 				out = append(out, n)
@@ -47,19 +54,9 @@ func (c *Config) State(links []Link, strict bool) (model.State, []string, error)
 		}
 		return out
 	}
-	var gateways []string // named ones; patterns match the present interfaces
-	for _, g := range c.Node.Gateways {
-		if p, ok := strings.CutSuffix(g, "*"); ok {
-			for _, l := range links {
-				if strings.HasPrefix(l.Name, p) {
-					gateways = append(gateways, l.Name)
-				}
-			}
-		}
-	}
 	s := model.State{
 		Datapath:        c.Datapath,
-		Gateways:        append(keep("node.gateways", c.Node.Gateways), gateways...),
+		Gateways:        keep("node.gateways", c.Node.Gateways, true),
 		LocalPodCIDRs:   prefixes(c.Node.LocalPodCIDRs),
 		PeerPodCIDRs:    prefixes(c.Node.PeerPodCIDRs),
 		ServiceCIDRs:    prefixes(c.Node.ServiceCIDRs),
@@ -78,7 +75,7 @@ func (c *Config) State(links []Link, strict bool) (model.State, []string, error)
 			}
 		}
 	} else {
-		s.Transports = keep("node.transports", c.Node.Transports.Names)
+		s.Transports = keep("node.transports", c.Node.Transports.Names, false)
 	}
 	// Connections to the load balancer's NAT VIPs are conntrack'd and DNAT-ed: the
 	// external-to-loadbalancer class offloads them after the balancing decision.

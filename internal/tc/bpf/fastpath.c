@@ -4,9 +4,9 @@
 //
 // hostaccel's tc fastpath: a router at tc ingress of the gateway and transport devices.
 // Packets of the enabled classes (local Pod CIDRs <-> peer Pod CIDRs, peer nodes <-> local
-// Pods, local Pod <-> local Pod between two gateways) are routed by the kernel's FIB and sent straight to the output device with the MACs
-// the FIB answered (bpf_redirect, or bpf_redirect_peer into a Pod's network namespace), their
-// TTL / hop limit decremented. Packets of connections that this node's stack NATs (conntrack
+// Pods, local Pod <-> local Pod between two gateways) are routed by the kernel's FIB and sent
+// straight to the output device with the MACs the FIB answered (bpf_redirect, or
+// bpf_redirect_peer into a Pod's network namespace), their TTL / hop limit decremented. Packets of connections that this node's stack NATs (conntrack
 // says so) and everything else are handed on untouched (TC_ACT_UNSPEC: the next tcx program
 // or tc filter runs, then the stack).
 //
