@@ -17,7 +17,7 @@ import (
 // stack for the un-DNAT; with the class off, nothing is redirected.
 func TestLocalPodToPod(t *testing.T) {
 	testbed.RequireRoot(t)
-	p := testbed.NewLocalPodsT(t)
+	p := testbed.NewLocalPodsInT(t, testbed.TCBlock)
 	// A ClusterIP on the node, DNAT-ed to Pod B (its rules also load nf_conntrack, whose BTF
 	// holds the kfuncs: in the VM nothing has loaded it before).
 	const port = 8080

@@ -185,11 +185,11 @@ func TestTCDatapathAgent(t *testing.T) {
 // the new one too, is moved from veth to Pod by the program (its counters, IPv4 and IPv6).
 func TestTCLocalPodToPodAgent(t *testing.T) {
 	needTC(t)
-	p := testbed.NewLocalPodsT(t)
+	p := testbed.NewLocalPodsInT(t, testbed.TCBlock)
 	cfg := writeConfig(t, `node:
   gateways: ["gw*"]
   transports: auto
-  localPodCIDRs: [10.213.0.0/16, "fd00:213::/32"]
+  localPodCIDRs: [10.214.0.0/16, "fd00:214::/32"]
 datapath: tc
 classes: {local-pod-to-pod: true}
 agent: {resyncPeriod: 2s, minSyncInterval: 200ms}
