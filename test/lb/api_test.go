@@ -184,24 +184,38 @@ func TestStatusAndMetrics(t *testing.T) {
 			t.Errorf("lb status lacks %q:\n%s", want, out)
 		}
 	}
-	var metrics bytes.Buffer
-	req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, "http://lb/metrics", nil)
-	resp, err := topo.api().HTTP.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	metrics.ReadFrom(resp.Body)
-	resp.Body.Close()
-	for _, want := range []string{
+	// The agent before this test may just have been restarted (TestAPIChangesPersist): its
+	// first health check may not have run yet, and until it has, a backend has no state and
+	// no last check. Wait for it (rise x interval), then every series must be there.
+	wants := []string{
 		`hostaccel_lb_backend_health{backend="10.1.0.12:90",service="snat-health",state="up"} 1`,
 		`hostaccel_lb_backend_active{backend="10.1.0.11:81",service="dnat-rr"} 1`,
 		`hostaccel_lb_backend_transitions_total{backend="10.1.0.12:90",service="snat-health"}`,
 		`hostaccel_lb_backend_last_check_timestamp_seconds{backend="10.1.0.12:90",service="snat-health"}`,
 		`hostaccel_lb_service_packets_total{service="dsr-rr"}`,
-	} {
-		if !strings.Contains(metrics.String(), want) {
-			t.Errorf("metrics lack %q", want)
+	}
+	var missing []string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		var metrics bytes.Buffer
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, "http://lb/metrics", nil)
+		resp, err := topo.api().HTTP.Do(req)
+		if err != nil {
+			t.Fatal(err)
 		}
+		metrics.ReadFrom(resp.Body)
+		resp.Body.Close()
+		missing = missing[:0]
+		for _, want := range wants {
+			if !strings.Contains(metrics.String(), want) {
+				missing = append(missing, want)
+			}
+		}
+		if len(missing) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, want := range missing {
+		t.Errorf("metrics lack %q (5s after the test began)", want)
 	}
 }
 
