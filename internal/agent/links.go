@@ -19,6 +19,7 @@ func Links() ([]config.Link, error) {
 		a := l.Attrs()
 		out = append(out, config.Link{
 			Name:     a.Name,
+			Index:    a.Index,
 			Up:       a.Flags&net.FlagUp != 0,
 			Loopback: a.Flags&net.FlagLoopback != 0,
 		})

@@ -81,7 +81,7 @@ var localSetups = map[string]func(ctx context.Context, p *testbed.LocalPods, cap
 func localState(p *testbed.LocalPods, dp string) model.State {
 	s := model.State{Datapath: dp, Gateways: []string{"gwa", "gwb"}, LocalPodCIDRs: p.CIDRs, Classes: []model.Class{model.LocalPodToPod}}
 	s.Normalize()
-	return s
+	return withIndexes(p.Node, s)
 }
 
 // localSockmap applies the sockmap datapath for s; undo removes it.

@@ -176,6 +176,23 @@ func flowtableState(n *Node, datapath string) model.State {
 		Classes: slices.DeleteFunc(slices.Clone(model.Classes), func(c model.Class) bool { return c == model.LocalPodToPod }),
 	}
 	s.Normalize()
+	return withIndexes(n.NS, s)
+}
+
+// withIndexes adds the devices' interface indexes in ns to s, as the agent reads them from
+// the kernel (config.State); without ns (a test's plan), s is returned as it is.
+func withIndexes(ns *testbed.NS, s model.State) model.State {
+	if ns == nil {
+		return s
+	}
+	for _, d := range s.Devices() {
+		if l, err := ns.Link(d); err == nil {
+			if s.DeviceIndex == nil {
+				s.DeviceIndex = map[string]int{}
+			}
+			s.DeviceIndex[d] = l.Attrs().Index
+		}
+	}
 	return s
 }
 

@@ -3,6 +3,7 @@ package config
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -97,13 +98,16 @@ func TestStateResolution(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	links := []Link{{"lo", true, true}, {"gw", true, false}, {"eth1", true, false}, {"eth0", true, false}, {"down0", false, false}}
+	links := []Link{{"lo", true, true, 1}, {"gw", true, false, 3}, {"eth1", true, false, 4}, {"eth0", true, false, 2}, {"down0", false, false, 5}}
 	s, warn, err := c.State(links, true)
 	if err != nil || len(warn) != 0 {
 		t.Fatal(err, warn)
 	}
 	if got := strings.Join(s.Devices(), ","); got != "eth0,eth1,gw" {
 		t.Errorf("auto transports: devices %s", got)
+	}
+	if want := map[string]int{"eth0": 2, "eth1": 4, "gw": 3}; !maps.Equal(s.DeviceIndex, want) {
+		t.Errorf("device indexes %v, want %v", s.DeviceIndex, want)
 	}
 	if s.Exclude[0].String() != "10.244.1.9/32" || !s.Enabled(model.PodToPod) || s.Enabled(model.PodToService) {
 		t.Errorf("state %+v", s)
@@ -129,7 +133,7 @@ func TestGatewayPattern(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	links := []Link{{"lo", true, true}, {"gw", true, false}, {"eth0", true, false}, {"knetab12", true, false}, {"knet7", false, false}, {"kne", true, false}}
+	links := []Link{{"lo", true, true, 0}, {"gw", true, false, 0}, {"eth0", true, false, 0}, {"knetab12", true, false, 0}, {"knet7", false, false, 0}, {"kne", true, false, 0}}
 	s, warn, err := c.State(links, true)
 	if err != nil || len(warn) != 0 {
 		t.Fatal(err, warn)
@@ -180,7 +184,7 @@ func TestLoadBalancerVIPsAccelerated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, _, err := c.State([]Link{{"gw", true, false}, {"eth0", true, false}}, true)
+	s, _, err := c.State([]Link{{"gw", true, false, 0}, {"eth0", true, false, 0}}, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ type Link struct {
 	Name     string
 	Up       bool
 	Loopback bool
+	Index    int // the kernel's interface index; 0: unknown (an offline render)
 }
 
 // State resolves the config against the interfaces that exist now. Interfaces named
@@ -86,6 +87,14 @@ func (c *Config) State(links []Link, strict bool) (model.State, []string, error)
 		if !added[v] && !slices.ContainsFunc(s.LoadBalancerIPs[:configured], func(p netip.Prefix) bool { return p.Contains(v) }) {
 			added[v] = true
 			s.LoadBalancerIPs = append(s.LoadBalancerIPs, netip.PrefixFrom(v, v.BitLen()))
+		}
+	}
+	for _, d := range s.Devices() {
+		if i := present[d].Index; i > 0 {
+			if s.DeviceIndex == nil {
+				s.DeviceIndex = map[string]int{}
+			}
+			s.DeviceIndex[d] = i
 		}
 	}
 	for name, on := range c.Classes {

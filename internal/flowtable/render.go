@@ -151,8 +151,8 @@ func Render(s model.State, o Options) *Ruleset {
 	// flowtable, whose hook only sees its own devices (such a flow would be half offloaded).
 	rule(flagsGuard, "TCP SYN, FIN and RST never start an offload (the kernel offloads established connections): they take the normal path, uncounted")
 	rule("meta l4proto != tcp meta l4proto != udp return", "the flowtable offloads TCP and UDP; ICMP (errors, PMTU) always takes the normal path")
-	rule(deviceGuard("iifname", s.Devices()), "input device not in the flowtable")
-	rule(deviceGuard("oifname", s.Devices()), "output device not in the flowtable")
+	rule(deviceGuard("iif", s.Devices(), s.DeviceIndex), "input device not in the flowtable")
+	rule(deviceGuard("oif", s.Devices(), s.DeviceIndex), "output device not in the flowtable")
 	// Only rules that can match exist: exclude rules while the family's exclude set has
 	// elements, a class rule while every set it requires has some. Emptiness is part of the
 	// spec, so such a change rebuilds the table in one transaction.
@@ -203,15 +203,27 @@ const flagsGuard = "@th,96,32 & 0x70000 != 0 meta l4proto tcp return"
 // recreates the flowtable.
 const maxInlineDevices = 4
 
-// deviceGuard is the rule that returns packets whose key (iifname, oifname) is not one of
-// devs.
-func deviceGuard(key string, devs []string) string {
+// deviceGuard is the rule that returns packets whose device (key: "iif" or "oif") is not one
+// of devs. With every device's index known it compares indexes (`iif != 3`), else names
+// (`iifname != "gw"`): an index is a 4-byte compare that nf_tables makes inline, a name a
+// 16-byte one, and `iif` reads the device's index where `iifname` copies its name (VM,
+// TCP_CRR: +0.4% Pod-to-Pod, +0.3% Pod-to-Service). An index is in the rule's text, so a
+// device deleted and created again under its name (a new index) changes the spec at the next
+// sync, and the table is rebuilt; until then the old index matches nothing and the new
+// device's packets take the normal path, as they would anyway: the flowtable lost the device
+// with its deletion.
+func deviceGuard(key string, devs []string, index map[string]int) string {
 	if len(devs) == 0 || len(devs) > maxInlineDevices {
-		return key + " != @" + DevicesSet + " return"
+		return key + "name != @" + DevicesSet + " return"
 	}
 	var b strings.Builder
+	indexed := !slices.ContainsFunc(devs, func(d string) bool { return index[d] <= 0 })
 	for _, d := range devs {
-		fmt.Fprintf(&b, "%s != %q ", key, d)
+		if indexed {
+			fmt.Fprintf(&b, "%s != %d ", key, index[d])
+		} else {
+			fmt.Fprintf(&b, "%sname != %q ", key, d)
+		}
 	}
 	return b.String() + "return"
 }
@@ -224,7 +236,9 @@ func deviceGuard(key string, devs []string) string {
 // inbound Pod-to-Pod packet fails the Pod-to-Service rule at its `ct status` test. The order
 // changes no decision: a connection that two classes describe (a local Pod's connection
 // DNAT-ed to a peer Pod, while no Service CIDR is set) is offloaded either way and counted
-// under the first, as before.
+// under the first, as before. (Sending DNAT-ed connections to a chain of their own with one
+// `ct status dnat` test saves a Pod-to-Service packet two `ct` loads and a lookup, yet
+// measured -0.3% Pod-to-Service and +0.3% Pod-to-Pod TCP_CRR in the VM: not kept.)
 func ruleOrder(cs []model.Class, f family, haveServiceCIDRs bool) []classMatch {
 	var out []classMatch
 	for _, c := range cs {

@@ -249,3 +249,27 @@ func TestRenderCountOffloaded(t *testing.T) {
 		t.Error("counter flag without countOffloaded")
 	}
 }
+
+// With every device's index known, the device guards compare indexes; one unknown index
+// makes them compare names. An index is in the spec: a device created again under its name
+// (a new index) rebuilds the table.
+func TestDeviceGuardsByIndex(t *testing.T) {
+	s := base()
+	s.Gateways, s.Transports = []string{"gw"}, []string{"eth0"}
+	s.DeviceIndex = map[string]int{"gw": 7, "eth0": 3}
+	s.Normalize()
+	r := Render(s, Options{})
+	if got := r.Rules[2].Rule + " | " + r.Rules[3].Rule; got != "iif != 3 iif != 7 return | oif != 3 oif != 7 return" {
+		t.Errorf("guards: %s", got)
+	}
+	again := s
+	again.DeviceIndex = map[string]int{"gw": 7, "eth0": 9}
+	if Render(again, Options{}).Comment == r.Comment {
+		t.Error("a new index did not change the spec")
+	}
+	names := s
+	names.DeviceIndex = map[string]int{"gw": 7}
+	if got := Render(names, Options{}).Rules[2].Rule; got != `iifname != "eth0" iifname != "gw" return` {
+		t.Errorf("guard with an index unknown: %s", got)
+	}
+}

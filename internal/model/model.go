@@ -72,6 +72,10 @@ type State struct {
 	// before a State is built, since one missing device fails a whole nft transaction).
 	Gateways   []string
 	Transports []string
+	// DeviceIndex holds the interface index of each device when known (the agent reads them
+	// from the kernel; an offline render has none): the flowtable's device guards compare
+	// indexes then, which costs a packet less than comparing names.
+	DeviceIndex map[string]int
 
 	LocalPodCIDRs   []netip.Prefix
 	PeerPodCIDRs    []netip.Prefix
