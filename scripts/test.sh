@@ -62,9 +62,10 @@ if .cache/bin/hostaccel probe -o json | grep -A1 '"name": "flowtable"' | grep -q
 	HOSTACCEL_REQUIRE_FLOWTABLE=1 HOSTACCEL_BIN=$ROOT/.cache/bin/hostaccel go test -count=1 -p 1 -v ./test/e2e/ 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'
 else
 	echo "== kernel tests in the VM ($(cat .cache/kernel/VERSION 2>/dev/null || basename "$(readlink -f .cache/kernel)"))"
-	# deploy/grafana: test/e2e checks the dashboard's flowtable metrics against the agent's here.
-	VMEXEC_MIRROR="../../deploy/grafana" VMEXEC_FILES="$ROOT/.cache/bin/hostaccel" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_REQUIRE_FLOWTABLE=1 HOSTACCEL_BIN=/vmtest/hostaccel" \
-		go test -count=1 -p 1 -timeout 40m -exec "$ROOT/vmtest/vmexec.sh" ./test/e2e/ ./test/reliability/ ./internal/probe/ ./internal/conntrack/ ./internal/tc/
+	# deploy/grafana: test/e2e checks the dashboard's flowtable metrics against the agent's here;
+	# examples: internal/flowtable renders them against its goldens.
+	VMEXEC_MIRROR="../../deploy/grafana ../../examples" VMEXEC_FILES="$ROOT/.cache/bin/hostaccel" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_REQUIRE_FLOWTABLE=1 HOSTACCEL_BIN=/vmtest/hostaccel" \
+		go test -count=1 -p 1 -timeout 40m -exec "$ROOT/vmtest/vmexec.sh" ./test/e2e/ ./test/reliability/ ./internal/probe/ ./internal/conntrack/ ./internal/tc/ ./internal/flowtable/
 	# The kernel accepts the flowtable of every config validation accepted (the fuzz corpus).
 	VMEXEC_MIRROR="../lb/testdata" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_REQUIRE_FLOWTABLE=1" \
 		go test -count=1 -p 1 -timeout 30m -exec "$ROOT/vmtest/vmexec.sh" -run '^TestFuzzCorpusKernelAccepts$' ./internal/config/
