@@ -193,7 +193,7 @@ func Render(s model.State, o Options) *Ruleset {
 // which the mask already fails, makes no call at all; a UDP or ICMP packet whose bytes there
 // happen to match fails `meta l4proto tcp`, and one too short for the load ends the rule.
 // Measured in the VM: TCP_CRR Pod-to-Service +0.8%, the other cells unchanged or up
-// (docs/benchmarks/2026-11-26-*-issue11.md).
+// (docs/benchmarks/2026-11-26-9fe6591-crr-shapes.md).
 const flagsGuard = "@th,96,32 & 0x70000 != 0 meta l4proto tcp return"
 
 // maxInlineDevices is how many flowtable devices the guards compare one by one; beyond it
@@ -207,7 +207,7 @@ const maxInlineDevices = 4
 // of devs. With every device's index known it compares indexes (`iif != 3`), else names
 // (`iifname != "gw"`): an index is a 4-byte compare that nf_tables makes inline, a name a
 // 16-byte one, and `iif` reads the device's index where `iifname` copies its name (VM,
-// TCP_CRR: +0.4% Pod-to-Pod, +0.3% Pod-to-Service). An index is in the rule's text, so a
+// TCP_CRR: +0.4% Pod-to-Pod, +0.5% Pod-to-Service). An index is in the rule's text, so a
 // device deleted and created again under its name (a new index) changes the spec at the next
 // sync, and the table is rebuilt; until then the old index matches nothing and the new
 // device's packets take the normal path, as they would anyway: the flowtable lost the device
@@ -238,7 +238,8 @@ func deviceGuard(key string, devs []string, index map[string]int) string {
 // DNAT-ed to a peer Pod, while no Service CIDR is set) is offloaded either way and counted
 // under the first, as before. (Sending DNAT-ed connections to a chain of their own with one
 // `ct status dnat` test saves a Pod-to-Service packet two `ct` loads and a lookup, yet
-// measured -0.3% Pod-to-Service and +0.3% Pod-to-Pod TCP_CRR in the VM: not kept.)
+// measured -0.4% Pod-to-Service, +0.3% Pod-to-Pod TCP_CRR in the VM: not kept; see
+// docs/benchmarks/2026-11-26-9fe6591-crr-shapes.md.)
 func ruleOrder(cs []model.Class, f family, haveServiceCIDRs bool) []classMatch {
 	var out []classMatch
 	for _, c := range cs {
