@@ -182,16 +182,13 @@ func flowtableState(n *Node, datapath string) model.State {
 // withIndexes adds the devices' interface indexes in ns to s, as the agent reads them from
 // the kernel (config.State); without ns (a test's plan), s is returned as it is.
 func withIndexes(ns *testbed.NS, s model.State) model.State {
-	if ns == nil {
-		return s
-	}
-	for _, d := range s.Devices() {
-		if l, err := ns.Link(d); err == nil {
-			if s.DeviceIndex == nil {
-				s.DeviceIndex = map[string]int{}
+	if ns != nil {
+		s.SetDeviceIndexes(func(d string) int {
+			if l, err := ns.Link(d); err == nil {
+				return l.Attrs().Index
 			}
-			s.DeviceIndex[d] = l.Attrs().Index
-		}
+			return 0
+		})
 	}
 	return s
 }

@@ -89,14 +89,7 @@ func (c *Config) State(links []Link, strict bool) (model.State, []string, error)
 			s.LoadBalancerIPs = append(s.LoadBalancerIPs, netip.PrefixFrom(v, v.BitLen()))
 		}
 	}
-	for _, d := range s.Devices() {
-		if i := present[d].Index; i > 0 {
-			if s.DeviceIndex == nil {
-				s.DeviceIndex = map[string]int{}
-			}
-			s.DeviceIndex[d] = i
-		}
-	}
+	s.SetDeviceIndexes(func(d string) int { return present[d].Index })
 	for name, on := range c.Classes {
 		if on {
 			s.Classes = append(s.Classes, model.Class(name))

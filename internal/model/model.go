@@ -98,6 +98,19 @@ func (s State) Devices() []string {
 	return slices.Compact(d)
 }
 
+// SetDeviceIndexes records in DeviceIndex the interface index of each device that index
+// knows (> 0); devices it does not know keep none.
+func (s *State) SetDeviceIndexes(index func(name string) int) {
+	for _, d := range s.Devices() {
+		if i := index(d); i > 0 {
+			if s.DeviceIndex == nil {
+				s.DeviceIndex = map[string]int{}
+			}
+			s.DeviceIndex[d] = i
+		}
+	}
+}
+
 // Enabled reports whether class c is on.
 func (s State) Enabled(c Class) bool { return slices.Contains(s.Classes, c) }
 
