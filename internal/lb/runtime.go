@@ -12,8 +12,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/hostaccel/hostaccel/internal/model"
 )
 
 // Runtime is the load balancer inside the agent: it merges the config's services with the
@@ -342,8 +340,10 @@ func OfflineEnv(svcs []Service, env Env) Env {
 
 func fieldByName(svcs []Service) func(int) string {
 	return func(i int) string {
-		if svcs[i].Name != "" {
-			return fmt.Sprintf("services[%s]", model.Cut(svcs[i].Name))
+		// A name that is not valid (it may hold "]" or be long) would garble the path:
+		// such a service is named by its index, and its name error quotes the name.
+		if validName.MatchString(svcs[i].Name) {
+			return fmt.Sprintf("services[%s]", svcs[i].Name)
 		}
 		return fmt.Sprintf("services[%d]", i)
 	}
