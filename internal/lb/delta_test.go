@@ -248,3 +248,44 @@ func TestSameDefinitionFields(t *testing.T) {
 		t.Error("a backend drained in place: the service was not resolved anew")
 	}
 }
+
+// ValidateChange says what ValidateServices says of a list that differs from a valid one in
+// a service: names, VIPs and backends clashing with others (stateless-dnat), invalid fields.
+func TestValidateChangeEqualsValidateServices(t *testing.T) {
+	was := incSet(20)
+	if errs := ValidateServices(was, fieldByName(was)); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	sl := slices.IndexFunc(was, func(s Service) bool { return s.Topology == StatelessDNAT })
+	for _, c := range []struct {
+		what string
+		fn   func(svcs []Service) []Service
+	}{
+		{"a drain", func(s []Service) []Service { return withBackend(s, 3, 1, func(b *Backend) { b.State = StateDrain }) }},
+		{"a removal", func(s []Service) []Service { return slices.Delete(s, 2, 3) }},
+		{"a name taken", func(s []Service) []Service { s[4].Name = s[9].Name; return s }},
+		{"a new service of a name taken", func(s []Service) []Service { return append(s, s[5]) }},
+		{"a VIP taken", func(s []Service) []Service { s[4].VIPs = []string{s[9].VIPs[0]}; return s }},
+		{"a VIP taken (another spelling)", func(s []Service) []Service {
+			s[len(s)-2].VIPs = []string{"2001:db8:0::10"}
+			return s
+		}},
+		{"a stateless-dnat backend shared", func(s []Service) []Service {
+			return withBackend(s, 6, 0, func(b *Backend) { *b = s[sl].Backends[0] })
+		}},
+		{"a dnat backend shared", func(s []Service) []Service {
+			return withBackend(s, 6, 0, func(b *Backend) { *b = s[8].Backends[0] })
+		}},
+		{"a bad weight", func(s []Service) []Service { return withBackend(s, 6, 0, func(b *Backend) { b.Weight = new(0) }) }},
+		{"a bad address", func(s []Service) []Service { return withBackend(s, 6, 0, func(b *Backend) { b.Address = "10.0.0" }) }},
+	} {
+		svcs := c.fn(slices.Clone(was))
+		want, got := ValidateServices(svcs, fieldByName(svcs)), ValidateChange(was, svcs, fieldByName(svcs))
+		if fmt.Sprint(want) != fmt.Sprint(got) {
+			t.Errorf("%s: ValidateChange %v, ValidateServices %v", c.what, got, want)
+		}
+		if valid := slices.Contains([]string{"a drain", "a removal", "a dnat backend shared"}, c.what); valid != (len(want) == 0) {
+			t.Errorf("%s: %v (the case is wrong)", c.what, want)
+		}
+	}
+}
