@@ -476,10 +476,12 @@ func (r *Runtime) solicit(d *Desired) {
 // external-to-loadbalancer class).
 func NATVIPs(svcs []Service) []netip.Addr {
 	var out []netip.Addr
+	seen := map[netip.Addr]bool{} // thousands of VIPs: not a scan of out each
 	for _, s := range svcs {
 		if t := s.topology(); t == SNAT || t == DNAT {
 			for _, v := range s.VIPs {
-				if a, err := netip.ParseAddr(v); err == nil && !slices.Contains(out, a) {
+				if a, err := netip.ParseAddr(v); err == nil && !seen[a] {
+					seen[a] = true
 					out = append(out, a)
 				}
 			}
