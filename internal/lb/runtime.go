@@ -280,7 +280,11 @@ func (r *Runtime) services(cfg Config) ([]Service, error) {
 		return svcs, nil
 	}
 	svcs := Merge(cfg.Services, r.overlay)
-	if errs := ValidateServices(svcs, fieldByName(svcs)); len(errs) > 0 {
+	validate := ValidateServices
+	if was := r.valid.svcs; was != nil { // a config rebuilt per event (Kubernetes): validate what changed
+		validate = func(svcs []Service, field func(int) string) []error { return ValidateChange(was, svcs, field) }
+	}
+	if errs := validate(svcs, fieldByName(svcs)); len(errs) > 0 {
 		return nil, fmt.Errorf("the services changed through the API (%s) conflict with the config; keeping the last good state: %w",
 			r.overlayPath, errors.Join(errs...))
 	}
