@@ -156,16 +156,15 @@ type partFunc func(f knftables.Family, table string, ss *ServiceState, render fu
 // join makes the table of its own part base and the services' parts.
 func join(base *Table, parts []*Table) *Table {
 	t := &Table{Family: base.Family, Name: base.Name, Comment: base.Comment, parts: append([]*Table{base}, parts...)}
-	var n [7]int
+	var n [8]int // sized once: thousands of parts
 	for _, p := range t.parts {
-		for i, l := range []int{len(p.Chains), len(p.Rules), len(p.Sets), len(p.Maps), len(p.Counters), len(p.Elements), len(p.Dynamic)} {
+		for i, l := range []int{len(p.Chains), len(p.Rules), len(p.Sets), len(p.Maps), len(p.Counters), len(p.Elements), len(p.Dynamic), len(p.Slots)} {
 			n[i] += l
 		}
-		n[6] += len(p.Slots)
 	}
 	t.Chains, t.Rules, t.Sets = make([]*knftables.Chain, 0, n[0]), make([]*knftables.Rule, 0, n[1]), make([]*knftables.Set, 0, n[2])
 	t.Maps, t.Counters, t.Elements = make([]*knftables.Map, 0, n[3]), make([]*knftables.Counter, 0, n[4]), make([]*knftables.Element, 0, n[5])
-	t.Dynamic, t.Slots = make(map[string]map[string]bool, n[6]), make(map[string]bool, n[6])
+	t.Dynamic, t.Slots = make(map[string]map[string]bool, n[6]), make(map[string]bool, n[7])
 	for _, p := range t.parts {
 		t.Chains = append(t.Chains, p.Chains...)
 		t.Rules = append(t.Rules, p.Rules...)
