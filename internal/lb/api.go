@@ -391,12 +391,23 @@ func (r *Runtime) change(ctx context.Context, fn func(svcs []Service, o *Overlay
 	r.mu.Lock()
 	prev := r.overlay.clone()
 	o := r.overlay.clone()
-	if err := fn(Merge(r.cfg.Services, o), &o); err != nil {
+	// The last valid merge, if known, is the current one: fn reads it, and the new merge is
+	// validated where it differs from it (the services changed and those they could clash with).
+	was, known := r.validated(r.cfg.Services)
+	cur := was
+	if !known {
+		cur = Merge(r.cfg.Services, o)
+	}
+	if err := fn(cur, &o); err != nil {
 		r.mu.Unlock()
 		return err
 	}
 	svcs := Merge(r.cfg.Services, o)
-	if errs := ValidateServices(svcs, fieldByName(svcs)); len(errs) > 0 {
+	validate := ValidateServices
+	if known {
+		validate = func(svcs []Service, field func(int) string) []error { return ValidateChange(was, svcs, field) }
+	}
+	if errs := validate(svcs, fieldByName(svcs)); len(errs) > 0 {
 		r.mu.Unlock()
 		return badRequest(errs...)
 	}

@@ -21,6 +21,9 @@ type kernelCache struct {
 	// costs nft the whole ruleset): their rules have no expressions yet, so they cannot be
 	// seen as edited until Settle (or a full read) reads them.
 	unread map[TableRef][]string
+	// rendered is each table as the last apply rendered it: with what the tables hold, it
+	// tells an apply which parts of a table changed (partScope).
+	rendered map[TableRef]*Table
 }
 
 type ruleKey struct {
@@ -41,7 +44,7 @@ func (c *kernelCache) forget() { *c = kernelCache{} }
 
 // distrust drops the tables but keeps the rule expressions (someone may have changed the
 // tables): the next apply reads the kernel whole and still sees edited rules.
-func (c *kernelCache) distrust() { c.tables = nil }
+func (c *kernelCache) distrust() { c.tables, c.rendered = nil, nil }
 
 // fullDue reports whether the last full read is at least every ago (every <= 0: always).
 func (c *kernelCache) fullDue(every time.Duration) bool {
@@ -87,10 +90,11 @@ func (c *kernelCache) edited(ref TableRef, chain string, got *nftjson.Rule) bool
 // the rule expressions this cache has of them (to be overwritten by what is read anew).
 func (c *kernelCache) next(tables []*Table) *kernelCache {
 	n := &kernelCache{tables: map[TableRef]*kernelTable{}, exprs: map[ruleKey]string{},
-		allowed: map[mapKey]map[string]bool{}, lastFull: c.lastFull, unread: map[TableRef][]string{}}
+		allowed: map[mapKey]map[string]bool{}, lastFull: c.lastFull, unread: map[TableRef][]string{}, rendered: map[TableRef]*Table{}}
 	for _, t := range tables {
 		ref := t.ref()
 		n.tables[ref] = known(t)
+		n.rendered[ref] = t
 		for name, a := range t.Dynamic {
 			n.allowed[mapKey{ref, name}] = a
 		}

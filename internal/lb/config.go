@@ -576,3 +576,89 @@ func (h *HealthCheck) rise() int { return cmp.Or(h.Rise, 2) }
 func (h *HealthCheck) fall() int { return cmp.Or(h.Fall, 3) }
 
 // validIfname follows the kernel's dev_valid_name.
+
+// ValidateChange is ValidateServices(svcs, field) for svcs that differ from was, a list that
+// passed it, in a few services (an API change): it validates the services that differ from
+// was's of their name, with the services that share a name, a VIP or a backend with them,
+// and not the others again (at 2,000 services the whole list took ~10 ms of every API call).
+// When something is wrong it answers ValidateServices(svcs, field), whose errors name the
+// fields.
+func ValidateChange(was, svcs []Service, field func(int) string) []error {
+	old := make(map[string]*Service, len(was))
+	for i := range was {
+		old[was[i].Name] = &was[i]
+	}
+	names := make(map[string]int, len(svcs))
+	var changed []int
+	isChanged := make([]bool, len(svcs))
+	for i := range svcs {
+		s := &svcs[i]
+		names[s.Name]++
+		if o := old[s.Name]; o == nil || !sameDefinition(o, s) {
+			changed = append(changed, i)
+			isChanged[i] = true
+		}
+	}
+	if len(changed) == 0 && len(names) == len(svcs) {
+		return nil // services removed, or none changed: no new conflict
+	}
+	type key struct {
+		addr  netip.Addr
+		proto string
+		port  int
+	}
+	vips, backends, mine := map[key]bool{}, map[key]bool{}, map[string]bool{}
+	// keys calls fn with each VIP and backend key of s, as ValidateServices compares them.
+	keys := func(s *Service, fn func(vip bool, k key) bool) bool {
+		proto, ports := s.proto(), s.ports()
+		for _, v := range s.VIPs {
+			if a, err := netip.ParseAddr(v); err == nil {
+				for _, p := range ports {
+					if fn(true, key{a, proto, p}) {
+						return true
+					}
+				}
+			}
+		}
+		if s.topology() == DSR {
+			return false
+		}
+		for _, b := range s.Backends {
+			if a, err := netip.ParseAddr(b.Address); err == nil {
+				for _, p := range ports {
+					if fn(false, key{a, proto, cmp.Or(b.Port, p)}) {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	}
+	for _, i := range changed {
+		mine[svcs[i].Name] = true
+		keys(&svcs[i], func(vip bool, k key) bool {
+			if vip {
+				vips[k] = true
+			} else {
+				backends[k] = true
+			}
+			return false
+		})
+	}
+	var idx []int
+	for i := range svcs {
+		s := &svcs[i]
+		if isChanged[i] || mine[s.Name] || names[s.Name] > 1 ||
+			keys(s, func(vip bool, k key) bool { return vip && vips[k] || !vip && backends[k] }) {
+			idx = append(idx, i)
+		}
+	}
+	sub := make([]Service, len(idx))
+	for j, i := range idx {
+		sub[j] = svcs[i]
+	}
+	if len(ValidateServices(sub, func(j int) string { return field(idx[j]) })) == 0 {
+		return nil
+	}
+	return ValidateServices(svcs, field)
+}

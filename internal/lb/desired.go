@@ -5,7 +5,9 @@ import (
 	"hash/fnv"
 	"net"
 	"net/netip"
+	"reflect"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -272,4 +274,133 @@ func (ss *ServiceState) families() []bool {
 		}
 	}
 	return out
+}
+
+// Resolver resolves as Resolve does, and keeps each service's state for the next Resolve:
+// a service whose inputs did not change (its definition, its backends' health, the host's
+// interfaces and neighbours it uses) keeps its *ServiceState, which a Renderer then does not
+// render again. Not safe for concurrent use.
+type Resolver struct {
+	prev map[string]*resolved
+}
+
+// resolved is what a ServiceState was resolved from.
+type resolved struct {
+	svc    Service
+	health []Health // by backend, as in ss.Backends
+	env    string   // envKey
+	ss     *ServiceState
+}
+
+// Resolve computes the desired state of validated services, reusing the states of the
+// services whose inputs are those of the last Resolve.
+func (rv *Resolver) Resolve(svcs []Service, health map[string]Health, env Env) *Desired {
+	d := &Desired{Local: slices.Clone(env.Local), Services: make([]*ServiceState, 0, len(svcs))}
+	slices.SortFunc(d.Local, netip.Addr.Compare)
+	next := make(map[string]*resolved, len(svcs))
+	for _, s := range svcs {
+		p := rv.prev[s.Name]
+		ek := envKey(s, env)
+		if p == nil || p.env != ek || !sameDefinition(&p.svc, &s) || !p.sameHealth(health) {
+			ss := resolveService(s, health, env)
+			p = &resolved{svc: cloneService(s), env: ek, ss: ss, health: make([]Health, len(ss.Backends))}
+			for i, b := range ss.Backends {
+				p.health[i] = health[HealthKey(s.Name, b.Key)]
+			}
+		}
+		next[s.Name] = p
+		d.Services = append(d.Services, p.ss)
+	}
+	rv.prev = next
+	return d
+}
+
+// sameHealth reports whether health says of p's backends what it said when p was resolved.
+func (p *resolved) sameHealth(health map[string]Health) bool {
+	for i, b := range p.ss.Backends {
+		if len(health) == 0 {
+			if p.health[i] != (Health{}) {
+				return false
+			}
+			continue
+		}
+		if health[HealthKey(p.svc.Name, b.Key)] != p.health[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// envKey is what resolving s reads of env: for dsr and stateless-dnat, its interfaces'
+// MACs (and whether they exist) and, for dsr, the neighbours' MACs of its backends.
+func envKey(s Service, env Env) string {
+	t := s.topology()
+	if t != DSR && t != StatelessDNAT {
+		return ""
+	}
+	var k strings.Builder
+	for _, dev := range []string{s.Interface, s.backendInterface()} {
+		mac, ok := env.Links[dev]
+		fmt.Fprintf(&k, "%s=%v/%s;", dev, ok, mac)
+	}
+	if t == DSR {
+		nb := env.Neighbors[s.backendInterface()]
+		for _, b := range s.Backends {
+			if a, err := netip.ParseAddr(b.Address); err == nil && b.MAC == "" {
+				k.WriteString(nb[a].String() + ";")
+			}
+		}
+	}
+	return k.String()
+}
+
+// sameDefinition reports whether a and b are the same definition. A new field of Service or
+// Backend must be compared here (TestSameServiceFields).
+func sameDefinition(a, b *Service) bool {
+	if a.Name != b.Name || a.Port != b.Port || a.Protocol != b.Protocol || a.Topology != b.Topology ||
+		a.Interface != b.Interface || a.BackendInterface != b.BackendInterface || a.Scheduler != b.Scheduler ||
+		a.FlushConntrack != b.FlushConntrack || !slices.Equal(a.VIPs, b.VIPs) || !slices.Equal(a.Ports, b.Ports) ||
+		!slices.Equal(a.SNATAddresses, b.SNATAddresses) || !slices.Equal(a.HashFields, b.HashFields) ||
+		!samePtr(a.Persistence, b.Persistence) || !samePtr(a.FlowTimeout, b.FlowTimeout) ||
+		!(a.HealthCheck == b.HealthCheck || a.HealthCheck != nil && b.HealthCheck != nil && reflect.DeepEqual(*a.HealthCheck, *b.HealthCheck)) ||
+		len(a.Backends) != len(b.Backends) {
+		return false
+	}
+	for i := range a.Backends {
+		x, y := &a.Backends[i], &b.Backends[i]
+		if x.Address != y.Address || x.Port != y.Port || !samePtr(x.Weight, y.Weight) || x.Priority != y.Priority ||
+			x.State != y.State || x.MAC != y.MAC {
+			return false
+		}
+	}
+	return true
+}
+
+// cloneService copies s deep enough that changing the caller's copy in place (a backend's
+// state) does not change the clone.
+func cloneService(s Service) Service {
+	s.VIPs, s.Ports, s.SNATAddresses, s.HashFields = slices.Clone(s.VIPs), slices.Clone(s.Ports), slices.Clone(s.SNATAddresses), slices.Clone(s.HashFields)
+	s.Persistence, s.FlowTimeout = clonePtr(s.Persistence), clonePtr(s.FlowTimeout)
+	if s.HealthCheck != nil {
+		hc := *s.HealthCheck
+		hc.Command = slices.Clone(hc.Command)
+		s.HealthCheck = &hc
+	}
+	s.Backends = slices.Clone(s.Backends)
+	for i := range s.Backends {
+		s.Backends[i].Weight = clonePtr(s.Backends[i].Weight)
+	}
+	return s
+}
+
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}
+
+func samePtr[T comparable](a, b *T) bool {
+	return a == b || a != nil && b != nil && *a == *b
 }

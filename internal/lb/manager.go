@@ -151,6 +151,11 @@ func (m *Manager) apply(ctx context.Context, r *Ruleset, full, trust bool, fresh
 	} else if existing, err = m.ours(ctx); err != nil {
 		return res, err
 	}
+	if !full {
+		if scopes, ok := m.scopes(r.Tables, existing); ok {
+			return m.applyScopes(ctx, scopes, res)
+		}
+	}
 	tx := m.NFT.NewTransaction()
 	removeUnwanted(tx, existing, r.Tables, &res)
 	plans := make([]tablePlan, len(r.Tables))

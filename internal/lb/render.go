@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -59,6 +60,15 @@ type Table struct {
 	// value where the kernel has it and one backend leaving changes two slots, not all that
 	// follow it. Hash schedulers keep the rendered order (every node maps a hash alike).
 	Slots map[string]bool
+
+	// parts are the table's objects by what they belong to: the table's own (first, owner
+	// ""), then each service's (owner: its name), each rendered once and shared by later
+	// renders while its service resolves to the same *ServiceState (Resolver, Renderer). The
+	// lists above are their concatenation. The Manager diffs only the parts that are not the
+	// ones it applied last (nil: it diffs the whole table).
+	parts   []*Table
+	owner   string
+	byOwner map[string]*Table // parts by owner (Manager)
 }
 
 type family struct {
@@ -75,7 +85,38 @@ func fam(is6 bool) family {
 }
 
 // Render computes every table for d. It is pure: no kernel, no root.
-func Render(d *Desired) *Ruleset {
+func Render(d *Desired) *Ruleset { return (&Renderer{}).Render(d) }
+
+// Renderer renders as Render does, and keeps each service's objects for the next Render: a
+// service of the same *ServiceState (Resolver returns the one it had for a service whose
+// inputs did not change) is not rendered again, and the Manager, seeing the same part, does
+// not diff it. Not safe for concurrent use.
+type Renderer struct {
+	parts map[partKey]*Table
+}
+
+type partKey struct {
+	ss    *ServiceState
+	table string
+}
+
+// Render computes every table for d, reusing the parts of the services rendered last time.
+func (rr *Renderer) Render(d *Desired) *Ruleset {
+	prev := rr.parts
+	rr.parts = make(map[partKey]*Table, len(d.Services))
+	// part returns ss's part of table name, rendered by fn unless the last Render had it.
+	part := func(f knftables.Family, name string, ss *ServiceState, fn func(*builder)) *Table {
+		k := partKey{ss, name}
+		p := prev[k]
+		if p == nil {
+			b := newBuilder(f, name)
+			b.t.owner = ss.Service.Name
+			fn(b)
+			p = b.t
+		}
+		rr.parts[k] = p
+		return p
+	}
 	r := &Ruleset{}
 	var nat, ingress []*ServiceState
 	devs := map[string]bool{}
@@ -96,7 +137,7 @@ func Render(d *Desired) *Ruleset {
 		}
 	}
 	if len(nat) > 0 {
-		r.Tables = append(r.Tables, renderNAT(nat))
+		r.Tables = append(r.Tables, renderNAT(nat, part))
 	}
 	names := make([]string, 0, len(devs))
 	for dev := range devs {
@@ -104,9 +145,37 @@ func Render(d *Desired) *Ruleset {
 	}
 	slices.Sort(names)
 	for _, dev := range names {
-		r.Tables = append(r.Tables, renderIngress(dev, ingress, d.Local))
+		r.Tables = append(r.Tables, renderIngress(dev, ingress, d.Local, part))
 	}
 	return r
+}
+
+// partFunc returns a service's part of a table (see Renderer.Render).
+type partFunc func(f knftables.Family, table string, ss *ServiceState, render func(*builder)) *Table
+
+// join makes the table of its own part base and the services' parts.
+func join(base *Table, parts []*Table) *Table {
+	t := &Table{Family: base.Family, Name: base.Name, Comment: base.Comment, parts: append([]*Table{base}, parts...)}
+	var n [8]int // sized once: thousands of parts
+	for _, p := range t.parts {
+		for i, l := range []int{len(p.Chains), len(p.Rules), len(p.Sets), len(p.Maps), len(p.Counters), len(p.Elements), len(p.Dynamic), len(p.Slots)} {
+			n[i] += l
+		}
+	}
+	t.Chains, t.Rules, t.Sets = make([]*knftables.Chain, 0, n[0]), make([]*knftables.Rule, 0, n[1]), make([]*knftables.Set, 0, n[2])
+	t.Maps, t.Counters, t.Elements = make([]*knftables.Map, 0, n[3]), make([]*knftables.Counter, 0, n[4]), make([]*knftables.Element, 0, n[5])
+	t.Dynamic, t.Slots = make(map[string]map[string]bool, n[6]), make(map[string]bool, n[7])
+	for _, p := range t.parts {
+		t.Chains = append(t.Chains, p.Chains...)
+		t.Rules = append(t.Rules, p.Rules...)
+		t.Sets = append(t.Sets, p.Sets...)
+		t.Maps = append(t.Maps, p.Maps...)
+		t.Counters = append(t.Counters, p.Counters...)
+		t.Elements = append(t.Elements, p.Elements...)
+		maps.Copy(t.Dynamic, p.Dynamic)
+		maps.Copy(t.Slots, p.Slots)
+	}
+	return t
 }
 
 type builder struct{ t *Table }
@@ -201,7 +270,7 @@ const (
 // service's chain in prerouting and output (dstnat), another to the snat services' chains in
 // postrouting (srcnat: masquerade or snat), and raw prerouting rules that keep stateless-dnat
 // traffic out of conntrack.
-func renderNAT(svcs []*ServiceState) *Table {
+func renderNAT(svcs []*ServiceState, part partFunc) *Table {
 	b := newBuilder(knftables.InetFamily, NATTable)
 	b.chain(baseChain("prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority))
 	b.chain(baseChain("output", knftables.NATType, knftables.OutputHook, knftables.DNATPriority))
@@ -223,16 +292,19 @@ func renderNAT(svcs []*ServiceState) *Table {
 		b.rule("raw", "stateless-dnat requests "+f.suffix, f.nf+vipTypeOf+" @stateless-fwd-"+f.suffix+" notrack")
 		b.rule("raw", "stateless-dnat replies "+f.suffix, f.nf+reverseTypeOf+" @stateless-rev-"+f.suffix+" notrack")
 	}
+	parts := make([]*Table, 0, len(svcs))
 	for _, ss := range svcs {
-		for _, is6 := range ss.families() {
-			if ss.Topology == StatelessDNAT {
-				statelessBypass(b, ss, fam(is6))
-			} else {
-				natService(b, ss, fam(is6))
+		parts = append(parts, part(knftables.InetFamily, NATTable, ss, func(b *builder) {
+			for _, is6 := range ss.families() {
+				if ss.Topology == StatelessDNAT {
+					statelessBypass(b, ss, fam(is6))
+				} else {
+					natService(b, ss, fam(is6))
+				}
 			}
-		}
+		}))
 	}
-	return b.t
+	return join(b.t, parts)
 }
 
 // natService renders one snat/dnat service for one family. A service with persistence
@@ -458,7 +530,7 @@ func seed(name string) uint32 {
 // the client's address and port, or address only with persistence, to a backend id), so that
 // every packet of a flow reaches the backend its first packet was given, whatever the
 // scheduler, and established flows keep their backend when backends change.
-func renderIngress(dev string, svcs []*ServiceState, local []netip.Addr) *Table {
+func renderIngress(dev string, svcs []*ServiceState, local []netip.Addr, part partFunc) *Table {
 	b := newBuilder(knftables.NetDevFamily, IngressTablePrefix+dev)
 	c := baseChain("ingress", knftables.FilterType, knftables.IngressHook, knftables.FilterPriority)
 	c.Device = &dev
@@ -478,17 +550,24 @@ func renderIngress(dev string, svcs []*ServiceState, local []netip.Addr) *Table 
 		b.rule("ingress", "services "+f.suffix, f.nf+vipTypeOf+" vmap @services-"+f.suffix)
 		b.rule("ingress", "stateless-dnat replies "+f.suffix, f.nf+reverseTypeOf+" vmap @reverse-"+f.suffix)
 	}
+	var parts []*Table
 	for _, ss := range svcs {
-		if ss.Service.Interface == dev {
-			ingressService(b, ss)
+		in, rev := ss.Service.Interface == dev, ss.Topology == StatelessDNAT && ss.Service.backendInterface() == dev
+		if !in && !rev {
+			continue
 		}
-		if ss.Topology == StatelessDNAT && ss.Service.backendInterface() == dev {
-			for _, is6 := range ss.families() {
-				statelessReverse(b, ss, fam(is6))
+		parts = append(parts, part(knftables.NetDevFamily, b.t.Name, ss, func(b *builder) {
+			if in {
+				ingressService(b, ss)
 			}
-		}
+			if rev {
+				for _, is6 := range ss.families() {
+					statelessReverse(b, ss, fam(is6))
+				}
+			}
+		}))
 	}
-	return b.t
+	return join(b.t, parts)
 }
 
 // ingressService renders a dsr or stateless-dnat service's chains. The backend id travels in

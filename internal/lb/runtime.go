@@ -67,6 +67,10 @@ type Runtime struct {
 	// rewritten in a hurry are read back settleAfter later, off the caller's wait).
 	mgrMu    sync.Mutex
 	settling *time.Timer
+	// resolver and renderer keep each service's state and objects for the next sync: an
+	// unchanged service is neither resolved, rendered nor diffed again (mgrMu).
+	resolver Resolver
+	renderer Renderer
 }
 
 // settleAfter is how long after a change someone waited for (API call, health transition)
@@ -138,14 +142,15 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
-	d := Resolve(svcs, checker.Health(), env)
+	health := checker.Health()
 	start := time.Now()
 	apply := mgr.Apply
 	if r.urgent.Swap(false) {
 		apply = mgr.ApplyChanges
 	}
 	r.mgrMu.Lock()
-	res, err := apply(ctx, Render(d))
+	d := r.resolver.Resolve(svcs, health, env)
+	res, err := apply(ctx, r.renderer.Render(d))
 	if err == nil && mgr.Unsettled() {
 		r.settleLater(mgr)
 	}
@@ -273,7 +278,11 @@ func (r *Runtime) services(cfg Config) ([]Service, error) {
 		return svcs, nil
 	}
 	svcs := Merge(cfg.Services, r.overlay)
-	if errs := ValidateServices(svcs, fieldByName(svcs)); len(errs) > 0 {
+	validate := ValidateServices
+	if was := r.valid.svcs; was != nil { // a config rebuilt per event (Kubernetes): validate what changed
+		validate = func(svcs []Service, field func(int) string) []error { return ValidateChange(was, svcs, field) }
+	}
+	if errs := validate(svcs, fieldByName(svcs)); len(errs) > 0 {
 		return nil, fmt.Errorf("the services changed through the API (%s) conflict with the config; keeping the last good state: %w",
 			r.overlayPath, errors.Join(errs...))
 	}
@@ -424,15 +433,19 @@ func (r *Runtime) flush(prev, cur *Desired) {
 	if prev == nil {
 		return
 	}
-	was := map[string]bool{}
-	for _, ss := range prev.Services {
-		for _, b := range ss.Backends {
-			was[HealthKey(ss.Service.Name, b.Key)] = b.Known
-		}
-	}
-	for _, ss := range cur.Services {
-		if !ss.Service.FlushConntrack || (ss.Topology != SNAT && ss.Topology != DNAT) {
+	var was map[string]bool // built on first use: most syncs change no such service
+	for i, ss := range cur.Services {
+		if !ss.Service.FlushConntrack || (ss.Topology != SNAT && ss.Topology != DNAT) ||
+			i < len(prev.Services) && prev.Services[i] == ss { // unchanged (Resolver)
 			continue
+		}
+		if was == nil {
+			was = map[string]bool{}
+			for _, ss := range prev.Services {
+				for _, b := range ss.Backends {
+					was[HealthKey(ss.Service.Name, b.Key)] = b.Known
+				}
+			}
 		}
 		for _, b := range ss.Backends {
 			if was[HealthKey(ss.Service.Name, b.Key)] && !b.Known {
@@ -467,10 +480,12 @@ func (r *Runtime) solicit(d *Desired) {
 // external-to-loadbalancer class).
 func NATVIPs(svcs []Service) []netip.Addr {
 	var out []netip.Addr
+	seen := map[netip.Addr]bool{} // thousands of VIPs: not a scan of out each
 	for _, s := range svcs {
 		if t := s.topology(); t == SNAT || t == DNAT {
 			for _, v := range s.VIPs {
-				if a, err := netip.ParseAddr(v); err == nil && !slices.Contains(out, a) {
+				if a, err := netip.ParseAddr(v); err == nil && !seen[a] {
+					seen[a] = true
 					out = append(out, a)
 				}
 			}

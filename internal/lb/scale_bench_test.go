@@ -3,7 +3,9 @@ package lb
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/netip"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -26,9 +28,29 @@ func scaleServices(n, backends int) []Service {
 }
 
 // BenchmarkDrainOneOf2000 is one backend drained and undrained among 2,000 services of 5
-// backends, as the agent's sync does it (Resolve, Render, ApplyChanges) on the Fake: for
+// backends, as the agent's sync does it (Resolver, Renderer, ApplyChanges) on the Fake: for
 // profiles (go test -bench DrainOneOf -cpuprofile), not a pass/fail test.
 func BenchmarkDrainOneOf2000(b *testing.B) {
+	m, _ := NewFakeManager()
+	m.FullEvery = time.Hour
+	svcs := scaleServices(2000, 5)
+	var rv Resolver
+	var rr Renderer
+	if _, err := m.Apply(context.Background(), rr.Render(rv.Resolve(svcs, nil, testEnv))); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		svcs[7].Backends[2].State = []string{StateDrain, StateUp}[i%2]
+		if _, err := m.ApplyChanges(context.Background(), rr.Render(rv.Resolve(svcs, nil, testEnv))); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDrainOneOf2000Whole is BenchmarkDrainOneOf2000 rendering every service anew
+// (Resolve, Render): the whole diff, as before issue 13.
+func BenchmarkDrainOneOf2000Whole(b *testing.B) {
 	m, _ := NewFakeManager()
 	m.FullEvery = time.Hour
 	svcs := scaleServices(2000, 5)
@@ -39,6 +61,23 @@ func BenchmarkDrainOneOf2000(b *testing.B) {
 	for i := range b.N {
 		svcs[7].Backends[2].State = []string{StateDrain, StateUp}[i%2]
 		if _, err := m.ApplyChanges(context.Background(), Render(Resolve(svcs, nil, testEnv))); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkAPIDrainOneOf2000 is one backend drained and undrained by an API request among
+// 2,000 services of 5 backends, through the Runtime (validation, state file, sync) on the
+// Fake: for profiles, not a pass/fail test.
+func BenchmarkAPIDrainOneOf2000(b *testing.B) {
+	cfg := Config{API: &API{Disabled: true}, StateFile: filepath.Join(b.TempDir(), "lb-state.yaml"), Services: scaleServices(2000, 5)}
+	r, c, _ := testRuntime(b, cfg)
+	r.mgr.FullEvery = time.Hour
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := range b.N {
+		state := []string{StateDrain, StateUp}[i%2]
+		if err := c.Do(ctx, http.MethodPatch, BackendPath("s7", "10.0.0.37:8080"), map[string]any{"state": state}, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -26,6 +26,9 @@ type Overlay struct {
 // then the overlay's own.
 func Merge(base []Service, o Overlay) []Service {
 	var out []Service
+	if n := len(base) + len(o.Services); n > 0 {
+		out = make([]Service, 0, n)
+	}
 	for _, s := range base {
 		if slices.Contains(o.Deleted, s.Name) {
 			continue
@@ -39,6 +42,9 @@ func Merge(base []Service, o Overlay) []Service {
 		if !slices.ContainsFunc(base, func(b Service) bool { return b.Name == s.Name }) {
 			out = append(out, s)
 		}
+	}
+	if len(out) == 0 {
+		return nil
 	}
 	return out
 }
