@@ -54,5 +54,10 @@ func FakeLister(f *knftables.Fake) nftjson.Lister {
 // NewFakeManager is a Manager on a knftables.Fake.
 func NewFakeManager() (*Manager, *knftables.Fake) {
 	f := knftables.NewFake(Family, TableName)
-	return &Manager{NFT: f, List: FakeLister(f)}, f
+	exists := func(context.Context) (bool, error) {
+		f.RLock()
+		defer f.RUnlock()
+		return f.Table != nil, nil
+	}
+	return &Manager{NFT: f, List: FakeLister(f), Exists: exists}, f
 }

@@ -199,8 +199,18 @@ func TestManagerRemove(t *testing.T) {
 	if f.Table != nil {
 		t.Error("table left behind")
 	}
+	// No table: no nft run (an agent without this datapath removes it at every sync).
+	tx := f.LastTransaction
 	if err := m.Remove(context.Background()); err != nil {
 		t.Errorf("second remove: %v", err)
+	}
+	if f.LastTransaction != tx {
+		t.Errorf("remove of a missing table ran %q", f.LastTransaction)
+	}
+	// Without Exists it runs, and a missing table is no error.
+	m.Exists = nil
+	if err := m.Remove(context.Background()); err != nil || f.LastTransaction == tx {
+		t.Errorf("remove without Exists: %v, ran %v", err, f.LastTransaction != tx)
 	}
 }
 

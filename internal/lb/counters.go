@@ -5,7 +5,8 @@ import (
 	"fmt"
 
 	"github.com/google/nftables"
-	"sigs.k8s.io/knftables"
+
+	"github.com/hostaccel/hostaccel/internal/nftlist"
 )
 
 // CounterReader reads the named counters of one table: name -> packets and bytes (the
@@ -16,7 +17,7 @@ type CounterReader func(ctx context.Context, ref TableRef) (map[string]Counter, 
 // (google/nftables): nft 1.0.6 fetches the whole ruleset for any listing (~2 s at 5,000
 // services), a dump of a table's objects costs milliseconds.
 func NetlinkCounters(_ context.Context, ref TableRef) (map[string]Counter, error) {
-	fam, ok := nlFamily(ref.Family)
+	fam, ok := nftlist.NetlinkFamily(ref.Family)
 	if !ok {
 		return nil, fmt.Errorf("counters of %s: unknown family", ref)
 	}
@@ -100,14 +101,4 @@ func (m *Manager) ReadCounters(ctx context.Context, tables map[TableRef]map[stri
 		out[ref] = cs
 	}
 	return out, nil
-}
-
-// nlFamily is families' inverse.
-func nlFamily(f knftables.Family) (nftables.TableFamily, bool) {
-	for nl, k := range families {
-		if k == f {
-			return nl, true
-		}
-	}
-	return 0, false
 }

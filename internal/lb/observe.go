@@ -9,10 +9,10 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/google/nftables"
 	"sigs.k8s.io/knftables"
 
 	"github.com/hostaccel/hostaccel/internal/nftjson"
+	"github.com/hostaccel/hostaccel/internal/nftlist"
 )
 
 // TableRef names one table.
@@ -29,32 +29,15 @@ func (t TableRef) ours() bool {
 		t.Family == knftables.NetDevFamily && strings.HasPrefix(t.Name, IngressTablePrefix)
 }
 
-// ListTables lists the tables of the calling thread's network namespace over netlink
-// (google/nftables). `nft --json list tables` took 2.4 s at 5,000 services (nft 1.0.6 fetches
-// the whole ruleset first), and Apply asks at every sync which of our tables exist.
-func ListTables(context.Context) ([]TableRef, error) {
-	c, err := nftables.New()
-	if err != nil {
-		return nil, fmt.Errorf("list tables: %w", err)
-	}
-	defer c.CloseLasting()
-	ts, err := c.ListTables()
-	if err != nil {
-		return nil, fmt.Errorf("list tables: %w", err)
-	}
+// ListTables lists the tables of the calling thread's network namespace over netlink: Apply
+// asks at every sync which of our tables exist (internal/nftlist).
+func ListTables(ctx context.Context) ([]TableRef, error) {
+	ts, err := nftlist.Tables(ctx)
 	refs := make([]TableRef, 0, len(ts))
 	for _, t := range ts {
-		if f, ok := families[t.Family]; ok {
-			refs = append(refs, TableRef{f, t.Name})
-		}
+		refs = append(refs, TableRef(t))
 	}
-	return refs, nil
-}
-
-// families maps netlink's table families to knftables' (arp and bridge tables are never ours).
-var families = map[nftables.TableFamily]knftables.Family{
-	nftables.TableFamilyINet: knftables.InetFamily, nftables.TableFamilyIPv4: knftables.IPv4Family,
-	nftables.TableFamilyIPv6: knftables.IPv6Family, nftables.TableFamilyNetdev: knftables.NetDevFamily,
+	return refs, err
 }
 
 // Lister runs `nft --json ARGS...` and returns its output (injectable for tests).
