@@ -57,11 +57,20 @@ func Measure(ctx context.Context, o Options, prog *Progress) (*Report, error) {
 		}
 	}
 	if useVM && ctx.Err() == nil {
-		r, err := RunInVM(ctx, o, names, prog)
-		if err != nil {
-			errs = append(errs, err)
-			rep.Notes = append(rep.Notes, "The VM part failed: "+firstLines(err.Error(), 1))
-		} else {
+		var boots []*Run
+		for b := 1; b <= max(o.VMBoots, 1) && ctx.Err() == nil; b++ {
+			if o.VMBoots > 1 {
+				prog.Note(fmt.Sprintf("VM boot %d/%d", b, o.VMBoots))
+			}
+			r, err := RunInVM(ctx, o, names, prog)
+			if err != nil {
+				errs = append(errs, err)
+				rep.Notes = append(rep.Notes, fmt.Sprintf("The VM part failed (boot %d of %d): %s", b, max(o.VMBoots, 1), firstLines(err.Error(), 1)))
+				continue
+			}
+			boots = append(boots, r)
+		}
+		if r := poolBoots(boots); r != nil {
 			rep.Runs = append(rep.Runs, r)
 		}
 	}

@@ -149,6 +149,7 @@ func (r *Run) localPods(ctx context.Context, o Options, variants []Variant, caps
 					return fmt.Errorf("%s: %w", v.Name, err)
 				}
 			}
+			time.Sleep(phaseDelay(o.PhaseSpread, rep, o.Reps))
 			for _, t := range o.Traffic {
 				if !t.local() {
 					continue

@@ -308,7 +308,14 @@ func netperfSection(b *strings.Builder, r *Run) {
 	if r.Pin.Enabled {
 		pin = fmt.Sprintf("pinned: client and server on CPU %d (`%s`)", r.Pin.CPU, r.Pin.How)
 	}
-	w("%d s per run, %d repetitions per cell, variants interleaved; %s. Default path: conntrack, kube-proxy-like NAT for the Services, %d forward rules.", int(math.Round(r.Duration)), r.Reps, pin, r.Rules)
+	reps := fmt.Sprintf("%d repetitions per cell", r.Reps)
+	if r.Boots > 1 {
+		reps += fmt.Sprintf(" (%d boots of the VM, %d each)", r.Boots, r.Reps/r.Boots)
+	}
+	if r.PhaseSpread > 0 && r.Reps > 1 {
+		reps += fmt.Sprintf(", each repetition starting %s later after the install than the one before (the kernel's once-a-second work at every phase of a cell)", time.Duration(r.PhaseSpread*float64(time.Second))/time.Duration(r.Reps/max(r.Boots, 1)))
+	}
+	w("%d s per run, %s, variants interleaved; %s. Default path: conntrack, kube-proxy-like NAT for the Services, %d forward rules.", int(math.Round(r.Duration)), reps, pin, r.Rules)
 	w("")
 	var tests []string
 	for _, t := range Tests {

@@ -263,3 +263,38 @@ func TestRulesetPerKernel(t *testing.T) {
 		t.Errorf("the same ruleset twice:\n%s", md)
 	}
 }
+
+// Boots of the VM pool into one run: samples numbered on and tagged, cells over all of them.
+func TestPoolBoots(t *testing.T) {
+	if poolBoots(nil) != nil {
+		t.Error("no boots gave a run")
+	}
+	one := seedRun()
+	if poolBoots([]*Run{one}) != one {
+		t.Error("one boot was not returned as it is")
+	}
+	a, b := seedRun(), seedRun()
+	for i := range b.Samples {
+		b.Samples[i].Value *= 2
+	}
+	p := poolBoots([]*Run{a, b})
+	if p.Reps != 6 || p.Boots != 2 || len(p.Samples) != len(a.Samples)+len(b.Samples) || len(p.Pktgen) != len(a.Pktgen)+len(b.Pktgen) {
+		t.Fatalf("pooled: reps %d boots %d samples %d pktgen %d", p.Reps, p.Boots, len(p.Samples), len(p.Pktgen))
+	}
+	if a.Samples[0].Boot != 0 || a.Reps != 3 {
+		t.Error("pooling changed its input")
+	}
+	last := p.Samples[len(p.Samples)-1]
+	if last.Boot != 2 || last.Rep != b.Samples[len(b.Samples)-1].Rep+3 {
+		t.Errorf("second boot's sample: %+v", last)
+	}
+	c := p.Cell(VariantFlowtable, PodToPod, TCPStream)
+	if c.Stats.N != 6 || c.Stats.Min != 20986.28*0.99 || c.Stats.Max != 2*20986.28*1.02 {
+		t.Errorf("pooled cell: %+v", c.Stats)
+	}
+	var md strings.Builder
+	netperfSection(&md, p)
+	if !strings.Contains(md.String(), "6 repetitions per cell (2 boots of the VM, 3 each)") {
+		t.Errorf("report does not say the boots:\n%s", md.String())
+	}
+}

@@ -28,7 +28,8 @@ type Sample struct {
 	Traffic Traffic       `json:"traffic"`
 	Test    string        `json:"test"`
 	Rep     int           `json:"rep"`
-	Value   float64       `json:"value"` // 0 with Error set when the run failed
+	Boot    int           `json:"boot,omitempty"` // the VM boot (from 1) when a run pooled several
+	Value   float64       `json:"value"`          // 0 with Error set when the run failed
 	Unit    string        `json:"unit"`
 	Elapsed float64       `json:"elapsedSeconds,omitempty"`
 	CPU     [2]int        `json:"cpuBind"` // netperf's, netserver's (-1: not bound)
@@ -110,15 +111,18 @@ type VariantInfo struct {
 
 // Run is everything measured in one kernel (the host's, or the VM's).
 type Run struct {
-	Env      string        `json:"env"` // "host" or "vm"
-	Label    string        `json:"label"`
-	Machine  Machine       `json:"machine"`
-	Pin      Pinning       `json:"pinning"`
-	Duration float64       `json:"durationSeconds"` // per netperf run, in this kernel's clock
-	Reps     int           `json:"reps"`
-	Rules    int           `json:"forwardRules"`
-	Nodes    int           `json:"nodes"`
-	Variants []VariantInfo `json:"variants"`
+	Env      string  `json:"env"` // "host" or "vm"
+	Label    string  `json:"label"`
+	Machine  Machine `json:"machine"`
+	Pin      Pinning `json:"pinning"`
+	Duration float64 `json:"durationSeconds"` // per netperf run, in this kernel's clock
+	Reps     int     `json:"reps"`
+	Boots    int     `json:"boots,omitempty"` // VM boots pooled (Reps counts all of them)
+	// PhaseSpread is Options.PhaseSpread, in seconds.
+	PhaseSpread float64       `json:"phaseSpreadSeconds,omitempty"`
+	Rules       int           `json:"forwardRules"`
+	Nodes       int           `json:"nodes"`
+	Variants    []VariantInfo `json:"variants"`
 	// DefaultRuleset is the default path of the first node.
 	DefaultRuleset string         `json:"defaultRuleset,omitempty"`
 	Samples        []Sample       `json:"samples"`
@@ -145,7 +149,7 @@ func RunHere(ctx context.Context, o Options, env string, prog *Progress) (*Run, 
 		return nil, err
 	}
 	caps := probe.Run(ctx)
-	r := &Run{Env: env, Machine: CollectMachine(), Pin: pin, Duration: o.Duration.Seconds(), Reps: o.Reps, Rules: o.Rules, Nodes: o.Nodes, Started: time.Now()}
+	r := &Run{Env: env, Machine: CollectMachine(), Pin: pin, Duration: o.Duration.Seconds(), Reps: o.Reps, PhaseSpread: o.PhaseSpread.Seconds(), Rules: o.Rules, Nodes: o.Nodes, Started: time.Now()}
 	r.Label = fmt.Sprintf("%s (kernel %s)", env, r.Machine.Kernel)
 	if o.RaiseConntrackMax {
 		raiseConntrackMax()
@@ -234,6 +238,15 @@ func RunHere(ctx context.Context, o Options, env string, prog *Progress) (*Run, 
 	r.summarize()
 	r.Finished = time.Now()
 	return r, errors.Join(errs...)
+}
+
+// phaseDelay is how long repetition rep (from 1) of reps waits after a variant's install,
+// so that the repetitions start at evenly spaced phases of a period (Options.PhaseSpread).
+func phaseDelay(period time.Duration, rep, reps int) time.Duration {
+	if period <= 0 || reps <= 1 {
+		return 0
+	}
+	return period * time.Duration((rep-1)%reps) / time.Duration(reps)
 }
 
 // rotate returns vs rotated left by k, so that no variant always runs first.
@@ -452,6 +465,7 @@ func (r *Run) netperf(ctx context.Context, o Options, variants []Variant, caps p
 			if err := setupAll(ctx, v, nodes); err != nil {
 				return errors.Join(err, teardownAll(v, nodes))
 			}
+			time.Sleep(phaseDelay(o.PhaseSpread, rep, o.Reps))
 			traffic := o.Traffic
 			if v.Direct {
 				traffic = []Traffic{DirectLink}

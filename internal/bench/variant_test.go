@@ -103,7 +103,7 @@ func TestOptionsDirectionsAndVMOnly(t *testing.T) {
 	o.PktgenDirections = []Direction{RemoteToPod}
 	o.VMDuration, o.PktgenDuration = 2*time.Second, 500*time.Millisecond
 	args := strings.Join(GuestArgs(o, []string{VariantDefault, VariantAuto}, "/dev/ttyS1"), " ")
-	for _, want := range []string{"--variants default,hostaccel-auto", "--pktgen-directions remote-to-pod", "--pktgen-duration 500ms", "--duration 2s", "--here"} {
+	for _, want := range []string{"--variants default,hostaccel-auto", "--pktgen-directions remote-to-pod", "--pktgen-duration 500ms", "--duration 2s", "--here", "--phase-spread 1s"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("guest args %q lack %q", args, want)
 		}
@@ -113,6 +113,29 @@ func TestOptionsDirectionsAndVMOnly(t *testing.T) {
 	one.PktgenDuration, one.VMDuration = both.PktgenDuration, both.VMDuration
 	if vmTimeout(one, 3) >= vmTimeout(both, 3) {
 		t.Errorf("timeout: one direction %s, both %s: want more time for both", vmTimeout(one, 3), vmTimeout(both, 3))
+	}
+}
+
+// Repetitions start at evenly spaced phases of the period, the first at once.
+func TestPhaseDelay(t *testing.T) {
+	var got []time.Duration
+	for rep := 1; rep <= 5; rep++ {
+		got = append(got, phaseDelay(time.Second, rep, 5))
+	}
+	if want := []time.Duration{0, 200 * time.Millisecond, 400 * time.Millisecond, 600 * time.Millisecond, 800 * time.Millisecond}; !slices.Equal(got, want) {
+		t.Errorf("delays %v, want %v", got, want)
+	}
+	if phaseDelay(0, 3, 5) != 0 || phaseDelay(time.Second, 1, 1) != 0 {
+		t.Error("no spread must not wait")
+	}
+	o := Defaults()
+	o.VMICount = false
+	if o.vmPhaseSpread() != 0 {
+		t.Error("a VM without icount got a phase spread")
+	}
+	o.PhaseSpread = 3 * time.Second
+	if o.vmPhaseSpread() != 3*time.Second {
+		t.Error("--phase-spread not passed to the VM")
 	}
 }
 

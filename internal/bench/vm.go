@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -64,6 +65,18 @@ func dynamic(path string) bool {
 	return false
 }
 
+// vmPhaseSpread is the VM's Options.PhaseSpread: as given, else 1 s under icount (the
+// kernel's once-a-second work), else none.
+func (o Options) vmPhaseSpread() time.Duration {
+	switch {
+	case o.PhaseSpread > 0:
+		return o.PhaseSpread
+	case o.VMICount:
+		return time.Second
+	}
+	return 0
+}
+
 // GuestArgs is the `hostaccel bench` command line the VM runs: the same measurements, in
 // the guest's kernel, with the VM's duration and pinning.
 func GuestArgs(o Options, variants []string, jsonOut string) []string {
@@ -93,6 +106,7 @@ func GuestArgs(o Options, variants []string, jsonOut string) []string {
 		"--pktgen-size", strconv.Itoa(o.PktgenSize),
 		"--pktgen-directions", joinDirections(o.PktgenDirections),
 		"--raise-conntrack-max",
+		"--phase-spread", o.vmPhaseSpread().String(),
 		"--json-out", jsonOut)
 }
 
@@ -223,3 +237,33 @@ func (t *tail) Write(p []byte) (int, error) {
 }
 
 func (t *tail) String() string { return strings.Join(append(t.lines, t.part), "\n") }
+
+// poolBoots pools the runs of several VM boots into one: the later boots' samples are
+// numbered on from the earlier ones' repetitions and say their boot, and the cells are
+// summarized again over all of them. One run is returned as it is; none gives nil.
+func poolBoots(runs []*Run) *Run {
+	if len(runs) <= 1 {
+		if len(runs) == 1 {
+			return runs[0]
+		}
+		return nil
+	}
+	out := *runs[0]
+	out.Samples, out.Pktgen, out.Reps, out.Boots = nil, nil, 0, len(runs)
+	for i, r := range runs {
+		for _, s := range r.Samples {
+			s.Rep += out.Reps
+			s.Boot = i + 1
+			out.Samples = append(out.Samples, s)
+		}
+		for _, s := range r.Pktgen {
+			s.Rep += out.Reps
+			out.Pktgen = append(out.Pktgen, s)
+		}
+		out.Reps += r.Reps
+		out.Finished = r.Finished
+	}
+	out.Notes = append(slices.Clone(out.Notes), fmt.Sprintf("%d boots of the VM, %d repetitions each, pooled: a boot draws its own hash seeds and ports, which icount does not make repeat.", len(runs), runs[0].Reps))
+	out.summarize()
+	return &out
+}

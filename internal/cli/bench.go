@@ -126,6 +126,8 @@ failure or Ctrl-C.`,
 	f.StringSliceVar(&traffic, "traffic", []string{string(bench.PodToPod), string(bench.PodToService), string(bench.ExternalToNodePort), string(bench.ExternalToLoadBalancer)}, "traffic types")
 	f.IntVar(&o.Reps, "reps", o.Reps, "repetitions of every cell (variants interleaved)")
 	f.IntVar(&o.VMReps, "vm-reps", 0, "repetitions inside the VM (default: --reps; its icount clock repeats to a fraction of a percent)")
+	f.DurationVar(&o.PhaseSpread, "phase-spread", 0, "start a variant's cells in repetition k (k-1)/reps of this period after its install, so the kernel's periodic work falls at every phase of a cell (default: 1s in the VM under icount, none on the host)")
+	f.IntVar(&o.VMBoots, "vm-boots", 1, "boot the VM this many times, --vm-reps repetitions each, and pool the samples (each boot's hash seeds move a variant's cells together by up to ~0.7%)")
 	f.DurationVar(&o.Duration, "duration", o.Duration, "netperf run length on the host (whole seconds)")
 	f.DurationVar(&o.VMDuration, "vm-duration", o.VMDuration, "netperf run length inside the VM, in the guest's clock")
 	f.IntVar(&o.Rules, "rules", o.Rules, "filter rules in the default path's forward chain (e.g. 0, 100, 1000)")
