@@ -18,10 +18,19 @@
 //
 // IPv4 keys are written as IPv4-mapped IPv6 addresses, so a dual-stack socket (AF_INET6
 // talking to ::ffff:a.b.c.d) and its AF_INET peer have matching keys.
+//
+// hostaccel_rd (fexit on sk_msg_recvmsg, where the kernel copies moved data to a reader) and
+// the ledger map bound what a receiver holds unread: the kernel charges moved data to the
+// global tcp_mem, not to the receiving socket's buffer, so a stalled reader would otherwise
+// let a writer pile up everything it sends. hostaccel_sm adds what it moves to the receiver's
+// ledger entry, hostaccel_rd what the receiver read; past settings.max_queued unread, the
+// sender's direction takes TCP (tcp_only), whose flow control then holds the writer back.
 #include <stddef.h>
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -59,6 +68,16 @@ struct settings {
 	__u64 build;   /* agent bookkeeping: which object is loaded */
 	__u32 enabled;  /* 0: no socket is entered (a set being replaced or removed) */
 	__u32 draining; /* 1: no message is redirected any more (removal): see sk_msg */
+	/* Unread bytes a receiver may hold before its peer's direction takes TCP; 0: no bound
+	 * (hostaccel_rd is not attached, so nothing counts reads). Appended: the fields before
+	 * keep their offsets, so an agent can drain a set of an older build. */
+	__u64 max_queued;
+};
+
+/* What was moved to a receiving socket and what it read of it (bytes), by its key. */
+struct ledger {
+	__u64 moved;
+	__u64 read;
 };
 
 enum stat {
@@ -67,6 +86,8 @@ enum stat {
 	STAT_ENTER_FAILED, /* entering failed: map full, or the socket has another sockmap user's programs */
 	STAT_REDIRECTED,   /* messages moved to the peer socket */
 	STAT_PASSED,       /* messages left on the TCP path: the peer is not in the map */
+	STAT_BOUNDED,      /* directions turned to TCP: the receiver held max_queued unread */
+	STAT_READ,         /* reads of moved data by receivers in the ledger (hostaccel_rd) */
 	NUM_STATS,
 };
 
@@ -94,6 +115,16 @@ struct {
 	__type(key, struct sock_key);
 	__type(value, __u8);
 } tcp_only SEC(".maps");
+
+/* The receivers' ledgers, by the receiving socket's key: sock_ops resets a socket's entry
+ * when it enters it, hostaccel_sm adds what it moves to the peer, hostaccel_rd what the
+ * socket read. An LRU: entries of closed sockets age out. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct sock_key);
+	__type(value, struct ledger);
+} ledgers SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -197,6 +228,8 @@ int hostaccel_so(struct bpf_sock_ops *skops)
 	key.local_port = skops->local_port;
 	key.remote_port = bpf_ntohl(skops->remote_port);
 	bpf_map_delete_elem(&tcp_only, &key);
+	struct ledger fresh = {};
+	bpf_map_update_elem(&ledgers, &key, &fresh, BPF_ANY);
 	if (bpf_sock_hash_update(skops, &hostaccel_socks, &key, BPF_NOEXIST) == 0)
 		count(key.local[2] == bpf_htonl(0xffff) && key.local[0] == 0 && key.local[1] == 0 ? STAT_ENTERED4 : STAT_ENTERED6, 0);
 	else
@@ -246,14 +279,120 @@ int hostaccel_sm(struct sk_msg_md *msg)
 		count(STAT_PASSED, size);
 		return SK_PASS;
 	}
+	__u8 one = 1;
+	/* The bound: the peer holds max_queued or more unread. This direction takes TCP from
+	 * now on, for the connection's life, like early data: what was moved waits in the peer's
+	 * socket queue, which its reads empty before they turn to the TCP receive queue, so the
+	 * order holds; TCP's receive window then holds the writer back. */
+	struct ledger *l = bpf_map_lookup_elem(&ledgers, &key);
+	__u64 max = cfg->max_queued;
+	if (l && max && (__s64)(l->moved - l->read) >= (__s64)max) {
+		bpf_map_update_elem(&tcp_only, &own, &one, BPF_ANY);
+		count(STAT_BOUNDED, l->moved - l->read);
+		count(STAT_PASSED, size);
+		return SK_PASS;
+	}
 	if (bpf_msg_redirect_hash(msg, &hostaccel_socks, &key, BPF_F_INGRESS) == SK_PASS) {
+		if (l) {
+			__sync_fetch_and_add(&l->moved, size);
+		} else {
+			struct ledger first = {.moved = size};
+			bpf_map_update_elem(&ledgers, &key, &first, BPF_NOEXIST);
+		}
 		count(STAT_REDIRECTED, size);
 		return SK_PASS;
 	}
-	__u8 one = 1;
 	bpf_map_update_elem(&tcp_only, &own, &one, BPF_ANY);
 	count(STAT_PASSED, size);
 	return SK_PASS;
+}
+
+/* The kernel's struct sock, the fields hostaccel_rd reads (CO-RE: offsets from the running
+ * kernel's BTF). */
+struct in6_addr {
+	union {
+		__u32 u6_addr32[4];
+	} in6_u;
+} __attribute__((preserve_access_index));
+
+struct sock_common {
+	union {
+		struct {
+			__u32 skc_daddr;
+			__u32 skc_rcv_saddr;
+		};
+	};
+	union {
+		struct {
+			__u16 skc_dport;
+			__u16 skc_num;
+		};
+	};
+	unsigned short skc_family;
+	struct in6_addr skc_v6_daddr;
+	struct in6_addr skc_v6_rcv_saddr;
+} __attribute__((preserve_access_index));
+
+struct sock {
+	struct sock_common __sk_common;
+	__u16 sk_protocol;
+} __attribute__((preserve_access_index));
+
+#define IPPROTO_TCP 6
+
+#define MSG_PEEK 2
+
+/* account counts a read of copied bytes by socket sk in its ledger entry when it has one (a
+ * socket of ours), its key computed as sock_ops computes it. MSG_PEEK reads leave the data
+ * queued. The fields are read with bpf_probe_read_kernel (BPF_CORE_READ), which both program
+ * types below may call. */
+static __always_inline void account(struct sock *sk, int copied, int flags)
+{
+	if (copied <= 0 || (flags & MSG_PEEK) || !sk)
+		return;
+	struct sock_key key = {};
+	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	if (family == AF_INET) {
+		key.local[2] = bpf_htonl(0xffff);
+		key.local[3] = BPF_CORE_READ(sk, __sk_common.skc_rcv_saddr);
+		key.remote[2] = bpf_htonl(0xffff);
+		key.remote[3] = BPF_CORE_READ(sk, __sk_common.skc_daddr);
+	} else if (family == AF_INET6) {
+		BPF_CORE_READ_INTO(&key.local, sk, __sk_common.skc_v6_rcv_saddr.in6_u.u6_addr32);
+		BPF_CORE_READ_INTO(&key.remote, sk, __sk_common.skc_v6_daddr.in6_u.u6_addr32);
+	} else {
+		return;
+	}
+	key.local_port = BPF_CORE_READ(sk, __sk_common.skc_num);
+	key.remote_port = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	struct ledger *l = bpf_map_lookup_elem(&ledgers, &key);
+	if (l) {
+		__sync_fetch_and_add(&l->read, copied);
+		count(STAT_READ, copied);
+	}
+}
+
+/* hostaccel_rd: fexit on sk_msg_recvmsg, which copies data moved to a socket (its psock's
+ * ingress queue) to the reader and returns how much. */
+SEC("fexit/sk_msg_recvmsg")
+int BPF_PROG(hostaccel_rd, struct sock *sk, void *psock, void *msg, int len, int flags, int copied)
+{
+	account(sk, copied, flags);
+	return 0;
+}
+
+/* hostaccel_rt: the same count where the kernel refuses tracing (fentry/fexit) programs, from
+ * the sock_recv_length tracepoint (Linux >= 6.3), which every recvmsg of every socket passes:
+ * it counts reads from the TCP receive queue too, which for a direction still moving data
+ * are only data sent before the receiver was entered (TCP early data: that direction is on
+ * TCP anyway). */
+SEC("raw_tp/sock_recv_length")
+int BPF_PROG(hostaccel_rt, struct sock *sk, int ret, int flags)
+{
+	if (!sk || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
+		return 0;
+	account(sk, ret, flags);
+	return 0;
 }
 
 char _license[] SEC("license") = "GPL";
