@@ -136,14 +136,19 @@ func (s *progSet) Close() {
 // loadReader loads a read counter on the set's maps and attaches it: hostaccel_rd (fexit on
 // sk_msg_recvmsg, which sees only reads of moved data) where the kernel takes tracing
 // programs, else hostaccel_rt (the sock_recv_length tracepoint, every recvmsg of the node).
-func (s *progSet) loadReader() (link.Link, error) {
+func (s *progSet) loadReader() (link.Link, error) { return s.loadReaderExcept("") }
+
+// loadReaderExcept is loadReader without replacing the map named skip (ProbeReadCounter).
+func (s *progSet) loadReaderExcept(skip string) (link.Link, error) {
 	spec, err := loadSockmap()
 	if err != nil {
 		return nil, err
 	}
 	repl := map[string]*ebpf.Map{}
 	for name, m := range s.fields() {
-		repl[name] = *m
+		if name != skip {
+			repl[name] = *m
+		}
 	}
 	var errs []error
 	for _, name := range []string{rdName, rtName} {
@@ -170,6 +175,49 @@ func (s *progSet) loadReader() (link.Link, error) {
 		return l, nil
 	}
 	return nil, errors.Join(errs...)
+}
+
+// ProbeReadCounter loads and attaches a read counter on throwaway maps and detaches it again;
+// it returns where it attached (see Status.ReadCounter), or why neither could: then the
+// datapath works without a bound.
+func ProbeReadCounter() (string, error) {
+	removeMemlock()
+	spec, err := loadSockmap()
+	if err != nil {
+		return "", err
+	}
+	s := &progSet{}
+	for name, slot := range s.fields() {
+		if name == "hostaccel_socks" {
+			continue // a sockhash is not needed: the counters do not use it
+		}
+		m, err := ebpf.NewMap(spec.Maps[name])
+		if err != nil {
+			s.maps.Close()
+			return "", fmt.Errorf("map %s: %w", name, err)
+		}
+		*slot = m
+	}
+	defer s.maps.Close()
+	l, err := s.loadReaderExcept("hostaccel_socks")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return "", err
+	}
+	p, err := ebpf.NewProgramFromID(info.Program)
+	if err != nil {
+		return "", err
+	}
+	defer p.Close()
+	pi, err := p.Info()
+	if err != nil {
+		return "", err
+	}
+	return readerHooks[pi.Name], nil
 }
 
 // settings reads the set's config.
