@@ -516,19 +516,37 @@ func TestLifecycle(t *testing.T) {
 	if n := b.settle(2); n != 2 {
 		t.Fatalf("%d sockets in the map", n)
 	}
+	// In the VM (qemu TCG, a few MiB/s) the default bound would take minutes to reach.
+	bound := uint64(DefaultMaxQueued)
+	if inVM() {
+		bound = 4 << 20
+		b.m.MaxQueued = bound
+		defer func() { b.m.MaxQueued = 0 }()
+		b.apply()
+	}
 	wrote := make(chan result, 1)
-	const total = 2*DefaultMaxQueued + 64<<20 // past the bound and what TCP's buffers then take
+	total := int64(bound) + 64<<20 // past the bound and what TCP's buffers then take
 	go func() { sum, err := send(c, 7, total, 64<<10); wrote <- result{total, sum, err} }()
-	time.Sleep(time.Second)
 	st := b.status()
+	if st.ReadCounter != "" && st.MaxQueued > 0 {
+		// Until the bound is reached (or a minute passes), then a while for the writer to
+		// fill what TCP buffers.
+		for deadline := time.Now().Add(time.Minute); st.Bounded.Count == 0 && time.Now().Before(deadline); st = b.status() {
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(500 * time.Millisecond)
+	} else {
+		time.Sleep(time.Second)
+	}
+	st = b.status()
 	queued := st.Redirected.Bytes
-	t.Logf("with the reader stalled for 1s, %d KiB of %d were moved to the receiving socket (bound %d KiB, %d directions bounded)", queued>>10, total>>10, st.MaxQueued>>10, st.Bounded.Count)
+	t.Logf("with the reader stalled, %d KiB of %d were moved to the receiving socket (bound %d KiB, %d directions bounded)", queued>>10, total>>10, st.MaxQueued>>10, st.Bounded.Count)
 	// The bound (docs/sockmap.md): the kernel charges moved data to the global tcp_mem, not
 	// to the receiving socket's buffer; past MaxQueued unread, the direction takes TCP, whose
 	// flow control holds the writer back.
 	if bounded(t, b, st) {
-		if st.MaxQueued != DefaultMaxQueued || queued > st.MaxQueued+64<<10 || st.Bounded.Count != 1 {
-			t.Errorf("stalled reader: %d bytes moved, bound %d (+ one 64 KiB message), %d bounded (want 1)", queued, st.MaxQueued, st.Bounded.Count)
+		if st.MaxQueued != bound || queued > st.MaxQueued+64<<10 || st.Bounded.Count != 1 {
+			t.Errorf("stalled reader: %d bytes moved, bound %d (want %d; + one 64 KiB message), %d bounded (want 1)", queued, st.MaxQueued, bound, st.Bounded.Count)
 		}
 		select {
 		case w := <-wrote:
@@ -617,6 +635,10 @@ func TestBound(t *testing.T) {
 		n := int64(256 << 20)
 		if s := os.Getenv("HOSTACCEL_SOCKMAP_BYTES"); s != "" {
 			n = streamBytes(t)
+		} else if inVM() {
+			// qemu TCG moves a few MiB/s: below the bound, this checks only that every
+			// moved byte is counted read.
+			n = 32 << 20
 		}
 		for _, v6 := range []bool{false, true} {
 			before := b.status()
@@ -756,6 +778,8 @@ func TestOtherSockmapUser(t *testing.T) {
 	}
 	fmt.Fprint(io.Discard, after)
 }
+
+func inVM() bool { return os.Getenv("HOSTACCEL_IN_VM") == "1" }
 
 func mustBPFFS(t *testing.T) string {
 	p, err := BPFFS()
