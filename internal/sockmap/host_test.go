@@ -607,7 +607,7 @@ func TestLifecycle(t *testing.T) {
 }
 
 // bounded reports whether the set bounds what a receiver holds (hostaccel_rd attached), and
-// logs why not: a kernel that cannot attach fexit on sk_msg_recvmsg.
+// logs why not: a kernel that can attach neither read counter.
 func bounded(t *testing.T, b *bed, st Status) bool {
 	t.Helper()
 	if st.ReadCounter != "" && st.MaxQueued > 0 {
@@ -622,44 +622,70 @@ func bounded(t *testing.T, b *bed, st Status) bool {
 	return false
 }
 
-// TestBound: a reader that keeps up is never bounded over a large transfer, and the read
-// counter sees every moved byte read; a reader that stalls past a lowered bound turns the
-// direction to TCP, and when it resumes it gets every byte in order; reads with MSG_PEEK
-// are not counted as read.
+// TestBound: a reader that keeps up over a large transfer gets nearly all of it moved, and the
+// read counter sees every byte read; with the bound at 64 KiB a transfer turns to TCP and back
+// many times, intact and in order; a reader that stalls past a lowered bound turns the
+// direction to TCP, and when it resumes it gets every byte in order and, once it has read all,
+// messages are moved again; reads with MSG_PEEK are not counted as read.
 func TestBound(t *testing.T) {
 	b := newBed(t, true)
 	if !bounded(t, b, b.status()) {
 		return
+	}
+	// stream sends n bytes one way to a reader reading as fast as it can, checks them and
+	// returns the counters' changes.
+	stream := func(t *testing.T, v6 bool, n int64) (before, after Status) {
+		before = b.status()
+		c, s := b.pair(v6)
+		defer c.Close()
+		defer s.Close()
+		b.settle(before.Sockets + 2)
+		got := make(chan result, 1)
+		go func() { k, sum, err := readAll(s); got <- result{k, sum, err} }()
+		start := time.Now()
+		sum, err := send(c, 3, n, 64<<10)
+		r := <-got
+		if err != nil || r.err != nil || r.n != n || r.sum != sum {
+			t.Fatalf("%s: received %d of %d bytes (%v, %v), checksum (content and order) ok %v", family(v6), r.n, n, err, r.err, r.sum == sum)
+		}
+		after = b.status()
+		t.Logf("%s: %d MiB in %v, bound %d KiB: %d MiB moved, %d MiB counted read, %d bounded, %d resumed", family(v6), n>>20, time.Since(start).Round(time.Millisecond), after.MaxQueued>>10,
+			(after.Redirected.Bytes-before.Redirected.Bytes)>>20, (after.Read.Bytes-before.Read.Bytes)>>20, after.Bounded.Count-before.Bounded.Count, after.Resumed-before.Resumed)
+		return before, after
 	}
 	t.Run("keeps up", func(t *testing.T) {
 		n := int64(256 << 20)
 		if s := os.Getenv("HOSTACCEL_SOCKMAP_BYTES"); s != "" {
 			n = streamBytes(t)
 		} else if inVM() {
-			// qemu TCG moves a few MiB/s: below the bound, this checks only that every
-			// moved byte is counted read.
-			n = 32 << 20
+			n = 32 << 20 // qemu TCG moves a few MiB/s
 		}
 		for _, v6 := range []bool{false, true} {
-			before := b.status()
-			c, s := b.pair(v6)
-			b.settle(before.Sockets + 2)
-			got := make(chan result, 1)
-			go func() { k, sum, err := readAll(s); got <- result{k, sum, err} }()
-			start := time.Now()
-			sum, err := send(c, 3, n, 64<<10)
-			r := <-got
-			if err != nil || r.err != nil || r.n != n || r.sum != sum {
-				t.Fatalf("%s: received %d of %d bytes (%v, %v), checksum ok %v", family(v6), r.n, n, err, r.err, r.sum == sum)
+			before, after := stream(t, v6, n)
+			moved := after.Redirected.Bytes - before.Redirected.Bytes
+			bn, rn := after.Bounded.Count-before.Bounded.Count, after.Resumed-before.Resumed
+			// A reader descheduled for a few ms can fall behind by the bound (1 in 4
+			// transfers here, on 2 loaded cores); the direction then takes TCP until it has
+			// caught up, and is moved again.
+			if after.Read.Bytes-before.Read.Bytes != uint64(n) || moved < uint64(n)*9/10 || bn > rn+1 {
+				t.Errorf("%s: a reader that keeps up: %d bytes counted read (want %d), %d moved (want >= 90%%), %d bounded, %d resumed", family(v6), after.Read.Bytes-before.Read.Bytes, n, moved, bn, rn)
 			}
-			after := b.status()
-			moved, read := after.Redirected.Bytes-before.Redirected.Bytes, after.Read.Bytes-before.Read.Bytes
-			t.Logf("%s: %d MiB in %v, %d MiB moved, %d MiB counted read, %d bounded", family(v6), n>>20, time.Since(start).Round(time.Millisecond), moved>>20, read>>20, after.Bounded.Count-before.Bounded.Count)
-			if after.Bounded.Count != before.Bounded.Count || moved < uint64(n)*9/10 || read != moved {
-				t.Errorf("%s: a reader that keeps up: %d bounded (want 0), %d bytes moved, %d read (want all %d moved, all read)", family(v6), after.Bounded.Count-before.Bounded.Count, moved, read, n)
+		}
+	})
+	t.Run("bouncing", func(t *testing.T) {
+		// A bound of 64 KiB: the direction turns to TCP and back again and again.
+		b.m.MaxQueued = 64 << 10
+		defer func() { b.m.MaxQueued = 0 }()
+		b.apply()
+		n := int64(64 << 20)
+		if inVM() {
+			n = 8 << 20
+		}
+		for _, v6 := range []bool{false, true} {
+			before, after := stream(t, v6, n)
+			if bn, rn := after.Bounded.Count-before.Bounded.Count, after.Resumed-before.Resumed; bn < 2 || rn < 2 || bn > rn+1 {
+				t.Errorf("%s: %d bounded, %d resumed: want both, many times", family(v6), bn, rn)
 			}
-			c.Close()
-			s.Close()
 		}
 	})
 	t.Run("lowered", func(t *testing.T) {
@@ -674,9 +700,22 @@ func TestBound(t *testing.T) {
 			before := b.status()
 			c, s := b.pair(v6)
 			b.settle(before.Sockets + 2)
-			const total = 16 << 20
-			wrote := make(chan result, 1)
-			go func() { sum, err := send(c, 5, total, 64<<10); wrote <- result{total, sum, err} }()
+			// One stream in two parts: 16 MiB while the reader stalls, then (once the reader
+			// has read all of it) 4 MiB more.
+			const first, second = 16 << 20, 4 << 20
+			p := newPattern(5)
+			write := func(n int) error {
+				buf := make([]byte, 64<<10)
+				for left := n; left > 0; left -= len(buf) {
+					p.Read(buf)
+					if _, err := c.Write(buf); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			wrote := make(chan error, 1)
+			go func() { wrote <- write(first) }()
 			time.Sleep(500 * time.Millisecond) // the reader stalls
 			mid := b.status()
 			// A peek leaves the data queued: not read.
@@ -688,30 +727,49 @@ func TestBound(t *testing.T) {
 				return true
 			})
 			peeked := b.status()
-			n, sum, err := readAll(s) // resumes
-			w := <-wrote
+			buf := make([]byte, first)
+			if _, err := io.ReadFull(s, buf); err != nil { // the reader resumes
+				t.Fatal(err)
+			}
+			if err := <-wrote; err != nil {
+				t.Fatal(err)
+			}
+			drained := b.status()
+			go func() {
+				err := write(second)
+				c.CloseWrite()
+				wrote <- err
+			}()
+			n, rest, err := readAll(s)
+			if werr := <-wrote; err != nil || werr != nil || n != second {
+				t.Fatalf("%s: second part: %d of %d bytes (%v, %v)", family(v6), n, second, err, werr)
+			}
 			after := b.status()
 			moved := mid.Redirected.Bytes - before.Redirected.Bytes
-			t.Logf("%s: stalled: %d KiB moved, %d bounded; peeked %d bytes; after: %d KiB moved, %d KiB over TCP", family(v6), moved>>10, mid.Bounded.Count-before.Bounded.Count, pn, (after.Redirected.Bytes-before.Redirected.Bytes)>>10, (after.Passed.Bytes-before.Passed.Bytes)>>10)
-			if err != nil || w.err != nil || n != total || sum != w.sum {
-				t.Fatalf("%s: received %d of %d bytes (%v, %v), checksum (content and order) ok %v", family(v6), n, total, err, w.err, sum == w.sum)
+			t.Logf("%s: stalled: %d KiB moved, %d bounded; peeked %d bytes; first part: %d KiB over TCP; second part: %d KiB moved, %d KiB over TCP, %d resumed", family(v6), moved>>10, mid.Bounded.Count-before.Bounded.Count, pn, (drained.Passed.Bytes-before.Passed.Bytes)>>10, (after.Redirected.Bytes-drained.Redirected.Bytes)>>10, (after.Passed.Bytes-drained.Passed.Bytes)>>10, after.Resumed-before.Resumed)
+			if mid.Bounded.Count-before.Bounded.Count != 1 || moved > bound+64<<10 {
+				t.Errorf("%s: stalled: %d bounded (want 1), %d bytes moved (bound %d + one message)", family(v6), mid.Bounded.Count-before.Bounded.Count, moved, bound)
 			}
-			if mid.Bounded.Count-before.Bounded.Count != 1 || moved > bound+64<<10 || after.Redirected.Bytes != mid.Redirected.Bytes {
-				t.Errorf("%s: %d bounded (want 1), %d bytes moved (bound %d + one message), %d moved after", family(v6), mid.Bounded.Count-before.Bounded.Count, moved, bound, after.Redirected.Bytes-mid.Redirected.Bytes)
+			// Each time the reader has read all, messages are moved again (and bounded again
+			// when it falls 256 KiB behind).
+			if bn, rn := after.Bounded.Count-before.Bounded.Count, after.Resumed-before.Resumed; rn == 0 || bn-rn > 1 || after.Redirected.Bytes == drained.Redirected.Bytes {
+				t.Errorf("%s: once the reader had read all, the direction was not moved again: %d bounded, %d resumed, %d of %d bytes of the second part moved", family(v6), bn, rn, after.Redirected.Bytes-drained.Redirected.Bytes, second)
 			}
 			if pn <= 0 || peeked.Read != mid.Read {
 				t.Errorf("%s: a peek of %d bytes counted as read: %+v -> %+v", family(v6), pn, mid.Read, peeked.Read)
 			}
 			c.Close()
 			s.Close()
-		}
-		// A new connection is redirected again (tcp_only is per connection).
-		before := b.status()
-		c, s := b.pair(false)
-		b.settle(before.Sockets + 2)
-		exchange(t, c, s, 64<<10, 16<<10)
-		if after := b.status(); after.Redirected.Bytes-before.Redirected.Bytes < 2*64<<10 {
-			t.Errorf("a new connection after a bounded one was not redirected: %+v", after)
+			// The whole stream, in order: the first part (read above) and the second.
+			all := make([]byte, first+second)
+			newPattern(5).Read(all)
+			if !bytes.Equal(buf, all[:first]) {
+				t.Errorf("%s: the first part arrived changed or out of order", family(v6))
+			}
+			secondSum := sha256.Sum256(all[first:])
+			if rest != secondSum {
+				t.Errorf("%s: the second part arrived changed or out of order", family(v6))
+			}
 		}
 	})
 }

@@ -19,20 +19,20 @@ import (
 const (
 	opsName = "hostaccel_so"
 	msgName = "hostaccel_sm"
-	rdName  = "hostaccel_rd" // fexit on sk_msg_recvmsg
+	rdName  = "hostaccel_rd" // fexit on tcp_bpf_recvmsg
 	rtName  = "hostaccel_rt" // raw tracepoint sock_recv_length (Linux >= 6.3)
 )
 
 // readerHooks are where hostaccel_rd and hostaccel_rt count reads, by program name.
-var readerHooks = map[string]string{rdName: "fexit/sk_msg_recvmsg", rtName: "raw_tp/sock_recv_length"}
+var readerHooks = map[string]string{rdName: "fexit/tcp_bpf_recvmsg", rtName: "raw_tp/sock_recv_length"}
 
-// DefaultMaxQueued is the bound on what a receiving socket holds unread of the data moved to
-// it (Manager.MaxQueued): past it, the sender's direction of the connection takes TCP for the
-// connection's life. Twice tcp_rmem's largest receive buffer on 6.18 (32 MiB): a reader that
-// keeps up lags a fast writer by tens of MiB when it is not scheduled for a few ms (host
-// tests, 2 loaded cores: 4 MiB tripped on every 256 MiB transfer, 16 and 32 MiB on some, 64
-// MiB on none), and turning such a connection to TCP would cost its throughput for good.
-const DefaultMaxQueued = 64 << 20
+// DefaultMaxQueued is the bound on what a receiving socket holds unread of the data sent to
+// it (Manager.MaxQueued): past it, the sender's direction of the connection takes TCP until
+// the receiver has read all. Half tcp_rmem's largest receive buffer on 6.18 (32 MiB): a reader
+// that keeps up still lags a fast writer by MiBs when it is not scheduled for a few ms (host
+// tests, 2 loaded cores, 256 MiB transfers: 4 MiB tripped 1-2 times in each, 16 MiB in 1 of 3,
+// each time for a few MiB).
+const DefaultMaxQueued = 16 << 20
 
 // buildID identifies the embedded object: a set of another build is replaced.
 var buildID = sync.OnceValue(func() uint64 {
@@ -134,7 +134,7 @@ func (s *progSet) Close() {
 }
 
 // loadReader loads a read counter on the set's maps and attaches it: hostaccel_rd (fexit on
-// sk_msg_recvmsg, which sees only reads of moved data) where the kernel takes tracing
+// tcp_bpf_recvmsg, the recvmsg of sockets in a sockmap) where the kernel takes tracing
 // programs, else hostaccel_rt (the sock_recv_length tracepoint, every recvmsg of the node).
 func (s *progSet) loadReader() (link.Link, error) { return s.loadReaderExcept("") }
 

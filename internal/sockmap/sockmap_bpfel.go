@@ -25,9 +25,11 @@ type sockmapCounter struct {
 }
 
 type sockmapLedger struct {
-	_     structs.HostLayout
-	Moved uint64
-	Read  uint64
+	_       structs.HostLayout
+	Sent    uint64
+	Read    uint64
+	Bounded uint32
+	Pad     uint32
 }
 
 type sockmapLpm4 struct {

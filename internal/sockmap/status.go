@@ -35,13 +35,15 @@ type Status struct {
 	// it, the sender's direction takes TCP. 0: no bound (ReadCounter false).
 	MaxQueued uint64 `json:"maxQueued"`
 	// ReadCounter is where the program counting what receivers read is attached
-	// ("fexit/sk_msg_recvmsg", or "raw_tp/sock_recv_length" where the kernel refuses tracing
+	// ("fexit/tcp_bpf_recvmsg", or "raw_tp/sock_recv_length" where the kernel refuses tracing
 	// programs); empty: none is, and there is no bound.
 	ReadCounter   string         `json:"readCounter,omitempty"`
 	ReadProgramID ebpf.ProgramID `json:"readProgramID,omitempty"`
-	// Bounded counts the directions turned to TCP because the receiver held MaxQueued unread
-	// (Bytes: what it held then, summed).
+	// Bounded counts the times a direction took TCP because the receiver held MaxQueued
+	// unread (Bytes: what it held then, summed); Resumed, the times one was moved again
+	// because the receiver had read everything sent.
 	Bounded Counter `json:"bounded"`
+	Resumed uint64  `json:"resumed"`
 	// Read counts the reads of moved data by receivers (hostaccel_rd).
 	Read Counter `json:"read"`
 	// Draining counts the sockets still in the maps of sets that were removed or replaced:
@@ -58,6 +60,7 @@ const (
 	statRedirected
 	statPassed
 	statBounded
+	statResumed
 	statRead
 )
 
@@ -118,6 +121,7 @@ func (m *Manager) Status(ctx context.Context) (*Status, error) {
 	if len(n) > statRead {
 		st.Bounded = Counter{n[statBounded].Count, n[statBounded].Bytes}
 		st.Read = Counter{n[statRead].Count, n[statRead].Bytes}
+		st.Resumed = n[statResumed].Count
 	}
 	if cfg, err := set.settings(); err == nil {
 		st.MaxQueued = cfg.MaxQueued

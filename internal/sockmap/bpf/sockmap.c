@@ -19,12 +19,13 @@
 // IPv4 keys are written as IPv4-mapped IPv6 addresses, so a dual-stack socket (AF_INET6
 // talking to ::ffff:a.b.c.d) and its AF_INET peer have matching keys.
 //
-// hostaccel_rd (fexit on sk_msg_recvmsg, where the kernel copies moved data to a reader) and
-// the ledger map bound what a receiver holds unread: the kernel charges moved data to the
-// global tcp_mem, not to the receiving socket's buffer, so a stalled reader would otherwise
-// let a writer pile up everything it sends. hostaccel_sm adds what it moves to the receiver's
-// ledger entry, hostaccel_rd what the receiver read; past settings.max_queued unread, the
-// sender's direction takes TCP (tcp_only), whose flow control then holds the writer back.
+// A read counter (hostaccel_rd, fexit on tcp_bpf_recvmsg; or hostaccel_rt, the
+// sock_recv_length tracepoint) and the ledgers map bound what a receiver holds unread: the
+// kernel charges moved data to the global tcp_mem, not to the receiving socket's buffer, so a
+// stalled reader would otherwise let a writer pile up everything it sends. hostaccel_sm adds
+// what it sends to the receiver's ledger entry, the counter what the receiver read; past
+// settings.max_queued unread, the sender's direction takes TCP, whose flow control then holds
+// the writer back, until the receiver has read everything sent.
 #include <stddef.h>
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -74,10 +75,13 @@ struct settings {
 	__u64 max_queued;
 };
 
-/* What was moved to a receiving socket and what it read of it (bytes), by its key. */
+/* A receiving socket's ledger, by its key: what its peer sent it since it was entered (moved,
+ * and passed to TCP while bounded) and what it read (from either queue), in bytes. */
 struct ledger {
-	__u64 moved;
+	__u64 sent;
 	__u64 read;
+	__u32 bounded; /* 1: the peer's messages take TCP until the socket has read all sent */
+	__u32 pad;
 };
 
 enum stat {
@@ -87,7 +91,8 @@ enum stat {
 	STAT_REDIRECTED,   /* messages moved to the peer socket */
 	STAT_PASSED,       /* messages left on the TCP path: the peer is not in the map */
 	STAT_BOUNDED,      /* directions turned to TCP: the receiver held max_queued unread */
-	STAT_READ,         /* reads of moved data by receivers in the ledger (hostaccel_rd) */
+	STAT_RESUMED,      /* bounded directions moving again: the receiver had read all */
+	STAT_READ,         /* reads by receivers in the ledger (the read counter) */
 	NUM_STATS,
 };
 
@@ -117,8 +122,8 @@ struct {
 } tcp_only SEC(".maps");
 
 /* The receivers' ledgers, by the receiving socket's key: sock_ops resets a socket's entry
- * when it enters it, hostaccel_sm adds what it moves to the peer, hostaccel_rd what the
- * socket read. An LRU: entries of closed sockets age out. */
+ * when it enters it, hostaccel_sm adds what the peer sends, the read counter what the socket
+ * read. An LRU: entries of closed sockets age out. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
@@ -280,25 +285,41 @@ int hostaccel_sm(struct sk_msg_md *msg)
 		return SK_PASS;
 	}
 	__u8 one = 1;
-	/* The bound: the peer holds max_queued or more unread. This direction takes TCP from
-	 * now on, for the connection's life, like early data: what was moved waits in the peer's
-	 * socket queue, which its reads empty before they turn to the TCP receive queue, so the
-	 * order holds; TCP's receive window then holds the writer back. */
+	/* The bound: the peer holds max_queued or more unread (sent - read). The direction then
+	 * takes TCP (TCP's receive window holds the writer back) until the peer has read all
+	 * that was sent, moved and over TCP: the moved data waits in the peer's socket queue,
+	 * which its reads empty before they turn to the TCP receive queue, and only once both are
+	 * empty are messages moved again, so the order holds. read is loaded before sent would
+	 * matter only if it shrank: it only grows, so a stale read errs towards TCP. */
 	struct ledger *l = bpf_map_lookup_elem(&ledgers, &key);
 	__u64 max = cfg->max_queued;
-	if (l && max && (__s64)(l->moved - l->read) >= (__s64)max) {
+	if (!l && max) {
+		/* The peer's ledger was lost (LRU): what it holds is unknown. */
 		bpf_map_update_elem(&tcp_only, &own, &one, BPF_ANY);
-		count(STAT_BOUNDED, l->moved - l->read);
 		count(STAT_PASSED, size);
 		return SK_PASS;
 	}
-	if (bpf_msg_redirect_hash(msg, &hostaccel_socks, &key, BPF_F_INGRESS) == SK_PASS) {
-		if (l) {
-			__sync_fetch_and_add(&l->moved, size);
-		} else {
-			struct ledger first = {.moved = size};
-			bpf_map_update_elem(&ledgers, &key, &first, BPF_NOEXIST);
+	if (l) {
+		__s64 unread = (__s64)(l->sent - l->read);
+		if (l->bounded && unread > 0) {
+			__sync_fetch_and_add(&l->sent, size);
+			count(STAT_PASSED, size);
+			return SK_PASS;
 		}
+		if (l->bounded) {
+			l->bounded = 0;
+			count(STAT_RESUMED, 0);
+		} else if (max && unread >= (__s64)max) {
+			l->bounded = 1;
+			__sync_fetch_and_add(&l->sent, size);
+			count(STAT_BOUNDED, unread);
+			count(STAT_PASSED, size);
+			return SK_PASS;
+		}
+	}
+	if (bpf_msg_redirect_hash(msg, &hostaccel_socks, &key, BPF_F_INGRESS) == SK_PASS) {
+		if (l)
+			__sync_fetch_and_add(&l->sent, size);
 		count(STAT_REDIRECTED, size);
 		return SK_PASS;
 	}
@@ -372,20 +393,24 @@ static __always_inline void account(struct sock *sk, int copied, int flags)
 	}
 }
 
-/* hostaccel_rd: fexit on sk_msg_recvmsg, which copies data moved to a socket (its psock's
- * ingress queue) to the reader and returns how much. */
-SEC("fexit/sk_msg_recvmsg")
-int BPF_PROG(hostaccel_rd, struct sock *sk, void *psock, void *msg, int len, int flags, int copied)
+/* hostaccel_rd: fexit on tcp_bpf_recvmsg, the recvmsg of a TCP socket in a sockmap, which
+ * reads the socket queue (moved data) and the TCP receive queue and returns how much it
+ * copied. Its arguments differ by kernel (6.1: sk, msg, len, flags, addr_len; 6.18: no
+ * addr_len), so they are read from the context by position and the return value with
+ * bpf_get_func_ret. */
+SEC("fexit/tcp_bpf_recvmsg")
+int hostaccel_rd(unsigned long long *ctx)
 {
-	account(sk, copied, flags);
+	__u64 ret = 0;
+	if (bpf_get_func_ret(ctx, &ret))
+		return 0;
+	account((struct sock *)ctx[0], (int)ret, (int)ctx[3]);
 	return 0;
 }
 
 /* hostaccel_rt: the same count where the kernel refuses tracing (fentry/fexit) programs, from
- * the sock_recv_length tracepoint (Linux >= 6.3), which every recvmsg of every socket passes:
- * it counts reads from the TCP receive queue too, which for a direction still moving data
- * are only data sent before the receiver was entered (TCP early data: that direction is on
- * TCP anyway). */
+ * the sock_recv_length tracepoint (Linux >= 6.3), which every recvmsg of every socket passes
+ * (a hash lookup for each TCP one). */
 SEC("raw_tp/sock_recv_length")
 int BPF_PROG(hostaccel_rt, struct sock *sk, int ret, int flags)
 {
