@@ -163,7 +163,7 @@ func TestRunHost(t *testing.T) {
 		// there too).
 		want[SockMap] = true
 		want[SockMapFIONREAD] = false
-		want[SockMapBound] = true // fexit on sk_msg_recvmsg
+		want[SockMapBound] = true // fexit on tcp_bpf_recvmsg
 	} else {
 		for _, name := range []string{NFTables, NetdevFwd, Conntrack, ClsBPF, SockMap, RedirectNeigh} {
 			want[name] = true

@@ -23,7 +23,7 @@ import (
 const SockMapFIONREAD = "sockmap_fionread"
 
 // SockMapBound: a program counting what receivers read can be attached (fexit on
-// sk_msg_recvmsg, or the sock_recv_length raw tracepoint), which the sockmap datapath needs
+// tcp_bpf_recvmsg, or the sock_recv_length raw tracepoint), which the sockmap datapath needs
 // to bound the data a receiving socket holds unread. Without it the datapath works unbounded.
 const SockMapBound = "sockmap_bound"
 

@@ -29,13 +29,14 @@
 //
 // The kernel charges data moved to a socket to the global tcp_mem, not to the socket's receive
 // buffer, so nothing would hold a fast writer back from a stalled reader. The sk_msg program
-// adds what it moves to the receiving socket's entry in the ledgers map; a read counter adds
-// what the socket read: hostaccel_rd (fexit on sk_msg_recvmsg) or, where the kernel refuses
+// adds what it sends to the receiving socket's entry in the ledgers map; a read counter adds
+// what the socket read: hostaccel_rd (fexit on tcp_bpf_recvmsg) or, where the kernel refuses
 // tracing programs, hostaccel_rt (the sock_recv_length raw tracepoint, Linux >= 6.3). When
-// moved - read reaches settings.max_queued (Manager.MaxQueued, DefaultMaxQueued: 64 MiB), the
-// sender's direction joins tcp_only for the connection's life: TCP's flow control then holds
-// the writer back, and the moved data is read first. max_queued is 0 (no bound) while no read
-// counter is attached.
+// sent - read reaches settings.max_queued (Manager.MaxQueued, DefaultMaxQueued: 16 MiB), the
+// sender's messages take TCP, whose flow control holds the writer back, until the receiver has
+// read everything sent; then they are moved again. The moved data is read before TCP's, and
+// nothing is moved while TCP data is unread, so the order holds. max_queued is 0 (no bound)
+// while no read counter is attached.
 //
 // # Attaching, finding it again, removing
 //

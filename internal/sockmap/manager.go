@@ -33,10 +33,10 @@ type Manager struct {
 	Drain time.Duration
 	// PinDir is where the sockhash is pinned (PinName(program ID)); empty: BPFFS()/hostaccel.
 	PinDir string
-	// MaxQueued bounds the bytes moved to a receiving socket that it has not read yet: past
-	// it, the sender's direction of the connection takes TCP for the connection's life (TCP's
-	// flow control then holds the writer back). 0: DefaultMaxQueued. Without hostaccel_rd
-	// (the kernel could not attach it) there is no bound.
+	// MaxQueued bounds the bytes sent to a receiving socket that it has not read yet: past
+	// it, the sender's direction of the connection takes TCP (whose flow control then holds
+	// the writer back) until the receiver has read all. 0: DefaultMaxQueued. Without a read
+	// counter (the kernel could attach neither) there is no bound.
 	MaxQueued uint64
 
 	last *applied
@@ -56,7 +56,7 @@ func (m *Manager) maxQueued() uint64 {
 func PinName(id ebpf.ProgramID) string { return fmt.Sprintf("sockmap-%d", id) }
 
 // ReaderPinName is the file name of a set's pinned hostaccel_rd link (fexit on
-// sk_msg_recvmsg) in PinDir, by its sock_ops program's ID: the pin keeps it attached.
+// tcp_bpf_recvmsg, or the sock_recv_length tracepoint) in PinDir, by its sock_ops program's ID: the pin keeps it attached.
 func ReaderPinName(id ebpf.ProgramID) string { return fmt.Sprintf("reader-%d", id) }
 
 // pinDir returns the pin directory, mounting the BPF filesystem if none is (Apply).
