@@ -235,6 +235,20 @@ int hostaccel_so(struct bpf_sock_ops *skops)
 	bpf_map_delete_elem(&tcp_only, &key);
 	struct ledger fresh = {};
 	bpf_map_update_elem(&ledgers, &key, &fresh, BPF_ANY);
+	/* The active end is entered before its peer (the passive end at the handshake's last
+	 * ACK): an entry under the peer's key is a closed socket's, with the same tuple. Gone, so
+	 * a message sent before the peer is entered finds no ledger and takes TCP for good (the
+	 * early data, see tcp_only), rather than a stale bounded entry's TCP without tcp_only,
+	 * which the peer's fresh entry would then forget. */
+	if (op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB) {
+		struct sock_key peer = {
+			.local = {key.remote[0], key.remote[1], key.remote[2], key.remote[3]},
+			.remote = {key.local[0], key.local[1], key.local[2], key.local[3]},
+			.local_port = key.remote_port,
+			.remote_port = key.local_port,
+		};
+		bpf_map_delete_elem(&ledgers, &peer);
+	}
 	if (bpf_sock_hash_update(skops, &hostaccel_socks, &key, BPF_NOEXIST) == 0)
 		count(key.local[2] == bpf_htonl(0xffff) && key.local[0] == 0 && key.local[1] == 0 ? STAT_ENTERED4 : STAT_ENTERED6, 0);
 	else
