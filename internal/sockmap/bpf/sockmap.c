@@ -371,7 +371,11 @@ struct sock_common {
 struct sock {
 	struct sock_common __sk_common;
 	__u16 sk_protocol;
+	void *sk_user_data;
 } __attribute__((preserve_access_index));
+
+/* sk_user_data's flag of a socket with a psock (a socket in some sockmap; Linux >= 6.0). */
+#define SK_USER_DATA_PSOCK 4UL
 
 #define IPPROTO_TCP 6
 
@@ -423,12 +427,15 @@ int hostaccel_rd(unsigned long long *ctx)
 }
 
 /* hostaccel_rt: the same count where the kernel refuses tracing (fentry/fexit) programs, from
- * the sock_recv_length tracepoint (Linux >= 6.3), which every recvmsg of every socket passes
- * (a hash lookup for each TCP one). */
+ * the sock_recv_length tracepoint (Linux >= 6.3), which every recvmsg of every socket passes:
+ * one read of sk_user_data turns away sockets without a psock (in no sockmap), the others
+ * cost the key's reads and a hash lookup. */
 SEC("raw_tp/sock_recv_length")
 int BPF_PROG(hostaccel_rt, struct sock *sk, int ret, int flags)
 {
-	if (!sk || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
+	/* One read for the node's other sockets: only a socket in a sockmap has a psock. */
+	if (!sk || !((unsigned long)BPF_CORE_READ(sk, sk_user_data) & SK_USER_DATA_PSOCK) ||
+	    BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
 		return 0;
 	account(sk, ret, flags);
 	return 0;
