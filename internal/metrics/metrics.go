@@ -105,6 +105,8 @@ var (
 		"Messages (sendmsg, sendfile) of sockets in the map: redirected socket to socket, or passed to TCP.", []string{"result"}, nil)
 	smBytes = prometheus.NewDesc("hostaccel_sockmap_bytes_total",
 		"Bytes of those messages.", []string{"result"}, nil)
+	smBounded = prometheus.NewDesc("hostaccel_sockmap_bounded_total",
+		"Connection directions the sockmap datapath turned to TCP because the receiver held its bound (maxQueued) unread.", nil, nil)
 )
 
 // kernelCollector turns rule counters into monotonic counters: a rebuilt table starts its
@@ -115,7 +117,7 @@ type kernelCollector struct {
 }
 
 func (c *kernelCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{classPackets, classBytes, offloaded, installed, tcPackets, tcBytes, tcPassed, tcVia, smSockets, smDraining, smEntered, smEnterFailed, smMessages, smBytes} {
+	for _, d := range []*prometheus.Desc{classPackets, classBytes, offloaded, installed, tcPackets, tcBytes, tcPassed, tcVia, smSockets, smDraining, smEntered, smEnterFailed, smMessages, smBytes, smBounded} {
 		ch <- d
 	}
 }
@@ -157,6 +159,7 @@ func (c *kernelCollector) Collect(ch chan<- prometheus.Metric) {
 		c.counter(ch, smMessages, sm.Passed.Count, "passed")
 		c.counter(ch, smBytes, sm.Redirected.Bytes, "redirected")
 		c.counter(ch, smBytes, sm.Passed.Bytes, "passed")
+		c.counter(ch, smBounded, sm.Bounded.Count)
 	}
 	ch <- prometheus.MustNewConstMetric(offloaded, prometheus.GaugeValue, float64(len(st.Offloaded)))
 	inst := 0.0

@@ -34,7 +34,7 @@ const (
 )
 
 // All lists every feature Run probes, in its order.
-var All = []string{NFTables, Flowtable, FlowtableCounter, NetdevFwd, Conntrack, ClsBPF, ClsFlower, TCX, RedirectNeigh, RedirectPeer, ConntrackKfuncs, SockMap, SockMapFIONREAD}
+var All = []string{NFTables, Flowtable, FlowtableCounter, NetdevFwd, Conntrack, ClsBPF, ClsFlower, TCX, RedirectNeigh, RedirectPeer, ConntrackKfuncs, SockMap, SockMapFIONREAD, SockMapBound}
 
 // Feature is the outcome of one probe.
 type Feature struct {
@@ -102,7 +102,7 @@ func Run(ctx context.Context) Result {
 	r.Features = append(r.Features, probeNFT(ctx)...)
 	r.Features = append(r.Features, probeTC(ctx)...)
 	r.Features = append(r.Features, probeBPF()...)
-	r.Features = append(r.Features, probeSockmapFIONREAD(ctx))
+	r.Features = append(r.Features, probeSockmapFIONREAD(ctx), probeSockmapBound())
 	return r
 }
 

@@ -102,7 +102,7 @@ func ruleset(t *testing.T) []byte {
 }
 
 var allFeatures = []string{NFTables, Flowtable, FlowtableCounter, NetdevFwd, Conntrack,
-	ClsBPF, ClsFlower, TCX, RedirectNeigh, RedirectPeer, ConntrackKfuncs, SockMap, SockMapFIONREAD}
+	ClsBPF, ClsFlower, TCX, RedirectNeigh, RedirectPeer, ConntrackKfuncs, SockMap, SockMapFIONREAD, SockMapBound}
 
 // checkShape checks that r has every feature once, in order, and a reason for each missing one.
 func checkShape(t *testing.T, r Result) {
@@ -163,6 +163,7 @@ func TestRunHost(t *testing.T) {
 		// there too).
 		want[SockMap] = true
 		want[SockMapFIONREAD] = false
+		want[SockMapBound] = true // fexit on tcp_bpf_recvmsg
 	} else {
 		for _, name := range []string{NFTables, NetdevFwd, Conntrack, ClsBPF, SockMap, RedirectNeigh} {
 			want[name] = true
@@ -176,6 +177,7 @@ func TestRunHost(t *testing.T) {
 			want[RedirectPeer] = true
 			want[ConntrackKfuncs] = true // nf_conntrack built in, with BTF
 			want[SockMapFIONREAD] = true
+			want[SockMapBound] = true // the sock_recv_length raw tracepoint: fexit is refused (EPERM)
 		}
 	}
 	for name, avail := range want {

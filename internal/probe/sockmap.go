@@ -12,6 +12,8 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/hostaccel/hostaccel/internal/sockmap"
 )
 
 // SockMapFIONREAD: ioctl(FIONREAD) on a socket counts the data an sk_msg program moved to it
@@ -19,6 +21,21 @@ import (
 // with FIONREAD (nginx, Java, .NET) can hang on sockmap-accelerated connections, so auto does
 // not pick the sockmap datapath.
 const SockMapFIONREAD = "sockmap_fionread"
+
+// SockMapBound: a program counting what receivers read can be attached (fexit on
+// tcp_bpf_recvmsg, or the sock_recv_length raw tracepoint), which the sockmap datapath needs
+// to bound the data a receiving socket holds unread. Without it the datapath works unbounded.
+const SockMapBound = "sockmap_bound"
+
+func probeSockmapBound() Feature {
+	var hook string
+	err := try(func() (err error) { hook, err = sockmap.ProbeReadCounter(); return })
+	f := feature(SockMapBound, err, "needs fentry/fexit programs (BTF, CONFIG_DYNAMIC_FTRACE_WITH_DIRECT_CALLS) or the sock_recv_length tracepoint (Linux >= 6.3); without it the sockmap datapath does not bound what a stalled reader holds")
+	if err == nil {
+		f.Detail = hook
+	}
+	return f
+}
 
 // probeSockmapFIONREAD tries it in a throwaway network namespace: a TCP connection over its
 // loopback, both sockets in a sockmap whose sk_msg program moves the client's messages to

@@ -25,6 +25,19 @@
 // tcp_only LRU): the message waits in the peer's TCP receive queue, and a later message moved
 // to the peer's socket queue would be read first (the kernel reads that queue first).
 //
+// # Bounded unread data
+//
+// The kernel charges data moved to a socket to the global tcp_mem, not to the socket's receive
+// buffer, so nothing would hold a fast writer back from a stalled reader. The sk_msg program
+// adds what it sends to the receiving socket's entry in the ledgers map; a read counter adds
+// what the socket read: hostaccel_rd (fexit on tcp_bpf_recvmsg) or, where the kernel refuses
+// tracing programs, hostaccel_rt (the sock_recv_length raw tracepoint, Linux >= 6.3). When
+// sent - read reaches settings.max_queued (Manager.MaxQueued, DefaultMaxQueued: 16 MiB), the
+// sender's messages take TCP, whose flow control holds the writer back, until the receiver has
+// read everything sent; then they are moved again. The moved data is read before TCP's, and
+// nothing is moved while TCP data is unread, so the order holds. max_queued is 0 (no bound)
+// while no read counter is attached.
+//
 // # Attaching, finding it again, removing
 //
 // The sock_ops program is attached with BPF_PROG_ATTACH and BPF_F_ALLOW_MULTI (beside other
@@ -34,7 +47,8 @@
 // <bpffs>/hostaccel/sockmap-<sock_ops program ID> (bpffs from mountinfo, mounted at
 // /sys/fs/bpf when there is none). A later process finds the set by asking the kernel: the
 // cgroup's sock_ops programs -> name hostaccel_so -> its maps -> the sockhash's sk_msg
-// program (BPF_PROG_QUERY on a sockmap: Linux >= 6.0).
+// program (BPF_PROG_QUERY on a sockmap: Linux >= 6.0). The read counter is a BPF link pinned
+// at <bpffs>/hostaccel/reader-<sock_ops program ID>, found again by that pin.
 //
 // Removing (and replacing a set of another build) drains: the sock_ops program leaves the
 // cgroup, nothing new is entered, and every message from then on takes TCP; data already moved
@@ -47,8 +61,6 @@
 //
 // Messages skip netfilter, tc and conntrack accounting on both sides (the handshake and
 // FIN/RST still take the stack, so policy that decides at connection setup still applies).
-// Data moved to a socket is charged to the global tcp_mem, not to its receive buffer: a
-// stalled reader does not hold a fast writer back (measured in the host tests). splice(2) from
-// a socket does not see moved data. A socket takes one sk_msg program: sockets another sockmap
+// splice(2) from a socket does not see moved data. A socket takes one sk_msg program: sockets another sockmap
 // user entered first are not ours, and it cannot enter ours (EBUSY).
 package sockmap

@@ -2,6 +2,7 @@ package sockmap
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -32,12 +33,31 @@ type Manager struct {
 	Drain time.Duration
 	// PinDir is where the sockhash is pinned (PinName(program ID)); empty: BPFFS()/hostaccel.
 	PinDir string
+	// MaxQueued bounds the bytes sent to a receiving socket that it has not read yet: past
+	// it, the sender's direction of the connection takes TCP (whose flow control then holds
+	// the writer back) until the receiver has read all. 0: DefaultMaxQueued. Without a read
+	// counter (the kernel could attach neither) there is no bound.
+	MaxQueued uint64
 
 	last *applied
+	// readerErr: attaching hostaccel_rd failed for this Manager's current set; not retried
+	// until a new set is loaded.
+	readerErr error
+}
+
+func (m *Manager) maxQueued() uint64 {
+	if m.MaxQueued == 0 {
+		return DefaultMaxQueued
+	}
+	return m.MaxQueued
 }
 
 // PinName is the file name of a set's pinned sockhash in PinDir, by its sock_ops program's ID.
 func PinName(id ebpf.ProgramID) string { return fmt.Sprintf("sockmap-%d", id) }
+
+// ReaderPinName is the file name of a set's pinned hostaccel_rd link (fexit on
+// tcp_bpf_recvmsg, or the sock_recv_length tracepoint) in PinDir, by its sock_ops program's ID: the pin keeps it attached.
+func ReaderPinName(id ebpf.ProgramID) string { return fmt.Sprintf("reader-%d", id) }
 
 // pinDir returns the pin directory, mounting the BPF filesystem if none is (Apply).
 func (m *Manager) pinDir() (string, error) { return m.pins(true) }
@@ -83,6 +103,9 @@ type Result struct {
 	ElementsRemoved int            `json:"elementsRemoved"`
 	// Drift says what someone else changed since this Manager's last apply, now repaired.
 	Drift []string `json:"drift,omitempty"`
+	// Unbounded says why a receiver's unread data is not bounded (hostaccel_rd could not be
+	// attached); empty when it is.
+	Unbounded string `json:"unbounded,omitempty"`
 }
 
 // Changed reports whether the apply changed the kernel.
@@ -243,6 +266,9 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 			return res, fmt.Errorf("pin the sockhash: %w", err)
 		}
 	}
+	if err := m.reader(set, pins, &res); err != nil {
+		return res, err
+	}
 	if res.Loaded {
 		if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: int(o.fd.Fd()), Program: set.ops, Attach: ebpf.AttachCGroupSockOps, Flags: bpfFAllowMulti}); err != nil {
 			return res, fmt.Errorf("attach sock_ops to %s: %w", cg, err)
@@ -256,7 +282,7 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 		}
 	}
 	_, err = sweep(pins, []*progSet{set})
-	errs = append(errs, err)
+	errs = append(errs, err, removeReaders(pins, set))
 	if err := errors.Join(errs...); err != nil {
 		return res, err
 	}
@@ -266,6 +292,73 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	}
 	m.last = &applied{ops: set.opsID, pods: after}
 	return res, nil
+}
+
+// reader keeps hostaccel_rd attached for set (its link pinned at ReaderPinName) and the
+// set's bound (settings.max_queued) at m.MaxQueued, or 0 when the program cannot be
+// attached: then nothing counts reads, and a bound would turn every connection to TCP.
+func (m *Manager) reader(set *progSet, pins string, res *Result) error {
+	cfg, err := set.settings()
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	pin := filepath.Join(pins, ReaderPinName(set.opsID))
+	attached := false
+	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+		l.Close()
+		attached = true
+	}
+	if res.Loaded {
+		m.readerErr = nil
+	}
+	if !attached && m.readerErr == nil {
+		if !res.Loaded && cfg.MaxQueued != 0 {
+			res.Drift = append(res.Drift, "read counter link pin "+pin+" removed")
+		}
+		l, err := set.loadReader()
+		if err == nil {
+			if err = os.MkdirAll(pins, 0o700); err == nil {
+				err = l.Pin(pin)
+			}
+			l.Close()
+		}
+		m.readerErr = err
+		attached = err == nil
+	}
+	want := uint64(0)
+	if attached {
+		want = m.maxQueued()
+	} else if m.readerErr != nil {
+		res.Unbounded = m.readerErr.Error()
+	} else {
+		res.Unbounded = "hostaccel_rd is not attached"
+	}
+	if cfg.MaxQueued != want {
+		cfg.MaxQueued = want
+		if err := set.maps.Config.Put(uint32(0), cfg); err != nil {
+			return fmt.Errorf("config: %w", err)
+		}
+	}
+	return nil
+}
+
+// removeReaders removes the hostaccel_rd link pins of every set but keep (nil: all), which
+// detaches those programs.
+func removeReaders(pins string, keep *progSet) error {
+	files, err := filepath.Glob(filepath.Join(pins, "reader-*"))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, f := range files {
+		if keep != nil && filepath.Base(f) == ReaderPinName(keep.opsID) {
+			continue
+		}
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // update brings the tries from cur to want: exclusions first, then the rest, then deletions
@@ -322,7 +415,14 @@ func sortedKeys(m map[netip.Prefix]uint32) []netip.Prefix {
 func drain(o *observed, s *progSet) error {
 	var errs []error
 	if s.maps.Config != nil {
-		errs = append(errs, s.maps.Config.Put(uint32(0), sockmapSettings{Build: s.build, Draining: 1}))
+		// As bytes: a set of an older build has a shorter settings struct (fields are only
+		// appended, so build and draining keep their offsets).
+		v := make([]byte, s.maps.Config.ValueSize())
+		if len(v) >= 16 {
+			binary.LittleEndian.PutUint64(v[0:], s.build)
+			binary.LittleEndian.PutUint32(v[12:], 1)
+			errs = append(errs, s.maps.Config.Put(uint32(0), v))
+		}
 	}
 	if err := link.RawDetachProgram(link.RawDetachProgramOptions{Target: int(o.fd.Fd()), Program: s.ops, Attach: ebpf.AttachCGroupSockOps}); err != nil && !errors.Is(err, unix.ENOENT) {
 		errs = append(errs, fmt.Errorf("detach sock_ops: %w", err))
@@ -398,6 +498,7 @@ func (m *Manager) Remove(ctx context.Context) error {
 	for _, s := range o.sets {
 		errs = append(errs, drain(o, s))
 	}
+	errs = append(errs, removeReaders(pins, nil))
 	deadline := time.Now().Add(m.Drain)
 	for {
 		held, err := sweep(pins, nil)

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 
 	"github.com/hostaccel/hostaccel/internal/bpfobj"
@@ -18,7 +19,20 @@ import (
 const (
 	opsName = "hostaccel_so"
 	msgName = "hostaccel_sm"
+	rdName  = "hostaccel_rd" // fexit on tcp_bpf_recvmsg
+	rtName  = "hostaccel_rt" // raw tracepoint sock_recv_length (Linux >= 6.3)
 )
+
+// readerHooks are where hostaccel_rd and hostaccel_rt count reads, by program name.
+var readerHooks = map[string]string{rdName: "fexit/tcp_bpf_recvmsg", rtName: "raw_tp/sock_recv_length"}
+
+// DefaultMaxQueued is the bound on what a receiving socket holds unread of the data sent to
+// it (Manager.MaxQueued): past it, the sender's direction of the connection takes TCP until
+// the receiver has read all. Half tcp_rmem's largest receive buffer on 6.18 (32 MiB): a reader
+// that keeps up still lags a fast writer by MiBs when it is not scheduled for a few ms (host
+// tests, 2 loaded cores, 256 MiB transfers: 4 MiB tripped 1-2 times in each, 16 MiB in 1 of 3,
+// each time for a few MiB).
+const DefaultMaxQueued = 16 << 20
 
 // buildID identifies the embedded object: a set of another build is replaced.
 var buildID = sync.OnceValue(func() uint64 {
@@ -41,10 +55,25 @@ type progSet struct {
 	build      uint64
 }
 
+// setObjects is the set without the read counters hostaccel_rd and hostaccel_rt, which are
+// loaded on their own (loadReader): a kernel that can attach neither still gets the datapath,
+// unbounded.
+type setObjects struct {
+	sockmapMaps
+	HostaccelSo *ebpf.Program `ebpf:"hostaccel_so"`
+	HostaccelSm *ebpf.Program `ebpf:"hostaccel_sm"`
+}
+
 func loadSet() (*progSet, error) {
 	removeMemlock()
-	var objs sockmapObjects
-	if err := loadSockmapObjects(&objs, nil); err != nil {
+	spec, err := loadSockmap()
+	if err != nil {
+		return nil, fmt.Errorf("loading the sockmap programs: %w", err)
+	}
+	delete(spec.Programs, rdName)
+	delete(spec.Programs, rtName)
+	var objs setObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		return nil, fmt.Errorf("loading the sockmap programs: %w", err)
 	}
 	s := &progSet{ops: objs.HostaccelSo, msg: objs.HostaccelSm, maps: objs.sockmapMaps, build: buildID()}
@@ -81,7 +110,7 @@ func openSet(id ebpf.ProgramID) (*progSet, error) {
 // fields are the set's maps by name.
 func (s *progSet) fields() map[string]**ebpf.Map {
 	m := &s.maps
-	return map[string]**ebpf.Map{"hostaccel_socks": &m.HostaccelSocks, "pods4": &m.Pods4, "pods6": &m.Pods6, "config": &m.Config, "stats": &m.Stats, "tcp_only": &m.TcpOnly}
+	return map[string]**ebpf.Map{"hostaccel_socks": &m.HostaccelSocks, "pods4": &m.Pods4, "pods6": &m.Pods6, "config": &m.Config, "stats": &m.Stats, "tcp_only": &m.TcpOnly, "ledgers": &m.Ledgers}
 }
 
 func (s *progSet) usable() bool {
@@ -102,6 +131,100 @@ func (s *progSet) Close() {
 		s.msg.Close()
 	}
 	s.maps.Close()
+}
+
+// loadReader loads a read counter on the set's maps and attaches it: hostaccel_rd (fexit on
+// tcp_bpf_recvmsg, the recvmsg of sockets in a sockmap) where the kernel takes tracing
+// programs, else hostaccel_rt (the sock_recv_length tracepoint, every recvmsg of the node).
+func (s *progSet) loadReader() (link.Link, error) { return s.loadReaderExcept("") }
+
+// loadReaderExcept is loadReader without replacing the map named skip (ProbeReadCounter).
+func (s *progSet) loadReaderExcept(skip string) (link.Link, error) {
+	spec, err := loadSockmap()
+	if err != nil {
+		return nil, err
+	}
+	repl := map[string]*ebpf.Map{}
+	for name, m := range s.fields() {
+		if name != skip {
+			repl[name] = *m
+		}
+	}
+	var errs []error
+	for _, name := range []string{rdName, rtName} {
+		ps := spec.Programs[name]
+		var objs struct {
+			P *ebpf.Program `ebpf:"p"`
+		}
+		one := &ebpf.CollectionSpec{Maps: spec.Maps, Programs: map[string]*ebpf.ProgramSpec{"p": ps}, Types: spec.Types}
+		if err := one.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+			errs = append(errs, fmt.Errorf("%s: loading %s: %w", readerHooks[name], name, err))
+			continue
+		}
+		var l link.Link
+		if ps.Type == ebpf.Tracing {
+			l, err = link.AttachTracing(link.TracingOptions{Program: objs.P, AttachType: ebpf.AttachTraceFExit})
+		} else {
+			l, err = link.AttachRawTracepoint(link.RawTracepointOptions{Name: ps.AttachTo, Program: objs.P})
+		}
+		objs.P.Close()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: attaching %s: %w", readerHooks[name], name, err))
+			continue
+		}
+		return l, nil
+	}
+	return nil, errors.Join(errs...)
+}
+
+// ProbeReadCounter loads and attaches a read counter on throwaway maps and detaches it again;
+// it returns where it attached (see Status.ReadCounter), or why neither could: then the
+// datapath works without a bound.
+func ProbeReadCounter() (string, error) {
+	removeMemlock()
+	spec, err := loadSockmap()
+	if err != nil {
+		return "", err
+	}
+	s := &progSet{}
+	for name, slot := range s.fields() {
+		if name == "hostaccel_socks" {
+			continue // a sockhash is not needed: the counters do not use it
+		}
+		m, err := ebpf.NewMap(spec.Maps[name])
+		if err != nil {
+			s.maps.Close()
+			return "", fmt.Errorf("map %s: %w", name, err)
+		}
+		*slot = m
+	}
+	defer s.maps.Close()
+	l, err := s.loadReaderExcept("hostaccel_socks")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return "", err
+	}
+	p, err := ebpf.NewProgramFromID(info.Program)
+	if err != nil {
+		return "", err
+	}
+	defer p.Close()
+	pi, err := p.Info()
+	if err != nil {
+		return "", err
+	}
+	return readerHooks[pi.Name], nil
+}
+
+// settings reads the set's config.
+func (s *progSet) settings() (sockmapSettings, error) {
+	var cfg sockmapSettings
+	err := s.maps.Config.Lookup(uint32(0), &cfg)
+	return cfg, err
 }
 
 // readPods returns what the tries hold.

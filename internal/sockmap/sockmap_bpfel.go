@@ -24,6 +24,14 @@ type sockmapCounter struct {
 	Bytes uint64
 }
 
+type sockmapLedger struct {
+	_       structs.HostLayout
+	Sent    uint64
+	Read    uint64
+	Bounded uint32
+	Pad     uint32
+}
+
 type sockmapLpm4 struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -37,10 +45,11 @@ type sockmapLpm6 struct {
 }
 
 type sockmapSettings struct {
-	_        structs.HostLayout
-	Build    uint64
-	Enabled  uint32
-	Draining uint32
+	_         structs.HostLayout
+	Build     uint64
+	Enabled   uint32
+	Draining  uint32
+	MaxQueued uint64
 }
 
 type sockmapSockKey struct {
@@ -57,10 +66,13 @@ type sockmapSockKey struct {
 const (
 	sockmapMapConfig         = "config"
 	sockmapMapHostaccelSocks = "hostaccel_socks"
+	sockmapMapLedgers        = "ledgers"
 	sockmapMapPods4          = "pods4"
 	sockmapMapPods6          = "pods6"
 	sockmapMapStats          = "stats"
 	sockmapMapTcpOnly        = "tcp_only"
+	sockmapProgHostaccelRd   = "hostaccel_rd"
+	sockmapProgHostaccelRt   = "hostaccel_rt"
 	sockmapProgHostaccelSm   = "hostaccel_sm"
 	sockmapProgHostaccelSo   = "hostaccel_so"
 )
@@ -107,6 +119,8 @@ type sockmapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockmapProgramSpecs struct {
+	HostaccelRd *ebpf.ProgramSpec `ebpf:"hostaccel_rd"`
+	HostaccelRt *ebpf.ProgramSpec `ebpf:"hostaccel_rt"`
 	HostaccelSm *ebpf.ProgramSpec `ebpf:"hostaccel_sm"`
 	HostaccelSo *ebpf.ProgramSpec `ebpf:"hostaccel_so"`
 }
@@ -117,6 +131,7 @@ type sockmapProgramSpecs struct {
 type sockmapMapSpecs struct {
 	Config         *ebpf.MapSpec `ebpf:"config"`
 	HostaccelSocks *ebpf.MapSpec `ebpf:"hostaccel_socks"`
+	Ledgers        *ebpf.MapSpec `ebpf:"ledgers"`
 	Pods4          *ebpf.MapSpec `ebpf:"pods4"`
 	Pods6          *ebpf.MapSpec `ebpf:"pods6"`
 	Stats          *ebpf.MapSpec `ebpf:"stats"`
@@ -151,6 +166,7 @@ func (o *sockmapObjects) Close() error {
 type sockmapMaps struct {
 	Config         *ebpf.Map `ebpf:"config"`
 	HostaccelSocks *ebpf.Map `ebpf:"hostaccel_socks"`
+	Ledgers        *ebpf.Map `ebpf:"ledgers"`
 	Pods4          *ebpf.Map `ebpf:"pods4"`
 	Pods6          *ebpf.Map `ebpf:"pods6"`
 	Stats          *ebpf.Map `ebpf:"stats"`
@@ -161,6 +177,7 @@ func (m *sockmapMaps) Close() error {
 	return _SockmapClose(
 		m.Config,
 		m.HostaccelSocks,
+		m.Ledgers,
 		m.Pods4,
 		m.Pods6,
 		m.Stats,
@@ -178,12 +195,16 @@ type sockmapVariables struct {
 //
 // It can be passed to loadSockmapObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockmapPrograms struct {
+	HostaccelRd *ebpf.Program `ebpf:"hostaccel_rd"`
+	HostaccelRt *ebpf.Program `ebpf:"hostaccel_rt"`
 	HostaccelSm *ebpf.Program `ebpf:"hostaccel_sm"`
 	HostaccelSo *ebpf.Program `ebpf:"hostaccel_so"`
 }
 
 func (p *sockmapPrograms) Close() error {
 	return _SockmapClose(
+		p.HostaccelRd,
+		p.HostaccelRt,
 		p.HostaccelSm,
 		p.HostaccelSo,
 	)

@@ -3,8 +3,10 @@ package sockmap
 import (
 	"context"
 	"net/netip"
+	"path/filepath"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 )
 
 // Counter counts events and the bytes they carried.
@@ -29,6 +31,21 @@ type Status struct {
 	// Passed counts the messages of sockets in the map left on the TCP path: the peer was not
 	// in the map (a connection through a Service's DNAT, the peer taken by another user).
 	Passed Counter `json:"passed"`
+	// MaxQueued is the bound on the bytes moved to a receiving socket and not read yet; past
+	// it, the sender's direction takes TCP. 0: no bound (ReadCounter false).
+	MaxQueued uint64 `json:"maxQueued"`
+	// ReadCounter is where the program counting what receivers read is attached
+	// ("fexit/tcp_bpf_recvmsg", or "raw_tp/sock_recv_length" where the kernel refuses tracing
+	// programs); empty: none is, and there is no bound.
+	ReadCounter   string         `json:"readCounter,omitempty"`
+	ReadProgramID ebpf.ProgramID `json:"readProgramID,omitempty"`
+	// Bounded counts the times a direction took TCP because the receiver held MaxQueued
+	// unread (Bytes: what it held then, summed); Resumed, the times one was moved again
+	// because the receiver had read everything sent.
+	Bounded Counter `json:"bounded"`
+	Resumed uint64  `json:"resumed"`
+	// Read counts the reads of moved data by receivers (hostaccel_rd).
+	Read Counter `json:"read"`
 	// Draining counts the sockets still in the maps of sets that were removed or replaced:
 	// their messages take TCP; the maps go when these sockets close (Manager.Remove).
 	Draining int            `json:"draining,omitempty"`
@@ -42,6 +59,9 @@ const (
 	statEnterFailed
 	statRedirected
 	statPassed
+	statBounded
+	statResumed
+	statRead
 )
 
 // Status reads the set attached to the cgroup; nil when there is none.
@@ -98,6 +118,29 @@ func (m *Manager) Status(ctx context.Context) (*Status, error) {
 	st.EnterFailed = n[statEnterFailed].Count
 	st.Redirected = Counter{n[statRedirected].Count, n[statRedirected].Bytes}
 	st.Passed = Counter{n[statPassed].Count, n[statPassed].Bytes}
+	if len(n) > statRead {
+		st.Bounded = Counter{n[statBounded].Count, n[statBounded].Bytes}
+		st.Read = Counter{n[statRead].Count, n[statRead].Bytes}
+		st.Resumed = n[statResumed].Count
+	}
+	if cfg, err := set.settings(); err == nil {
+		st.MaxQueued = cfg.MaxQueued
+	}
+	if pins != "" {
+		if l, err := link.LoadPinnedLink(filepath.Join(pins, ReaderPinName(set.opsID)), nil); err == nil {
+			st.ReadCounter = "attached"
+			if info, err := l.Info(); err == nil {
+				st.ReadProgramID = info.Program
+				if p, err := ebpf.NewProgramFromID(info.Program); err == nil {
+					if pi, err := p.Info(); err == nil && readerHooks[pi.Name] != "" {
+						st.ReadCounter = readerHooks[pi.Name]
+					}
+					p.Close()
+				}
+			}
+			l.Close()
+		}
+	}
 	pods, err := set.readPods()
 	if err != nil {
 		return st, err

@@ -18,10 +18,20 @@
 //
 // IPv4 keys are written as IPv4-mapped IPv6 addresses, so a dual-stack socket (AF_INET6
 // talking to ::ffff:a.b.c.d) and its AF_INET peer have matching keys.
+//
+// A read counter (hostaccel_rd, fexit on tcp_bpf_recvmsg; or hostaccel_rt, the
+// sock_recv_length tracepoint) and the ledgers map bound what a receiver holds unread: the
+// kernel charges moved data to the global tcp_mem, not to the receiving socket's buffer, so a
+// stalled reader would otherwise let a writer pile up everything it sends. hostaccel_sm adds
+// what it sends to the receiver's ledger entry, the counter what the receiver read; past
+// settings.max_queued unread, the sender's direction takes TCP, whose flow control then holds
+// the writer back, until the receiver has read everything sent.
 #include <stddef.h>
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -59,6 +69,19 @@ struct settings {
 	__u64 build;   /* agent bookkeeping: which object is loaded */
 	__u32 enabled;  /* 0: no socket is entered (a set being replaced or removed) */
 	__u32 draining; /* 1: no message is redirected any more (removal): see sk_msg */
+	/* Unread bytes a receiver may hold before its peer's direction takes TCP; 0: no bound
+	 * (hostaccel_rd is not attached, so nothing counts reads). Appended: the fields before
+	 * keep their offsets, so an agent can drain a set of an older build. */
+	__u64 max_queued;
+};
+
+/* A receiving socket's ledger, by its key: what its peer sent it since it was entered (moved,
+ * and passed to TCP while bounded) and what it read (from either queue), in bytes. */
+struct ledger {
+	__u64 sent;
+	__u64 read;
+	__u32 bounded; /* 1: the peer's messages take TCP until the socket has read all sent */
+	__u32 pad;
 };
 
 enum stat {
@@ -67,6 +90,9 @@ enum stat {
 	STAT_ENTER_FAILED, /* entering failed: map full, or the socket has another sockmap user's programs */
 	STAT_REDIRECTED,   /* messages moved to the peer socket */
 	STAT_PASSED,       /* messages left on the TCP path: the peer is not in the map */
+	STAT_BOUNDED,      /* directions turned to TCP: the receiver held max_queued unread */
+	STAT_RESUMED,      /* bounded directions moving again: the receiver had read all */
+	STAT_READ,         /* reads by receivers in the ledger (the read counter) */
 	NUM_STATS,
 };
 
@@ -94,6 +120,16 @@ struct {
 	__type(key, struct sock_key);
 	__type(value, __u8);
 } tcp_only SEC(".maps");
+
+/* The receivers' ledgers, by the receiving socket's key: sock_ops resets a socket's entry
+ * when it enters it, hostaccel_sm adds what the peer sends, the read counter what the socket
+ * read. An LRU: entries of closed sockets age out. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct sock_key);
+	__type(value, struct ledger);
+} ledgers SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -197,6 +233,22 @@ int hostaccel_so(struct bpf_sock_ops *skops)
 	key.local_port = skops->local_port;
 	key.remote_port = bpf_ntohl(skops->remote_port);
 	bpf_map_delete_elem(&tcp_only, &key);
+	struct ledger fresh = {};
+	bpf_map_update_elem(&ledgers, &key, &fresh, BPF_ANY);
+	/* The active end is entered before its peer (the passive end at the handshake's last
+	 * ACK): an entry under the peer's key is a closed socket's, with the same tuple. Gone, so
+	 * a message sent before the peer is entered finds no ledger and takes TCP for good (the
+	 * early data, see tcp_only), rather than a stale bounded entry's TCP without tcp_only,
+	 * which the peer's fresh entry would then forget. */
+	if (op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB) {
+		struct sock_key peer = {
+			.local = {key.remote[0], key.remote[1], key.remote[2], key.remote[3]},
+			.remote = {key.local[0], key.local[1], key.local[2], key.local[3]},
+			.local_port = key.remote_port,
+			.remote_port = key.local_port,
+		};
+		bpf_map_delete_elem(&ledgers, &peer);
+	}
 	if (bpf_sock_hash_update(skops, &hostaccel_socks, &key, BPF_NOEXIST) == 0)
 		count(key.local[2] == bpf_htonl(0xffff) && key.local[0] == 0 && key.local[1] == 0 ? STAT_ENTERED4 : STAT_ENTERED6, 0);
 	else
@@ -246,14 +298,147 @@ int hostaccel_sm(struct sk_msg_md *msg)
 		count(STAT_PASSED, size);
 		return SK_PASS;
 	}
+	__u8 one = 1;
+	/* The bound: the peer holds max_queued or more unread (sent - read). The direction then
+	 * takes TCP (TCP's receive window holds the writer back) until the peer has read all
+	 * that was sent, moved and over TCP: the moved data waits in the peer's socket queue,
+	 * which its reads empty before they turn to the TCP receive queue, and only once both are
+	 * empty are messages moved again, so the order holds. read is loaded before sent would
+	 * matter only if it shrank: it only grows, so a stale read errs towards TCP. */
+	struct ledger *l = bpf_map_lookup_elem(&ledgers, &key);
+	__u64 max = cfg->max_queued;
+	if (!l && max) {
+		/* The peer's ledger was lost (LRU): what it holds is unknown. */
+		bpf_map_update_elem(&tcp_only, &own, &one, BPF_ANY);
+		count(STAT_PASSED, size);
+		return SK_PASS;
+	}
+	if (l) {
+		__s64 unread = (__s64)(l->sent - l->read);
+		if (l->bounded && unread > 0) {
+			__sync_fetch_and_add(&l->sent, size);
+			count(STAT_PASSED, size);
+			return SK_PASS;
+		}
+		if (l->bounded) {
+			l->bounded = 0;
+			count(STAT_RESUMED, 0);
+		} else if (max && unread >= (__s64)max) {
+			l->bounded = 1;
+			__sync_fetch_and_add(&l->sent, size);
+			count(STAT_BOUNDED, unread);
+			count(STAT_PASSED, size);
+			return SK_PASS;
+		}
+	}
 	if (bpf_msg_redirect_hash(msg, &hostaccel_socks, &key, BPF_F_INGRESS) == SK_PASS) {
+		if (l)
+			__sync_fetch_and_add(&l->sent, size);
 		count(STAT_REDIRECTED, size);
 		return SK_PASS;
 	}
-	__u8 one = 1;
 	bpf_map_update_elem(&tcp_only, &own, &one, BPF_ANY);
 	count(STAT_PASSED, size);
 	return SK_PASS;
+}
+
+/* The kernel's struct sock, the fields hostaccel_rd reads (CO-RE: offsets from the running
+ * kernel's BTF). */
+struct in6_addr {
+	union {
+		__u32 u6_addr32[4];
+	} in6_u;
+} __attribute__((preserve_access_index));
+
+struct sock_common {
+	union {
+		struct {
+			__u32 skc_daddr;
+			__u32 skc_rcv_saddr;
+		};
+	};
+	union {
+		struct {
+			__u16 skc_dport;
+			__u16 skc_num;
+		};
+	};
+	unsigned short skc_family;
+	struct in6_addr skc_v6_daddr;
+	struct in6_addr skc_v6_rcv_saddr;
+} __attribute__((preserve_access_index));
+
+struct sock {
+	struct sock_common __sk_common;
+	__u16 sk_protocol;
+	void *sk_user_data;
+} __attribute__((preserve_access_index));
+
+/* sk_user_data's flag of a socket with a psock (a socket in some sockmap; Linux >= 6.0). */
+#define SK_USER_DATA_PSOCK 4UL
+
+#define IPPROTO_TCP 6
+
+#define MSG_PEEK 2
+
+/* account counts a read of copied bytes by socket sk in its ledger entry when it has one (a
+ * socket of ours), its key computed as sock_ops computes it. MSG_PEEK reads leave the data
+ * queued. The fields are read with bpf_probe_read_kernel (BPF_CORE_READ), which both program
+ * types below may call. */
+static __always_inline void account(struct sock *sk, int copied, int flags)
+{
+	if (copied <= 0 || (flags & MSG_PEEK) || !sk)
+		return;
+	struct sock_key key = {};
+	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	if (family == AF_INET) {
+		key.local[2] = bpf_htonl(0xffff);
+		key.local[3] = BPF_CORE_READ(sk, __sk_common.skc_rcv_saddr);
+		key.remote[2] = bpf_htonl(0xffff);
+		key.remote[3] = BPF_CORE_READ(sk, __sk_common.skc_daddr);
+	} else if (family == AF_INET6) {
+		BPF_CORE_READ_INTO(&key.local, sk, __sk_common.skc_v6_rcv_saddr.in6_u.u6_addr32);
+		BPF_CORE_READ_INTO(&key.remote, sk, __sk_common.skc_v6_daddr.in6_u.u6_addr32);
+	} else {
+		return;
+	}
+	key.local_port = BPF_CORE_READ(sk, __sk_common.skc_num);
+	key.remote_port = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	struct ledger *l = bpf_map_lookup_elem(&ledgers, &key);
+	if (l) {
+		__sync_fetch_and_add(&l->read, copied);
+		count(STAT_READ, copied);
+	}
+}
+
+/* hostaccel_rd: fexit on tcp_bpf_recvmsg, the recvmsg of a TCP socket in a sockmap, which
+ * reads the socket queue (moved data) and the TCP receive queue and returns how much it
+ * copied. Its arguments differ by kernel (6.1: sk, msg, len, flags, addr_len; 6.18: no
+ * addr_len), so they are read from the context by position and the return value with
+ * bpf_get_func_ret. */
+SEC("fexit/tcp_bpf_recvmsg")
+int hostaccel_rd(unsigned long long *ctx)
+{
+	__u64 ret = 0;
+	if (bpf_get_func_ret(ctx, &ret))
+		return 0;
+	account((struct sock *)ctx[0], (int)ret, (int)ctx[3]);
+	return 0;
+}
+
+/* hostaccel_rt: the same count where the kernel refuses tracing (fentry/fexit) programs, from
+ * the sock_recv_length tracepoint (Linux >= 6.3), which every recvmsg of every socket passes:
+ * one read of sk_user_data turns away sockets without a psock (in no sockmap), the others
+ * cost the key's reads and a hash lookup. */
+SEC("raw_tp/sock_recv_length")
+int BPF_PROG(hostaccel_rt, struct sock *sk, int ret, int flags)
+{
+	/* One read for the node's other sockets: only a socket in a sockmap has a psock. */
+	if (!sk || !((unsigned long)BPF_CORE_READ(sk, sk_user_data) & SK_USER_DATA_PSOCK) ||
+	    BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
+		return 0;
+	account(sk, ret, flags);
+	return 0;
 }
 
 char _license[] SEC("license") = "GPL";
