@@ -123,9 +123,13 @@ const (
 const DefaultAffinityTimeout = 10800 * time.Second
 
 // balance turns the selected Services and their EndpointSlices into load balancer fronts.
-func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn func(string, ...any)) []LBFront {
+// name is lbName (nil: that function).
+func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn func(string, ...any), name func(string) string) []LBFront {
 	if p.Services == ServicesNone {
 		return nil
+	}
+	if name == nil {
+		name = lbName
 	}
 	slicesOf := map[string][]*discoveryv1.EndpointSlice{} // namespace/service
 	for _, es := range snap.EndpointSlices {
@@ -199,7 +203,7 @@ func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn 
 					if !netip.MustParseAddr(fam[0]).Is4() {
 						f.Name += "/ipv6"
 					}
-					f.LBName = lbName(f.Name)
+					f.LBName = name(f.Name)
 					if len(f.Backends) == 0 {
 						f.Skipped = "no endpoints"
 					}
