@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"slices"
 
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
 	"github.com/hostaccel/hostaccel/internal/config"
 	"github.com/hostaccel/hostaccel/internal/lb"
 )
@@ -23,6 +26,8 @@ type deriver struct {
 	memos, next map[string]*svcMemo
 	// names, nextNames: lbName of a front's name.
 	names, nextNames map[string]string
+	// fronts, nextFronts: balance's fronts of a Service (see frontsOf).
+	fronts, nextFronts map[*corev1.Service]*frontMemo
 	// was: the services of the last config derived the cheap way, which passed validation
 	// (the memos' own copies, never handed out): the next is checked against them with
 	// lb.ValidateChange.
@@ -64,6 +69,53 @@ func (dr *deriver) validateAlone(s lb.Service) []error {
 		m.alone, m.aloneDone = lb.ValidateServices([]lb.Service{s}, func(int) string { return "service" }), true
 	}
 	return m.alone
+}
+
+// frontMemo is what balance made of one Service.
+type frontMemo struct {
+	slices   []*discoveryv1.EndpointSlice
+	selfName string
+	nodeIPs  []string
+	fronts   []LBFront
+	warned   []string
+}
+
+// frontsOf returns the fronts (and says the warnings) that balance made of s last time, when
+// its inputs are the same: the same objects (an informer's cache replaces an object that
+// changes, and never changes one in place), this node's name and IPs.
+func (dr *deriver) frontsOf(s *corev1.Service, eps []*discoveryv1.EndpointSlice, selfName string, nodeIPs []string, warn func(string, ...any)) ([]LBFront, bool) {
+	m := dr.fronts[s]
+	if m == nil || m.selfName != selfName || !slices.Equal(m.slices, eps) || !slices.Equal(m.nodeIPs, nodeIPs) {
+		return nil, false
+	}
+	if dr.nextFronts == nil {
+		dr.nextFronts = make(map[*corev1.Service]*frontMemo, len(dr.fronts))
+	}
+	dr.nextFronts[s] = m
+	for _, w := range m.warned {
+		warn("%s", w)
+	}
+	return cloneFronts(m.fronts), true
+}
+
+// keepFronts remembers what balance made of s (a copy).
+func (dr *deriver) keepFronts(s *corev1.Service, eps []*discoveryv1.EndpointSlice, selfName string, nodeIPs []string, fronts []LBFront, warned []string) {
+	if dr.nextFronts == nil {
+		dr.nextFronts = make(map[*corev1.Service]*frontMemo, len(dr.fronts))
+	}
+	dr.nextFronts[s] = &frontMemo{slices: slices.Clone(eps), selfName: selfName, nodeIPs: slices.Clone(nodeIPs),
+		fronts: cloneFronts(fronts), warned: warned}
+}
+
+func (dr *deriver) rotateFronts() { dr.fronts, dr.nextFronts = dr.nextFronts, nil }
+
+// cloneFronts copies fronts deep enough that changing the copy changes nothing of them.
+func cloneFronts(fronts []LBFront) []LBFront {
+	out := slices.Clone(fronts)
+	for i := range out {
+		out[i].VIPs, out[i].Backends = slices.Clone(out[i].VIPs), slices.Clone(out[i].Backends)
+	}
+	return out
 }
 
 // lbName is lbName(full), kept from the last derivation.

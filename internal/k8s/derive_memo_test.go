@@ -138,6 +138,20 @@ func TestDeriverMatchesDerive(t *testing.T) {
 		svc.Spec.Ports[0].NodePort = 30080
 		s.Services[9] = svc
 	})
+	edit("an unknown scheduler (a warning)", func(s *Snapshot) {
+		svc := s.Services[10].DeepCopy()
+		svc.Annotations = map[string]string{AnnotationScheduler: "fastest"}
+		s.Services[10] = svc
+	})
+	edit("another endpoint change (the warning again)", func(s *Snapshot) {
+		es := s.EndpointSlices[11].DeepCopy()
+		es.Endpoints = es.Endpoints[:1]
+		s.EndpointSlices[11] = es
+	})
+	edit("this node's IPs changed (the NodePort's VIPs)", func(s *Snapshot) {
+		s.Nodes = slices.Clone(s.Nodes)
+		s.Nodes[0] = node("self", []string{"10.128.0.0/24"}, "172.18.0.2", "172.18.9.9")
+	})
 	// A backend that is also a stateless-dnat backend of the base's service: the derived
 	// config is invalid, and then valid again.
 	bad, err := ParseBase([]byte(baseYAML + `

@@ -31,7 +31,7 @@ func lbServices(static []lb.Service, fronts []LBFront, warn func(string, ...any)
 		proto string
 		port  int
 	}
-	used, names := map[key]string{}, map[string]bool{}
+	used, names := make(map[key]string, len(static)+len(fronts)), make(map[string]bool, len(static)+len(fronts))
 	keys := func(s lb.Service) []key {
 		ports := s.Ports
 		if s.Port != 0 {
@@ -53,7 +53,7 @@ func lbServices(static []lb.Service, fronts []LBFront, warn func(string, ...any)
 			used[k] = s.Name
 		}
 	}
-	var out []lb.Service
+	out := make([]lb.Service, 0, len(fronts))
 	for i := range fronts {
 		f := &fronts[i]
 		if f.Skipped != "" {
@@ -97,6 +97,9 @@ func lbServices(static []lb.Service, fronts []LBFront, warn func(string, ...any)
 			used[k] = s.Name
 		}
 		out = append(out, s)
+	}
+	if len(out) == 0 {
+		return nil // (as before the capacity)
 	}
 	return out
 }
