@@ -69,3 +69,21 @@ func cpuTime() time.Duration {
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkDeriveFirst is a first derivation at 5,000 Services (the agent's start, or Derive).
+func BenchmarkDeriveFirst(b *testing.B) {
+	snap := scaleSnapshot(5000)
+	base, err := ParseBase([]byte(baseYAML))
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := Params{NodeName: "self"}
+	cpu0, n := cpuTime(), 0
+	for b.Loop() {
+		n++
+		if _, err := new(deriver).derive(base, snap, p); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/1000/float64(n), "cpu-ms/op")
+}
