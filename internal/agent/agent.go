@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -270,7 +271,13 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 	}
 	if src := a.opts.Source; src != nil {
 		*degraded = append(*degraded, src.Notes()...)
-		rep, _ := json.Marshal(src.Report())
+		var rep json.RawMessage
+		switch r := src.Report().(type) {
+		case json.RawMessage: // written already (compact)
+			rep = r
+		default:
+			rep, _ = json.Marshal(r)
+		}
 		a.mu.Lock()
 		a.state.Source = rep
 		a.mu.Unlock()
@@ -355,12 +362,34 @@ func (a *Agent) publish(st State) {
 	if a.opts.StatePath == "" {
 		return
 	}
-	b, _ := json.MarshalIndent(st, "", "  ")
+	b := stateJSON(st)
 	_ = os.MkdirAll(filepath.Dir(a.opts.StatePath), 0o755)
 	tmp := a.opts.StatePath + ".tmp"
 	if os.WriteFile(tmp, b, 0o644) == nil {
 		_ = os.Rename(tmp, a.opts.StatePath)
 	}
+}
+
+// stateJSON is st as indented JSON, but for its source's report, which is written as the
+// source gave it (compact; megabytes in Kubernetes mode at thousands of Services: indenting it
+// at every sync cost more than the sync's own work; issue 13).
+func stateJSON(st State) []byte {
+	src := st.Source
+	st.Source = nil
+	b, _ := json.MarshalIndent(st, "", "  ")
+	if len(src) == 0 { // (else valid, compact JSON: sync writes it with json.Marshal)
+		return b
+	}
+	// Source is State's last field: it goes where MarshalIndent would have put it.
+	end := bytes.LastIndexByte(b, '}')
+	if end < 0 {
+		return b
+	}
+	out := make([]byte, 0, len(b)+len(src)+16)
+	out = append(out, bytes.TrimRight(b[:end], "\n")...)
+	out = append(out, ",\n  \"source\": "...)
+	out = append(out, src...)
+	return append(out, "\n}"...)
 }
 
 // watchLinks triggers a sync on every link added, removed or changed; the sync prunes

@@ -176,8 +176,34 @@ func ParseJSON(b []byte) (*Config, error) {
 	return c.finish()
 }
 
+// ParseJSONServices is ParseJSON for a config written as JSON without its load balancer's
+// services (rest) and those services, decoded already (svcs): the Kubernetes source keeps the
+// services that did not change from one derivation to the next instead of writing and reading
+// thousands again. was, when not nil, are the services of a config that passed these checks:
+// the services are then checked with lb.ValidateChange (the same errors).
+func ParseJSONServices(rest []byte, svcs, was []lb.Service) (*Config, error) {
+	var c Config
+	dec := json.NewDecoder(bytes.NewReader(rest))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return nil, err
+	}
+	if dec.More() {
+		return nil, errors.New("trailing data after the config")
+	}
+	if len(c.LoadBalancer.Services) > 0 {
+		return nil, errors.New("loadBalancer.services: given twice")
+	}
+	c.LoadBalancer.Services = svcs
+	return c.finishChange(was, was != nil)
+}
+
 // finish fills in the defaults and validates.
-func (c Config) finish() (*Config, error) {
+func (c Config) finish() (*Config, error) { return c.finishChange(nil, false) }
+
+// finishChange is finish; with change, the load balancer's services are checked against was
+// (lb.Config.ValidateChange).
+func (c Config) finishChange(was []lb.Service, change bool) (*Config, error) {
 	if c.Datapath == "" {
 		c.Datapath = model.DatapathFlowtable
 	}
@@ -187,7 +213,7 @@ func (c Config) finish() (*Config, error) {
 	if c.Agent.MinSyncInterval.Duration == 0 {
 		c.Agent.MinSyncInterval.Duration = time.Second
 	}
-	if err := c.validate(); err != nil {
+	if err := c.validate(was, change); err != nil {
 		return nil, err
 	}
 	return &c, nil
@@ -204,7 +230,7 @@ func (e Errors) Error() string {
 	return strings.Join(s, "\n")
 }
 
-func (c *Config) validate() error {
+func (c *Config) validate(lbWas []lb.Service, lbChange bool) error {
 	var errs Errors
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 
@@ -303,7 +329,11 @@ func (c *Config) validate() error {
 	if c.Agent.MinSyncInterval.Duration < 0 {
 		bad("agent.minSyncInterval: %s is negative", c.Agent.MinSyncInterval.Duration)
 	}
-	errs = append(errs, c.LoadBalancer.Validate()...)
+	if lbChange {
+		errs = append(errs, c.LoadBalancer.ValidateChange(lbWas)...)
+	} else {
+		errs = append(errs, c.LoadBalancer.Validate()...)
+	}
 	if len(errs) > 0 {
 		return errs
 	}

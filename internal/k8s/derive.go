@@ -81,6 +81,11 @@ func ParseBase(b []byte) (*config.Config, error) {
 //
 // Lists in base are kept and the API's entries added, so the ConfigMap can name static extras.
 func Derive(base *config.Config, snap Snapshot, p Params) (*Derived, error) {
+	return new(deriver).derive(base, snap, p)
+}
+
+// derive is Derive; dr keeps what its last derivations found (see deriver).
+func (dr *deriver) derive(base *config.Config, snap Snapshot, p Params) (*Derived, error) {
 	if p.Peers == "" {
 		p.Peers = PeersAll
 	}
@@ -129,13 +134,13 @@ func Derive(base *config.Config, snap Snapshot, p Params) (*Derived, error) {
 	sum.Services = len(snap.Services)
 	lbIPs := externalAddresses(snap.Services)
 	sum.ExternalIPs = lbIPs
-	fronts := balance(snap, p, self, sum.NodeIPs, warn)
+	fronts := balance(snap, p, self, sum.NodeIPs, warn, dr)
 
 	c, err := clone(base)
 	if err != nil {
 		return nil, err
 	}
-	svcs := lbServices(c.LoadBalancer.Services, fronts, warn)
+	svcs := lbServices(c.LoadBalancer.Services, fronts, warn, dr.validateAlone)
 	sum.Balanced = fronts
 	c.Node.LocalPodCIDRs = union(c.Node.LocalPodCIDRs, sum.LocalPodCIDRs)
 	c.Node.PeerPodCIDRs = union(c.Node.PeerPodCIDRs, peerCIDRs)
@@ -144,6 +149,13 @@ func Derive(base *config.Config, snap Snapshot, p Params) (*Derived, error) {
 	c.Node.LoadBalancerIPs = union(c.Node.LoadBalancerIPs, hostPrefixes(lbIPs))
 	c.LoadBalancer.Services = append(c.LoadBalancer.Services, svcs...)
 
+	if !dr.slow {
+		if parsed, j, ok := dr.finish(c); ok {
+			return &Derived{Config: parsed, JSON: j, Summary: sum}, nil
+		}
+	}
+	// Not valid (or not written and read back the cheap way): what it always was, for its
+	// errors.
 	j, err := marshalConfig(c)
 	if err != nil {
 		return nil, err

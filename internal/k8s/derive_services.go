@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"cmp"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -123,9 +124,15 @@ const (
 const DefaultAffinityTimeout = 10800 * time.Second
 
 // balance turns the selected Services and their EndpointSlices into load balancer fronts.
-func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn func(string, ...any)) []LBFront {
+// dr, when not nil, keeps each Service's fronts for the next derivation (deriver.frontsOf).
+func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn func(string, ...any), dr *deriver) []LBFront {
 	if p.Services == ServicesNone {
 		return nil
+	}
+	name := lbName
+	if dr != nil {
+		name = dr.lbName
+		defer dr.rotateFronts()
 	}
 	slicesOf := map[string][]*discoveryv1.EndpointSlice{} // namespace/service
 	for _, es := range snap.EndpointSlices {
@@ -138,12 +145,27 @@ func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn 
 	slices.SortFunc(svcs, func(a, b *corev1.Service) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
-	var out []LBFront
+	out := make([]LBFront, 0, len(svcs))
 	for _, s := range svcs {
 		if !selected(s, p) || s.Spec.Type == corev1.ServiceTypeExternalName {
 			continue
 		}
 		eps := slicesOf[s.Namespace+"/"+s.Name]
+		if dr != nil {
+			if fs, ok := dr.frontsOf(s, eps, self.Name, nodeIPs, warn); ok {
+				out = append(out, fs...)
+				continue
+			}
+		}
+		first, warn := len(out), warn
+		var warned []string
+		if dr != nil {
+			parent := warn
+			warn = func(format string, a ...any) {
+				warned = append(warned, fmt.Sprintf(format, a...))
+				parent("%s", warned[len(warned)-1])
+			}
+		}
 		var persistence time.Duration
 		if s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 			persistence = DefaultAffinityTimeout
@@ -199,7 +221,7 @@ func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn 
 					if !netip.MustParseAddr(fam[0]).Is4() {
 						f.Name += "/ipv6"
 					}
-					f.LBName = lbName(f.Name)
+					f.LBName = name(f.Name)
 					if len(f.Backends) == 0 {
 						f.Skipped = "no endpoints"
 					}
@@ -218,6 +240,12 @@ func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn 
 			}
 			mk(FrontExternal, external, sp.Port, pick(externalLocal))
 		}
+		if dr != nil {
+			dr.keepFronts(s, eps, self.Name, nodeIPs, out[first:], warned)
+		}
+	}
+	if len(out) == 0 {
+		return nil // (as before the capacity)
 	}
 	return out
 }

@@ -248,6 +248,12 @@ func FuzzDerive(f *testing.F) {
 			t.Fatal(err)
 		}
 		d, err := Derive(base, snap, p)
+		// The way it always was (Derive keeps nothing from one derivation to the next, but
+		// writes and reads its services one by one) gives the same.
+		if want, wantErr := (&deriver{slow: true}).derive(base, snap, p); fmt.Sprint(err) != fmt.Sprint(wantErr) ||
+			err == nil && (string(d.JSON) != string(want.JSON) || !reflect.DeepEqual(d.Config, want.Config)) {
+			t.Fatalf("derive: %v, the old way %v\n%s", err, wantErr, describe(snap, p))
+		}
 		if err != nil {
 			msg := err.Error()
 			if msg == `node "self" not found in the API (is --node-name right?)` {

@@ -18,13 +18,20 @@ import (
 // base config's services or another front already have): its Skipped says why, and a warning.
 // One Service must not break the whole derived config, which would keep this node's last good
 // config in force (peers and all) until someone fixes the Service.
-func lbServices(static []lb.Service, fronts []LBFront, warn func(string, ...any)) []lb.Service {
+//
+// alone is lb.ValidateServices of one service (nil: that function).
+func lbServices(static []lb.Service, fronts []LBFront, warn func(string, ...any), alone func(lb.Service) []error) []lb.Service {
+	if alone == nil {
+		alone = func(s lb.Service) []error {
+			return lb.ValidateServices([]lb.Service{s}, func(int) string { return "service" })
+		}
+	}
 	type key struct {
 		vip   netip.Addr
 		proto string
 		port  int
 	}
-	used, names := map[key]string{}, map[string]bool{}
+	used, names := make(map[key]string, len(static)+len(fronts)), make(map[string]bool, len(static)+len(fronts))
 	keys := func(s lb.Service) []key {
 		ports := s.Ports
 		if s.Port != 0 {
@@ -46,7 +53,7 @@ func lbServices(static []lb.Service, fronts []LBFront, warn func(string, ...any)
 			used[k] = s.Name
 		}
 	}
-	var out []lb.Service
+	out := make([]lb.Service, 0, len(fronts))
 	for i := range fronts {
 		f := &fronts[i]
 		if f.Skipped != "" {
@@ -69,7 +76,7 @@ func lbServices(static []lb.Service, fronts []LBFront, warn func(string, ...any)
 		for _, b := range f.Backends {
 			s.Backends = append(s.Backends, lb.Backend{Address: b.Address, Port: int(b.Port), State: b.State})
 		}
-		if errs := lb.ValidateServices([]lb.Service{s}, func(int) string { return "service" }); len(errs) > 0 {
+		if errs := alone(s); len(errs) > 0 {
 			f.Skipped = "the load balancer rejects it: " + errs[0].Error()
 		} else if names[s.Name] {
 			f.Skipped = fmt.Sprintf("the name %s is already used", s.Name)
@@ -90,6 +97,9 @@ func lbServices(static []lb.Service, fronts []LBFront, warn func(string, ...any)
 			used[k] = s.Name
 		}
 		out = append(out, s)
+	}
+	if len(out) == 0 {
+		return nil // (as before the capacity)
 	}
 	return out
 }

@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -74,6 +75,12 @@ func TestSourceFollowsNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "n2 to join the peers", func() bool { return slices.Equal(peers(), []string{"10.244.1.0/24", "10.244.2.0/24"}) })
+	// Report is the status as JSON (the summary written once per derivation).
+	eventually(t, "Report to be json.Marshal(Status())", func() bool {
+		want, _ := json.Marshal(s.Status())
+		got, _ := s.Report().(json.RawMessage)
+		return string(got) == string(want) && strings.Contains(string(got), `"peers":[{"name":"n1"`)
+	})
 	select {
 	case <-s.Changed():
 	default:

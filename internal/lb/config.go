@@ -188,7 +188,14 @@ func (c *Config) StatePath() string {
 }
 
 // Validate checks the section; errors name the field (loadBalancer.services[1].port: ...).
-func (c *Config) Validate() []error {
+func (c *Config) Validate() []error { return c.validate(nil, false) }
+
+// ValidateChange is Validate for a section whose services differ from was, services that
+// passed Validate, in a few: it checks them with ValidateChange (same errors, fewer services
+// checked again when there are none).
+func (c *Config) ValidateChange(was []Service) []error { return c.validate(was, true) }
+
+func (c *Config) validate(was []Service, change bool) []error {
 	var errs []error
 	if a := c.API; a != nil {
 		if a.Listen != "" {
@@ -213,7 +220,11 @@ func (c *Config) Validate() []error {
 	} else if len(c.StateFile) > maxPath {
 		errs = append(errs, fmt.Errorf("loadBalancer.stateFile: %s is longer than %d bytes", model.Quote(c.StateFile), maxPath))
 	}
-	return append(errs, ValidateServices(c.Services, func(i int) string { return fmt.Sprintf("loadBalancer.services[%d]", i) })...)
+	field := func(i int) string { return fmt.Sprintf("loadBalancer.services[%d]", i) }
+	if change {
+		return append(errs, ValidateChange(was, c.Services, field)...)
+	}
+	return append(errs, ValidateServices(c.Services, field)...)
 }
 
 // ValidateServices checks each service and the services together (names, VIPs and reverse

@@ -1,0 +1,192 @@
+package k8s
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"reflect"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/hostaccel/hostaccel/internal/config"
+	"github.com/hostaccel/hostaccel/internal/lb"
+)
+
+// TestSameServiceFields: sameService compares every field of lb.Service, lb.Backend and
+// lb.HealthCheck; a field added there must be added to it (and to cloneService).
+func TestSameServiceFields(t *testing.T) {
+	for _, c := range []struct {
+		typ    reflect.Type
+		fields []string
+	}{
+		{reflect.TypeFor[lb.Service](), []string{"Name", "VIPs", "Port", "Ports", "Protocol", "Topology", "SNATAddresses", "Interface",
+			"BackendInterface", "Scheduler", "HashFields", "Persistence", "FlowTimeout", "FlushConntrack", "HealthCheck", "Backends"}},
+		{reflect.TypeFor[lb.Backend](), []string{"Address", "Port", "Weight", "Priority", "State", "MAC"}},
+		{reflect.TypeFor[lb.HealthCheck](), []string{"Type", "Port", "Path", "Host", "ExpectStatus", "Send", "Expect", "Query",
+			"Command", "Interval", "Timeout", "Rise", "Fall"}},
+	} {
+		var got []string
+		for f := range c.typ.Fields() {
+			got = append(got, f.Name)
+		}
+		if !slices.Equal(got, c.fields) {
+			t.Errorf("%s has fields %v; sameService and cloneService know %v", c.typ, got, c.fields)
+		}
+	}
+	a := lb.Service{Name: "a", VIPs: []string{"10.0.0.1"}, Port: 80, Persistence: lb.D(5), Backends: []lb.Backend{{Address: "10.0.1.1"}},
+		HealthCheck: &lb.HealthCheck{Type: "tcp", Command: []string{"x"}}}
+	b := cloneService(a)
+	if !sameService(&a, &b) {
+		t.Fatal("a clone differs")
+	}
+	b.Backends[0].State = lb.StateDrain
+	b.HealthCheck.Command[0] = "y"
+	if sameService(&a, &b) || a.Backends[0].State != "" || a.HealthCheck.Command[0] != "x" {
+		t.Fatal("a changed clone is the same, or changed its original")
+	}
+}
+
+// checkSame derives snap with dr and the way Derive always did, and fails unless both give
+// the same (config, JSON, summary, error).
+func checkSame(t *testing.T, dr *deriver, base *config.Config, snap Snapshot, p Params, what string) {
+	t.Helper()
+	got, gotErr := dr.derive(base, snap, p)
+	want, wantErr := (&deriver{slow: true}).derive(base, snap, p)
+	if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) {
+		t.Fatalf("%s: error %v, want %v", what, gotErr, wantErr)
+	}
+	if wantErr != nil {
+		return
+	}
+	if string(got.JSON) != string(want.JSON) {
+		t.Fatalf("%s: JSON\n%s\nwant\n%s", what, got.JSON, want.JSON)
+	}
+	if !reflect.DeepEqual(got.Config, want.Config) || !reflect.DeepEqual(got.Summary, want.Summary) {
+		t.Fatalf("%s: config or summary differ\n%+v\nwant\n%+v", what, got.Config, want.Config)
+	}
+}
+
+// TestDeriverMatchesDerive: derivations that keep what the last found give what Derive always
+// gave, error messages included: over the fuzz seeds (one deriver for all of them, one after
+// the other), and over changes to a cluster that make its config invalid and valid again.
+func TestDeriverMatchesDerive(t *testing.T) {
+	var dr deriver
+	for i := range 40 {
+		var b []byte
+		for j := 0; len(b) < 40+i%5*40; j++ {
+			sum := sha256.Sum256(fmt.Appendf(nil, "seed %d %d", i, j))
+			b = append(b, sum[:]...)
+		}
+		for k := range b {
+			if k%7 != 0 {
+				b[k] %= 160
+			}
+		}
+		snap, p, baseYAML := (&fuzzObjects{b}).snapshot()
+		base, err := ParseBase([]byte(baseYAML))
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkSame(t, &dr, base, snap, p, fmt.Sprint("seed ", i))
+		checkSame(t, &dr, base, snap, p, fmt.Sprint("seed ", i, " again"))
+		checkSame(t, new(deriver), base, snap, p, fmt.Sprint("seed ", i, " fresh"))
+	}
+
+	dr = deriver{}
+	base, err := ParseBase([]byte(baseYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Params{NodeName: "self"}
+	snap := scaleSnapshot(60)
+	checkSame(t, &dr, base, snap, p, "first")
+	edit := func(what string, f func(s *Snapshot)) {
+		t.Helper()
+		snap.Services = slices.Clone(snap.Services)
+		snap.EndpointSlices = slices.Clone(snap.EndpointSlices)
+		f(&snap)
+		checkSame(t, &dr, base, snap, p, what)
+	}
+	edit("an endpoint not ready", func(s *Snapshot) {
+		es := s.EndpointSlices[3].DeepCopy()
+		no := false
+		es.Endpoints[0].Conditions.Ready = &no
+		s.EndpointSlices[3] = es
+	})
+	edit("an endpoint added", func(s *Snapshot) {
+		es := s.EndpointSlices[4].DeepCopy()
+		es.Endpoints = append(es.Endpoints, es.Endpoints[0])
+		es.Endpoints[len(es.Endpoints)-1].Addresses = []string{"10.128.4.99"}
+		s.EndpointSlices[4] = es
+	})
+	edit("a Service removed", func(s *Snapshot) { s.Services = slices.Delete(s.Services, 5, 6) })
+	edit("a Service's endpoints removed", func(s *Snapshot) { s.EndpointSlices = slices.Delete(s.EndpointSlices, 7, 8) })
+	edit("a second port", func(s *Snapshot) {
+		svc := s.Services[8].DeepCopy()
+		svc.Spec.Ports = append(svc.Spec.Ports, port("https", 443, 8443, 0))
+		s.Services[8] = svc
+		es := s.EndpointSlices[8].DeepCopy()
+		name, pt, proto := "https", int32(8443), corev1.ProtocolTCP
+		es.Ports = append(es.Ports, discoveryv1.EndpointPort{Name: &name, Port: &pt, Protocol: &proto})
+		s.EndpointSlices[8] = es
+	})
+	edit("a NodePort Service", func(s *Snapshot) {
+		svc := s.Services[9].DeepCopy()
+		svc.Spec.Type = corev1.ServiceTypeNodePort
+		svc.Spec.Ports[0].NodePort = 30080
+		s.Services[9] = svc
+	})
+	edit("an unknown scheduler (a warning)", func(s *Snapshot) {
+		svc := s.Services[10].DeepCopy()
+		svc.Annotations = map[string]string{AnnotationScheduler: "fastest"}
+		s.Services[10] = svc
+	})
+	edit("another endpoint change (the warning again)", func(s *Snapshot) {
+		es := s.EndpointSlices[11].DeepCopy()
+		es.Endpoints = es.Endpoints[:1]
+		s.EndpointSlices[11] = es
+	})
+	edit("this node's IPs changed (the NodePort's VIPs)", func(s *Snapshot) {
+		s.Nodes = slices.Clone(s.Nodes)
+		s.Nodes[0] = node("self", []string{"10.128.0.0/24"}, "172.18.0.2", "172.18.9.9")
+	})
+	// A backend that is also a stateless-dnat backend of the base's service: the derived
+	// config is invalid, and then valid again.
+	bad, err := ParseBase([]byte(baseYAML + `
+loadBalancer:
+  services:
+  - {name: static, vips: [192.0.2.1], port: 80, topology: stateless-dnat, interface: eth0, backends: [{address: 10.128.10.10, port: 8080}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Derive(bad, snap, p); err == nil {
+		t.Fatal("the config with a stateless-dnat backend of a Service's derived")
+	}
+	checkSame(t, &dr, bad, snap, p, "an invalid derived config")
+	checkSame(t, &dr, base, snap, p, "valid again")
+	edit("an endpoint back", func(s *Snapshot) {
+		es := s.EndpointSlices[3].DeepCopy()
+		yes := true
+		es.Endpoints[0].Conditions.Ready = &yes
+		s.EndpointSlices[3] = es
+	})
+	checkSame(t, &dr, bad, snap, p, "invalid again")
+	checkSame(t, &dr, bad, snap, p, "invalid, the same")
+	checkSame(t, &dr, base, snap, p, "valid, the same")
+	checkSame(t, &dr, base, snap, p, "valid, the same again")
+
+	// What Derive hands out is the caller's: changing it changes nothing of the next.
+	d, err := dr.derive(base, snap, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range d.Config.LoadBalancer.Services {
+		s := &d.Config.LoadBalancer.Services[i]
+		s.Backends[0].State = lb.StateDown
+		s.VIPs[0] = "192.0.2.99"
+	}
+	checkSame(t, &dr, base, snap, p, "after the caller changed the last config")
+}
