@@ -57,7 +57,7 @@ func (dr *deriver) memo(s *lb.Service) *svcMemo {
 			return m
 		}
 	}
-	m := &svcMemo{src: cloneService(*s)}
+	m := &svcMemo{src: s.Clone()}
 	dr.next[s.Name] = m
 	return m
 }
@@ -182,7 +182,7 @@ func (dr *deriver) finish(c *config.Config) (*config.Config, []byte, bool) {
 	}
 	handed := make([]lb.Service, len(parsed))
 	for i := range parsed {
-		handed[i] = cloneService(parsed[i])
+		handed[i] = parsed[i].Clone()
 	}
 	if len(handed) == 0 {
 		handed = nil
@@ -263,30 +263,6 @@ func writeObject(out *bytes.Buffer, m map[string]any) error {
 	}
 	out.WriteByte('}')
 	return nil
-}
-
-// cloneService copies s deep enough that changing the copy in place changes nothing of s.
-func cloneService(s lb.Service) lb.Service {
-	s.VIPs, s.Ports, s.SNATAddresses, s.HashFields = slices.Clone(s.VIPs), slices.Clone(s.Ports), slices.Clone(s.SNATAddresses), slices.Clone(s.HashFields)
-	s.Persistence, s.FlowTimeout = clonePtr(s.Persistence), clonePtr(s.FlowTimeout)
-	if s.HealthCheck != nil {
-		hc := *s.HealthCheck
-		hc.Command = slices.Clone(hc.Command)
-		s.HealthCheck = &hc
-	}
-	s.Backends = slices.Clone(s.Backends)
-	for i := range s.Backends {
-		s.Backends[i].Weight = clonePtr(s.Backends[i].Weight)
-	}
-	return s
-}
-
-func clonePtr[T any](p *T) *T {
-	if p == nil {
-		return nil
-	}
-	v := *p
-	return &v
 }
 
 // sameService reports whether a and b are the same, field by field (nil and empty apart):

@@ -1,7 +1,6 @@
 package k8s
 
 import (
-	"crypto/sha256"
 	"fmt"
 	"reflect"
 	"slices"
@@ -15,7 +14,7 @@ import (
 )
 
 // TestSameServiceFields: sameService compares every field of lb.Service, lb.Backend and
-// lb.HealthCheck; a field added there must be added to it (and to cloneService).
+// lb.HealthCheck; a field added there must be added to it (and to lb.Service.Clone).
 func TestSameServiceFields(t *testing.T) {
 	for _, c := range []struct {
 		typ    reflect.Type
@@ -32,12 +31,12 @@ func TestSameServiceFields(t *testing.T) {
 			got = append(got, f.Name)
 		}
 		if !slices.Equal(got, c.fields) {
-			t.Errorf("%s has fields %v; sameService and cloneService know %v", c.typ, got, c.fields)
+			t.Errorf("%s has fields %v; sameService and lb.Service.Clone know %v", c.typ, got, c.fields)
 		}
 	}
 	a := lb.Service{Name: "a", VIPs: []string{"10.0.0.1"}, Port: 80, Persistence: lb.D(5), Backends: []lb.Backend{{Address: "10.0.1.1"}},
 		HealthCheck: &lb.HealthCheck{Type: "tcp", Command: []string{"x"}}}
-	b := cloneService(a)
+	b := a.Clone()
 	if !sameService(&a, &b) {
 		t.Fatal("a clone differs")
 	}
@@ -74,17 +73,7 @@ func checkSame(t *testing.T, dr *deriver, base *config.Config, snap Snapshot, p 
 func TestDeriverMatchesDerive(t *testing.T) {
 	var dr deriver
 	for i := range 40 {
-		var b []byte
-		for j := 0; len(b) < 40+i%5*40; j++ {
-			sum := sha256.Sum256(fmt.Appendf(nil, "seed %d %d", i, j))
-			b = append(b, sum[:]...)
-		}
-		for k := range b {
-			if k%7 != 0 {
-				b[k] %= 160
-			}
-		}
-		snap, p, baseYAML := (&fuzzObjects{b}).snapshot()
+		snap, p, baseYAML := (&fuzzObjects{seedBytes(i)}).snapshot()
 		base, err := ParseBase([]byte(baseYAML))
 		if err != nil {
 			t.Fatal(err)

@@ -298,22 +298,29 @@ func describe(snap Snapshot, p Params) string {
 	return b.String()
 }
 
+// seedBytes is FuzzDerive's seed i: bytes from a hash, mostly choices of values the API
+// accepts (bytes < 160).
+func seedBytes(i int) []byte {
+	var b []byte
+	for j := 0; len(b) < 40+i%5*40; j++ {
+		sum := sha256.Sum256(fmt.Appendf(nil, "seed %d %d", i, j))
+		b = append(b, sum[:]...)
+	}
+	for k := range b {
+		if k%7 != 0 {
+			b[k] %= 160
+		}
+	}
+	return b
+}
+
 // TestFuzzSeeds keeps FuzzDerive's seed corpus current (go test -update rewrites it): byte
 // strings from a hash, mostly choices of values the API accepts (bytes < 160).
 func TestFuzzSeeds(t *testing.T) {
 	seeds := map[string][]any{}
 	derived, balanced := 0, 0
 	for i := range 40 {
-		var b []byte
-		for j := 0; len(b) < 40+i%5*40; j++ {
-			sum := sha256.Sum256(fmt.Appendf(nil, "seed %d %d", i, j))
-			b = append(b, sum[:]...)
-		}
-		for k := range b {
-			if k%7 != 0 {
-				b[k] %= 160
-			}
-		}
+		b := seedBytes(i)
 		seeds[fmt.Sprint("snapshot-", i)] = []any{b}
 		snap, p, base := (&fuzzObjects{b}).snapshot()
 		bc, _ := ParseBase([]byte(base))

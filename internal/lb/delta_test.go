@@ -221,7 +221,7 @@ func TestSameDefinitionFields(t *testing.T) {
 	}
 	st := reflect.TypeOf(base)
 	for i := range st.NumField() {
-		s := cloneService(base)
+		s := base.Clone()
 		perturb(reflect.ValueOf(&s).Elem().Field(i))
 		if sameDefinition(&base, &s) {
 			t.Errorf("Service.%s changed: still the same definition", st.Field(i).Name)
@@ -229,13 +229,13 @@ func TestSameDefinitionFields(t *testing.T) {
 	}
 	bt := reflect.TypeOf(Backend{})
 	for i := range bt.NumField() {
-		s := cloneService(base)
+		s := base.Clone()
 		perturb(reflect.ValueOf(&s.Backends[0]).Elem().Field(i))
 		if sameDefinition(&base, &s) {
 			t.Errorf("Backend.%s changed: still the same definition", bt.Field(i).Name)
 		}
 	}
-	s := cloneService(base)
+	s := base.Clone()
 	if !sameDefinition(&base, &s) {
 		t.Error("a clone is another definition")
 	}

@@ -303,7 +303,7 @@ func (rv *Resolver) Resolve(svcs []Service, health map[string]Health, env Env) *
 		ek := envKey(s, env)
 		if p == nil || p.env != ek || !sameDefinition(&p.svc, &s) || !p.sameHealth(health) {
 			ss := resolveService(s, health, env)
-			p = &resolved{svc: cloneService(s), env: ek, ss: ss, health: make([]Health, len(ss.Backends))}
+			p = &resolved{svc: s.Clone(), env: ek, ss: ss, health: make([]Health, len(ss.Backends))}
 			for i, b := range ss.Backends {
 				p.health[i] = health[HealthKey(s.Name, b.Key)]
 			}
@@ -376,9 +376,9 @@ func sameDefinition(a, b *Service) bool {
 	return true
 }
 
-// cloneService copies s deep enough that changing the caller's copy in place (a backend's
-// state) does not change the clone.
-func cloneService(s Service) Service {
+// Clone copies s deep enough that changing either copy in place (a backend's state) does not
+// change the other.
+func (s Service) Clone() Service {
 	s.VIPs, s.Ports, s.SNATAddresses, s.HashFields = slices.Clone(s.VIPs), slices.Clone(s.Ports), slices.Clone(s.SNATAddresses), slices.Clone(s.HashFields)
 	s.Persistence, s.FlowTimeout = clonePtr(s.Persistence), clonePtr(s.FlowTimeout)
 	if s.HealthCheck != nil {
