@@ -279,9 +279,7 @@ func sameService(a, b *lb.Service) bool {
 		return false
 	}
 	for i := range a.Backends {
-		x, y := &a.Backends[i], &b.Backends[i]
-		if x.Address != y.Address || x.Port != y.Port || !samePtr(x.Weight, y.Weight) || x.Priority != y.Priority ||
-			x.State != y.State || x.MAC != y.MAC {
+		if !lb.SameBackend(&a.Backends[i], &b.Backends[i]) {
 			return false
 		}
 	}

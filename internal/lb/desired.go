@@ -367,13 +367,18 @@ func sameDefinition(a, b *Service) bool {
 		return false
 	}
 	for i := range a.Backends {
-		x, y := &a.Backends[i], &b.Backends[i]
-		if x.Address != y.Address || x.Port != y.Port || !samePtr(x.Weight, y.Weight) || x.Priority != y.Priority ||
-			x.State != y.State || x.MAC != y.MAC {
+		if !SameBackend(&a.Backends[i], &b.Backends[i]) {
 			return false
 		}
 	}
 	return true
+}
+
+// SameBackend reports whether x and y are the same backend definition, field by field
+// (TestSameServiceFields keeps it in step with Backend).
+func SameBackend(x, y *Backend) bool {
+	return x.Address == y.Address && x.Port == y.Port && samePtr(x.Weight, y.Weight) && x.Priority == y.Priority &&
+		x.State == y.State && x.MAC == y.MAC
 }
 
 // Clone copies s deep enough that changing either copy in place (a backend's state) does not
