@@ -164,16 +164,25 @@ func Parse(b []byte) (*Config, error) {
 // derivation): encoding/json, strict, without the YAML parser, which costs a second for a
 // config of 5,000 services. The checks and defaults are Parse's.
 func ParseJSON(b []byte) (*Config, error) {
+	c, err := decodeJSON(b)
+	if err != nil {
+		return nil, err
+	}
+	return c.finish()
+}
+
+// decodeJSON decodes one config object strictly: no unknown fields, nothing after it.
+func decodeJSON(b []byte) (Config, error) {
 	var c Config
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
-		return nil, err
+		return c, err
 	}
 	if dec.More() {
-		return nil, errors.New("trailing data after the config")
+		return c, errors.New("trailing data after the config")
 	}
-	return c.finish()
+	return c, nil
 }
 
 // ParseJSONServices is ParseJSON for a config written as JSON without its load balancer's
@@ -182,28 +191,23 @@ func ParseJSON(b []byte) (*Config, error) {
 // thousands again. was, when not nil, are the services of a config that passed these checks:
 // the services are then checked with lb.ValidateChange (the same errors).
 func ParseJSONServices(rest []byte, svcs, was []lb.Service) (*Config, error) {
-	var c Config
-	dec := json.NewDecoder(bytes.NewReader(rest))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
+	c, err := decodeJSON(rest)
+	if err != nil {
 		return nil, err
-	}
-	if dec.More() {
-		return nil, errors.New("trailing data after the config")
 	}
 	if len(c.LoadBalancer.Services) > 0 {
 		return nil, errors.New("loadBalancer.services: given twice")
 	}
 	c.LoadBalancer.Services = svcs
-	return c.finishChange(was, was != nil)
+	return c.finishChange(was)
 }
 
 // finish fills in the defaults and validates.
-func (c Config) finish() (*Config, error) { return c.finishChange(nil, false) }
+func (c Config) finish() (*Config, error) { return c.finishChange(nil) }
 
-// finishChange is finish; with change, the load balancer's services are checked against was
-// (lb.Config.ValidateChange).
-func (c Config) finishChange(was []lb.Service, change bool) (*Config, error) {
+// finishChange is finish; with was not nil, the load balancer's services are checked against
+// was (lb.Config.ValidateChange).
+func (c Config) finishChange(was []lb.Service) (*Config, error) {
 	if c.Datapath == "" {
 		c.Datapath = model.DatapathFlowtable
 	}
@@ -213,7 +217,7 @@ func (c Config) finishChange(was []lb.Service, change bool) (*Config, error) {
 	if c.Agent.MinSyncInterval.Duration == 0 {
 		c.Agent.MinSyncInterval.Duration = time.Second
 	}
-	if err := c.validate(was, change); err != nil {
+	if err := c.validate(was); err != nil {
 		return nil, err
 	}
 	return &c, nil
@@ -230,7 +234,7 @@ func (e Errors) Error() string {
 	return strings.Join(s, "\n")
 }
 
-func (c *Config) validate(lbWas []lb.Service, lbChange bool) error {
+func (c *Config) validate(lbWas []lb.Service) error {
 	var errs Errors
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 
@@ -329,7 +333,7 @@ func (c *Config) validate(lbWas []lb.Service, lbChange bool) error {
 	if c.Agent.MinSyncInterval.Duration < 0 {
 		bad("agent.minSyncInterval: %s is negative", c.Agent.MinSyncInterval.Duration)
 	}
-	if lbChange {
+	if lbWas != nil {
 		errs = append(errs, c.LoadBalancer.ValidateChange(lbWas)...)
 	} else {
 		errs = append(errs, c.LoadBalancer.Validate()...)
