@@ -219,6 +219,13 @@ func dial(src netip.Addr, dst netip.AddrPort) (net.Conn, error) {
 	}
 }
 
+// usedPorts is the last source port nextPort gave from src to dst (below 20000: none yet).
+func usedPorts(src netip.Addr, dst netip.AddrPort) int {
+	portMu.Lock()
+	defer portMu.Unlock()
+	return max(lastPort[[2]string{src.String(), dst.String()}], 19999)
+}
+
 // nextPort returns a source port from src to dst not used before in this run.
 func nextPort(src netip.Addr, dst netip.AddrPort) (int, error) {
 	portMu.Lock()
