@@ -65,7 +65,7 @@ else
 	# deploy/grafana: test/e2e checks the dashboard's flowtable metrics against the agent's here;
 	# examples: internal/flowtable renders them against its goldens.
 	VMEXEC_MIRROR="../../deploy/grafana ../../examples" VMEXEC_FILES="$ROOT/.cache/bin/hostaccel" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_REQUIRE_FLOWTABLE=1 HOSTACCEL_BIN=/vmtest/hostaccel" \
-		go test -count=1 -p 1 -timeout 40m -exec "$ROOT/vmtest/vmexec.sh" ./test/e2e/ ./test/reliability/ ./internal/probe/ ./internal/conntrack/ ./internal/tc/ ./internal/flowtable/
+		go test -count=1 -p 1 -timeout 40m -exec "$ROOT/vmtest/vmexec.sh" ./test/e2e/ ./test/reliability/ ./internal/probe/ ./internal/conntrack/ ./internal/tc/ ./internal/flowtable/ ./internal/sockmap/
 	# The kernel accepts the flowtable of every config validation accepted (the fuzz corpus).
 	VMEXEC_MIRROR="../lb/testdata" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_REQUIRE_FLOWTABLE=1" \
 		go test -count=1 -p 1 -timeout 30m -exec "$ROOT/vmtest/vmexec.sh" -run '^TestFuzzCorpusKernelAccepts$' ./internal/config/

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,8 +12,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -297,8 +300,15 @@ func TestTraffic(t *testing.T) {
 				for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && n != len(msg); time.Sleep(5 * time.Millisecond) {
 					n = fionread(t, s)
 				}
-				if n != len(msg) {
-					t.Errorf("FIONREAD = %d with %d bytes waiting (kernel fix 929e30f93125)", n, len(msg))
+				switch fixed, why := fionreadFixed(t); {
+				case fixed && n != len(msg):
+					t.Errorf("FIONREAD = %d with %d bytes waiting (%s)", n, len(msg), why)
+				case !fixed && n == len(msg):
+					t.Errorf("FIONREAD = %d counts the redirected bytes, but %s", n, why)
+				case !fixed:
+					// The kernel lacks the fix: the datapath's probe must have said so, which
+					// keeps auto's local-pod-to-pod off sockmap (internal/datapath).
+					t.Logf("FIONREAD = %d with %d bytes waiting, as %s", n, len(msg), why)
 				}
 				got := make([]byte, len(msg))
 				if _, err := io.ReadFull(s, got); err != nil || !bytes.Equal(got, msg) {
@@ -358,6 +368,55 @@ func sendfile(t *testing.T, c, s *net.TCPConn) int64 {
 		t.Fatalf("received %d bytes (%v), sha256 match %v", r.n, r.err, r.sum == sha256.Sum256(data))
 	}
 	return size * 9 / 10
+}
+
+// fionreadFixed says whether FIONREAD must count the bytes sk_msg moved to a socket here:
+// by the verdict of `hostaccel probe` (sockmap_fionread) when the tests have the binary
+// (HOSTACCEL_BIN: scripts/test.sh, on the host and in the VM), which this test then holds to
+// what a real accelerated connection shows; without the binary, yes.
+func fionreadFixed(t *testing.T) (bool, string) {
+	fionreadVerdict.Do(func() { fionreadVerdict.fixed, fionreadVerdict.why, fionreadVerdict.err = probeFIONREAD() })
+	if fionreadVerdict.err != nil {
+		t.Fatal(fionreadVerdict.err)
+	}
+	return fionreadVerdict.fixed, fionreadVerdict.why
+}
+
+var fionreadVerdict struct {
+	sync.Once
+	fixed bool
+	why   string
+	err   error
+}
+
+func probeFIONREAD() (bool, string, error) {
+	bin := os.Getenv("HOSTACCEL_BIN")
+	if bin == "" {
+		return true, "kernel fix 929e30f93125; HOSTACCEL_BIN unset, so no probe verdict to follow", nil
+	}
+	out, err := exec.Command(bin, "probe", "-o", "json").Output()
+	if err != nil {
+		return false, "", fmt.Errorf("%s probe: %w", bin, err)
+	}
+	var r struct {
+		Features []struct {
+			Name      string `json:"name"`
+			Available bool   `json:"available"`
+			Detail    string `json:"detail"`
+		} `json:"features"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		return false, "", fmt.Errorf("%s probe: %w", bin, err)
+	}
+	for _, f := range r.Features {
+		if f.Name == "sockmap_fionread" {
+			if f.Available {
+				return true, "hostaccel probe says sockmap_fionread is available", nil
+			}
+			return false, "hostaccel probe says sockmap_fionread is unavailable: " + f.Detail, nil
+		}
+	}
+	return false, "", fmt.Errorf("%s probe has no sockmap_fionread", bin)
 }
 
 func fionread(t *testing.T, c *net.TCPConn) int {
@@ -854,4 +913,109 @@ func mustBPFFS(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// BenchmarkReadCounterOtherSockets: what the datapath's read counter costs a socket in no
+// sockmap. hostaccel_rt (the sock_recv_length tracepoint, where the kernel refuses fexit) runs
+// on every recvmsg of the node; here a loopback connection inside a Pod (never entered) does
+// 1-byte request-responses, and the kernel's BPF run-time statistics give the program's time
+// per call (ns/call). hostaccel_rd (fexit on tcp_bpf_recvmsg) runs for sockmap sockets only:
+// other sockets pay nothing, and the benchmark says so (calls/op 0).
+//
+//	go test -run '^$' -bench ReadCounterOtherSockets -count 5 ./internal/sockmap/
+func BenchmarkReadCounterOtherSockets(b *testing.B) {
+	testbed.RequireRoot(b)
+	pods := testbed.NewLocalPodsT(b)
+	m := NewManager()
+	defer m.Remove(context.Background())
+	if _, err := m.Apply(context.Background(), Render(model.State{LocalPodCIDRs: pods.CIDRs, Classes: []model.Class{model.LocalPodToPod}})); err != nil {
+		b.Fatal(err)
+	}
+	st, err := m.Status(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	var name string
+	for prog, hook := range readerHooks {
+		if hook == st.ReadCounter {
+			name = prog
+		}
+	}
+	prog := attachedProgram(b, name)
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer stats.Close()
+	var ln net.Listener
+	if err := pods.A.Do(func() (err error) { ln, err = net.Listen("tcp", "127.0.0.1:0"); return }); err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		s, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer s.Close()
+		buf := make([]byte, 1)
+		for {
+			if _, err := s.Read(buf); err != nil {
+				return
+			}
+			s.Write(buf)
+		}
+	}()
+	var c net.Conn
+	if err := pods.A.Do(func() (err error) { c, err = net.Dial("tcp", ln.Addr().String()); return }); err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 1)
+	before, err := prog.Stats()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		c.Write(buf)
+		if _, err := io.ReadFull(c, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	after, err := prog.Stats()
+	if err != nil {
+		b.Fatal(err)
+	}
+	calls := after.RunCount - before.RunCount
+	b.ReportMetric(float64(calls)/float64(b.N), "calls/op")
+	if calls > 0 {
+		b.ReportMetric(float64(after.Runtime-before.Runtime)/float64(calls), "ns/call")
+	}
+	b.Logf("read counter %s", st.ReadCounter)
+}
+
+// attachedProgram finds the loaded program named name (the kernel keeps 15 characters).
+func attachedProgram(tb testing.TB, name string) *ebpf.Program {
+	tb.Helper()
+	if name == "" {
+		tb.Fatal("no read counter attached")
+	}
+	for id := ebpf.ProgramID(0); ; {
+		next, err := ebpf.ProgramGetNextID(id)
+		if err != nil {
+			tb.Fatalf("no loaded program %s: %v", name, err)
+		}
+		id = next
+		p, err := ebpf.NewProgramFromID(id)
+		if err != nil {
+			continue
+		}
+		if info, err := p.Info(); err == nil && info.Name == name {
+			tb.Cleanup(func() { p.Close() })
+			return p
+		}
+		p.Close()
+	}
 }
