@@ -40,11 +40,12 @@ const DefaultKnownDir = "/run/hostaccel"
 const knownFormat = "hostaccel-lb-known/1"
 
 // knownFile is the cache as a file: the tables as the last apply left them, in the network
-// namespace NetNS (a cookie: never reused) at ruleset generation Gen.
+// namespace NetNS (a cookie: never reused in a boot) of boot Boot at ruleset generation Gen.
 type knownFile struct {
 	Format string       `json:"format"`
 	Gen    uint32       `json:"generation"`
 	NetNS  uint64       `json:"netnsCookie"`
+	Boot   string       `json:"bootID"`
 	Tables []knownTable `json:"tables"`
 }
 
@@ -84,7 +85,7 @@ func (m *Manager) recall(ctx context.Context) (g nftlist.Generation, ok bool) {
 		return g, false
 	}
 	g, err := m.Generation(ctx)
-	if err != nil || g.NetNS == 0 {
+	if err != nil || g.NetNS == 0 || g.Boot == "" {
 		slog.Debug("load balancer: no ruleset generation: the tables are read whole", "err", err)
 		return g, false
 	}
@@ -122,7 +123,7 @@ func (m *Manager) keep(ctx context.Context, was nftlist.Generation, err error) {
 		now, gerr := m.Generation(ctx)
 		sure := surelyChanges(m.lastTx)
 		switch {
-		case gerr != nil || now.NetNS != was.NetNS || now.NetNSInode != was.NetNSInode:
+		case gerr != nil || now.NetNS != was.NetNS || now.NetNSInode != was.NetNSInode || now.Boot != was.Boot:
 		case !sure && now.ID == was.ID || sure && now.ID == was.Next().ID:
 			werr := writeKnown(path, m.cache.file(now))
 			if werr == nil {
@@ -167,7 +168,7 @@ func surelyChanges(tx *knftables.Transaction) bool {
 
 // file is c as a knownFile at generation g.
 func (c *kernelCache) file(g nftlist.Generation) *knownFile {
-	f := &knownFile{Format: knownFormat, Gen: g.ID, NetNS: g.NetNS}
+	f := &knownFile{Format: knownFormat, Gen: g.ID, NetNS: g.NetNS, Boot: g.Boot}
 	for _, ref := range slices.SortedFunc(maps.Keys(c.tables), func(a, b TableRef) int { return strings.Compare(a.String(), b.String()) }) {
 		kt := c.tables[ref]
 		t := knownTable{Family: ref.Family, Name: ref.Name, Comment: kt.Comment, Chains: map[string][]string{},
@@ -257,8 +258,8 @@ func readKnown(path string, g nftlist.Generation) (*knownFile, error) {
 	switch {
 	case f.Format != knownFormat:
 		return nil, fmt.Errorf("format %q, not %q", f.Format, knownFormat)
-	case f.NetNS != g.NetNS:
-		return nil, errors.New("another network namespace's")
+	case f.NetNS != g.NetNS || f.Boot != g.Boot:
+		return nil, errors.New("another network namespace's, or another boot's")
 	}
 	seen := map[TableRef]bool{}
 	for _, t := range f.Tables {

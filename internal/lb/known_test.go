@@ -42,7 +42,7 @@ func (g *genFake) Run(ctx context.Context, tx *knftables.Transaction) error {
 }
 
 func (g *genFake) generation(context.Context) (nftlist.Generation, error) {
-	return nftlist.Generation{ID: g.gen, NetNS: g.netns, NetNSInode: 4026531840}, nil
+	return nftlist.Generation{ID: g.gen, NetNS: g.netns, NetNSInode: 4026531840, Boot: "6f1b2c3d-boot"}, nil
 }
 
 // edit runs a transaction of someone else's.
@@ -184,6 +184,7 @@ func TestKnownForeignOrCorruptFileIsIgnored(t *testing.T) {
 		"garbage":         func(*knownFile) []byte { return []byte("{\"format\": \"hostaccel-lb-kn") },
 		"format":          func(k *knownFile) []byte { k.Format = "hostaccel-lb-known/0"; return nil },
 		"netns":           func(k *knownFile) []byte { k.NetNS++; return nil },
+		"boot":            func(k *knownFile) []byte { k.Boot = "another"; return nil },
 		"not our table":   func(k *knownFile) []byte { k.Tables[0].Name = "filter"; return nil },
 		"table twice":     func(k *knownFile) []byte { k.Tables = append(k.Tables, k.Tables[0]); return nil },
 		"null everywhere": func(*knownFile) []byte { return []byte(`{"format":"` + knownFormat + `","tables":[null,{}]}`) },

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -20,6 +22,8 @@ type Generation struct {
 	// later; 0 when the kernel does not tell). NetNSInode is its inode (reused once it is
 	// gone: a name for files, not an identity).
 	NetNS, NetNSInode uint64
+	// Boot is the kernel's boot id: cookies and generations start over at every boot.
+	Boot string
 }
 
 // soNetNSCookie is SO_NETNS_COOKIE (asm-generic; golang.org/x/sys has it for a few
@@ -35,6 +39,9 @@ func GetGeneration(context.Context) (Generation, error) {
 		return g, fmt.Errorf("nftables generation: %w", err)
 	}
 	defer c.Close()
+	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+		g.Boot = strings.TrimSpace(string(b))
+	}
 	var st unix.Stat_t
 	if unix.Stat("/proc/thread-self/ns/net", &st) == nil {
 		g.NetNSInode = st.Ino

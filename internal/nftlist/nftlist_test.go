@@ -72,7 +72,7 @@ func TestGenerationInANamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	g0 := gen()
-	if g0.NetNS == 0 || g0.NetNS == host.NetNS || g0.NetNSInode == 0 || g0.NetNSInode == host.NetNSInode {
+	if g0.NetNS == 0 || g0.NetNS == host.NetNS || g0.NetNSInode == 0 || g0.NetNSInode == host.NetNSInode || g0.Boot == "" || g0.Boot != host.Boot {
 		t.Fatalf("namespace %+v, host %+v", g0, host)
 	}
 	if err := ns.NFT("add table inet x\n"); err != nil {
