@@ -60,7 +60,7 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "debug, info, warn or error")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "text", "text or json")
-	root.AddCommand(probeCmd(g), renderCmd(), applyCmd(), agentCmd(g), statusCmd(g), cleanupCmd())
+	root.AddCommand(probeCmd(g), renderCmd(), applyCmd(g), agentCmd(g), statusCmd(g), cleanupCmd())
 	for _, c := range commands {
 		root.AddCommand(c(g))
 	}
@@ -189,13 +189,14 @@ func addLockFlag(c *cobra.Command, path *string) {
 		"held while this command may change the kernel: one writer per node (the agent, apply, cleanup)")
 }
 
-func applyCmd() *cobra.Command {
+func applyCmd(g *globals) *cobra.Command {
 	var file, lockPath string
 	c := &cobra.Command{
 		Use:   "apply -f CONFIG",
 		Short: "Install the config; nothing changes when the config or the kernel cannot do it",
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx := c.Context()
+			slog.SetDefault(g.logger()) // --log-level debug: how the load balancer read the kernel
 			cfg, err := config.Load(file)
 			if err != nil {
 				return err

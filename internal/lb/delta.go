@@ -215,6 +215,7 @@ func (m *Manager) applyScopes(ctx context.Context, scopes []*partScope, res Resu
 		if err := m.NFT.Run(ctx, tx); err != nil {
 			return res, fmt.Errorf("nft transaction (nothing was changed): %w", err)
 		}
+		m.lastTx = tx
 	}
 	for i, s := range scopes {
 		m.cache.patch(s, rewritten[i])

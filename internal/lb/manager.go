@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/hostaccel/hostaccel/internal/nftjson"
+	"github.com/hostaccel/hostaccel/internal/nftlist"
 )
 
 // Manager owns the load balancer's tables in one network namespace; it is the only code of
@@ -37,8 +38,16 @@ type Manager struct {
 	// A first apply, and one after a failure, still read at once.
 	DeferFull bool
 
+	// KnownDir, with Generation: Apply keeps its cache in a file there (one per network
+	// namespace) for the next process, which diffs against it while the ruleset's
+	// generation is the one the file has (known.go). For the one-shot `hostaccel apply`.
+	KnownDir   string
+	Generation func(context.Context) (nftlist.Generation, error)
+
 	cache kernelCache
-	fresh *FullRead // a full reading for the next Apply (DeferFull)
+	// lastTx is the transaction the last apply ran (nil: none).
+	lastTx *knftables.Transaction
+	fresh  *FullRead // a full reading for the next Apply (DeferFull)
 	// applies counts the applies and removals: a Settle's reading is dropped when one ran
 	// while nft listed.
 	applies uint64
@@ -93,11 +102,16 @@ func (r Result) Changed() bool { return r.Operations > 0 }
 // its layout changed. Our tables that r does not have are deleted. Dynamic maps (flows,
 // persistent clients) keep their entries, except those pointing at backends that are gone.
 func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
+	gen, persist := m.recall(ctx)
 	full := m.cache.fullDue(m.FullEvery)
 	if m.DeferFull && m.FullEvery > 0 && m.cache.known() {
 		full = m.fresh != nil && m.fresh.applies == m.applies
 	}
-	return m.applyAs(ctx, r, full, false)
+	res, err := m.applyAs(ctx, r, full, false)
+	if persist {
+		m.keep(ctx, gen, err)
+	}
+	return res, err
 }
 
 // ApplyChanges is Apply without the periodic full read: for changes that must reach the
@@ -116,6 +130,7 @@ func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full, trust bool) (Re
 	}
 	m.fresh = nil
 	m.applies++
+	m.lastTx = nil
 	full = full || !m.cache.known()
 	res, err := m.apply(ctx, r, full, trust && !full, fresh)
 	if err != nil && !full {
@@ -169,6 +184,7 @@ func (m *Manager) apply(ctx context.Context, r *Ruleset, full, trust bool, fresh
 		if err := m.NFT.Run(ctx, tx); err != nil {
 			return res, fmt.Errorf("nft transaction (nothing was changed): %w", err)
 		}
+		m.lastTx = tx
 	}
 	next, err := m.remember(ctx, r.Tables, plans)
 	if err != nil {
@@ -735,6 +751,7 @@ func normExpr(e string) string {
 // Remove deletes every table of the load balancer, and nothing else.
 func (m *Manager) Remove(ctx context.Context) ([]TableRef, error) {
 	m.expect = nil
+	m.forgetKnown(ctx)
 	refs, err := m.ours(ctx)
 	if err != nil || len(refs) == 0 {
 		return nil, err

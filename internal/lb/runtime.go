@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/hostaccel/hostaccel/internal/nftlist"
 )
 
 // Runtime is the load balancer inside the agent: it merges the config's services with the
@@ -513,6 +515,7 @@ func Apply(ctx context.Context, cfg Config) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	m.KnownDir, m.Generation = DefaultKnownDir, nftlist.GetGeneration
 	if !cfg.InUse() {
 		refs, err := m.Remove(ctx)
 		if err != nil || len(refs) == 0 {

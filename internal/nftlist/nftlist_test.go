@@ -49,3 +49,49 @@ func TestTablesInANamespace(t *testing.T) {
 		}
 	}
 }
+
+// The generation counts the transactions that changed something in the namespace, and
+// only its own; each namespace has its cookie.
+func TestGenerationInANamespace(t *testing.T) {
+	testbed.RequireRoot(t)
+	ns, err := testbed.NewNS("nftgen")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	gen := func() Generation {
+		t.Helper()
+		var g Generation
+		if err := ns.Do(func() (err error) { g, err = GetGeneration(context.Background()); return }); err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	host, err := GetGeneration(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g0 := gen()
+	if g0.NetNS == 0 || g0.NetNS == host.NetNS || g0.NetNSInode == 0 || g0.NetNSInode == host.NetNSInode || g0.Boot == "" || g0.Boot != host.Boot {
+		t.Fatalf("namespace %+v, host %+v", g0, host)
+	}
+	if err := ns.NFT("add table inet x\n"); err != nil {
+		t.Fatal(err)
+	}
+	if g := gen(); g != g0.Next() {
+		t.Errorf("after a table added: %+v, want %+v", g, g0.Next())
+	}
+	// Adding what is there changes nothing, and neither does a failed transaction.
+	if err := ns.NFT("add table inet x\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.NFT("add table inet y\ndelete table inet nosuch\n"); err == nil {
+		t.Fatal("deleting a table that is not there did not fail")
+	}
+	if g := gen(); g != g0.Next() {
+		t.Errorf("after no change: %+v, want %+v", g, g0.Next())
+	}
+	if (Generation{ID: ^uint32(0)}).Next().ID != 1 {
+		t.Error("the generation after the last is 1 (the kernel skips 0)")
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -347,5 +348,90 @@ func TestApplyAndCleanup(t *testing.T) {
 	// Nothing left: cleanup says so (it used to say it removed everything).
 	if out := ha("cleanup"); out != "nothing to remove: hostaccel had nothing installed in this network namespace\n" {
 		t.Errorf("second cleanup says %q", out)
+	}
+}
+
+// A second `hostaccel apply` diffs against the file the first left (the ruleset's generation
+// unchanged); a change by someone else to our table moves the generation, and the next apply
+// reads the table whole and repairs it: the file never hides drift.
+func TestApplyCacheSeesDrift(t *testing.T) {
+	ns, err := testbed.NewNS("applycache")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	lockFile := filepath.Join(t.TempDir(), "hostaccel.lock")
+	ha := func(args ...string) string {
+		t.Helper()
+		args = append([]string{"--log-level", "debug"}, append(args, "--lock-file", lockFile)...)
+		out, err := exec.Command("ip", append([]string{"netns", "exec", ns.Name, hostaccel}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "datapath: none\nloadBalancer:\n  stateFile: %s\n  services:\n", filepath.Join(t.TempDir(), "state.yaml"))
+	b.WriteString("  - {name: web, vips: [198.18.0.1], port: 80, topology: dnat, scheduler: rr, backends: [")
+	for i := range 50 {
+		fmt.Fprintf(&b, "{address: 172.16.0.%d, port: 8080}, ", i+1)
+	}
+	b.WriteString("]}\n")
+	cfg := filepath.Join(t.TempDir(), "lb.yaml")
+	os.WriteFile(cfg, []byte(b.String()), 0o644)
+	table := func() string {
+		t.Helper()
+		out, err := ns.Exec("nft", "list", "table", "inet", lb.NATTable)
+		if err != nil {
+			t.Fatal(err, out)
+		}
+		return out
+	}
+	const hit, miss = "diffing against its cache", "the tables are read whole"
+	if out := ha("apply", "-f", cfg); strings.Contains(out, hit) {
+		t.Errorf("first apply: %s", out)
+	}
+	want := table()
+	if out := ha("apply", "-f", cfg); !strings.Contains(out, hit) || !strings.Contains(out, "(no change)") {
+		t.Errorf("second apply, nothing changed: %s", out)
+	}
+	// Someone deletes a backend's slot and adds a rule to our service's chain.
+	if out, err := ns.Exec("nft", "delete", "element", "inet", lb.NATTable, "web-backends-v4", "{ 7 }"); err != nil {
+		t.Fatal(err, out)
+	}
+	if out, err := ns.Exec("nft", "add", "rule", "inet", lb.NATTable, "svc-web-v4", "counter"); err != nil {
+		t.Fatal(err, out)
+	}
+	if out := ha("apply", "-f", cfg); !strings.Contains(out, miss) || strings.Contains(out, hit) || strings.Contains(out, "(no change)") {
+		t.Errorf("apply after someone's change: %s", out)
+	}
+	if got := table(); got != want {
+		t.Errorf("not repaired:\n%s\nwant:\n%s", got, want)
+	}
+	if out := ha("apply", "-f", cfg); !strings.Contains(out, hit) || !strings.Contains(out, "(no change)") {
+		t.Errorf("apply after the repair: %s", out)
+	}
+	// A drain, then no change: both from the file.
+	os.WriteFile(cfg, []byte(strings.Replace(b.String(), "172.16.0.9, port: 8080}", "172.16.0.9, port: 8080, state: drain}", 1)), 0o644)
+	if out := ha("apply", "-f", cfg); !strings.Contains(out, hit) || !strings.Contains(out, "operations)") {
+		t.Errorf("drain: %s", out)
+	}
+	if out := ha("apply", "-f", cfg); !strings.Contains(out, hit) || !strings.Contains(out, "(no change)") {
+		t.Errorf("after the drain: %s", out)
+	}
+	if strings.Contains(table(), "172.16.0.9 . 8080") {
+		t.Error("the drained backend is still in its service's slots")
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat("/run/netns/"+ns.Name, &st); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(lb.DefaultKnownDir, fmt.Sprintf("lb-known-%d.json", st.Ino))
+	if _, err := os.Stat(file); err != nil {
+		t.Errorf("no cache file: %v", err)
+	}
+	ha("cleanup")
+	if _, err := os.Stat(file); !os.IsNotExist(err) {
+		t.Errorf("cleanup left the cache file: %v", err)
 	}
 }

@@ -1,0 +1,258 @@
+package lb
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/hostaccel/hostaccel/internal/nftlist"
+)
+
+// genFake is a Fake with the kernel's ruleset generation: a transaction that changes
+// something counts one. foreign commits of someone else's are counted during the next Run
+// (a commit racing ours); fail fails the transactions.
+type genFake struct {
+	*knftables.Fake
+	gen     uint32
+	netns   uint64
+	foreign int
+	fail    bool
+}
+
+func (g *genFake) Run(ctx context.Context, tx *knftables.Transaction) error {
+	if g.fail {
+		return errors.New("nft: transaction refused")
+	}
+	before := g.Dump()
+	if err := g.Fake.Run(ctx, tx); err != nil {
+		return err
+	}
+	if g.Dump() != before {
+		g.gen++
+	}
+	g.gen += uint32(g.foreign)
+	g.foreign = 0
+	return nil
+}
+
+func (g *genFake) generation(context.Context) (nftlist.Generation, error) {
+	return nftlist.Generation{ID: g.gen, NetNS: g.netns, NetNSInode: 4026531840, Boot: "6f1b2c3d-boot"}, nil
+}
+
+// edit runs a transaction of someone else's.
+func (g *genFake) edit(t *testing.T, change func(tx *knftables.Transaction)) {
+	t.Helper()
+	tx := g.NewTransaction()
+	change(tx)
+	if err := g.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newGenFake() *genFake { return &genFake{Fake: knftables.NewFake("", ""), gen: 1, netns: 4097} }
+
+// process is a Manager as a one-shot `hostaccel apply` makes it: new, its cache in dir.
+func (g *genFake) process(dir string) *Manager {
+	return &Manager{NFT: g, List: FakeLister(g.Fake), Tables: FakeTables(g.Fake), FullEvery: DefaultFullEvery,
+		KnownDir: dir, Generation: g.generation}
+}
+
+func knownServices() []Service {
+	big := Service{Name: "big", VIPs: []string{"192.0.2.20"}, Port: 80, Topology: DNAT, Scheduler: RoundRobin}
+	for i := range 1000 {
+		big.Backends = append(big.Backends, Backend{Address: fmt.Sprintf("10.1.%d.%d", i/250, 1+i%250), Port: 8080})
+	}
+	return append(svcSet(), big)
+}
+
+// Each run is a new process: the first reads the kernel whole; the next ones, the ruleset
+// unchanged since, diff against the file the last one left, with the operations of a diff
+// against a full reading.
+func TestKnownNextProcessDiffsAgainstTheFile(t *testing.T) {
+	g, dir := newGenFake(), t.TempDir()
+	ref := newGenFake() // the same changes, each read whole
+	svcs := knownServices()
+	apply(t, ref.process(""), svcs, nil)
+	res, _ := apply(t, g.process(dir), svcs, nil)
+	if !res.FullRead || !res.Changed() {
+		t.Fatalf("first apply: %+v", res)
+	}
+	for _, step := range []struct {
+		what   string
+		change func()
+		ops    int
+	}{
+		{"drain one", func() { svcs[3].Backends[10].State = StateDrain }, 8},
+		{"no change", func() {}, 0},
+		{"one down", func() { svcs[3].Backends[500].State = StateDown }, 8},
+		{"one back", func() { svcs[3].Backends[10].State = "" }, 8},
+		{"persistent clients' backend gone", func() { svcs[0].Backends = svcs[0].Backends[1:] }, 40},
+	} {
+		step.change()
+		want, _ := apply(t, ref.process(""), svcs, nil)
+		res, d := apply(t, g.process(dir), svcs, nil)
+		if res.FullRead || !want.FullRead || res.Operations != want.Operations || res.Operations > step.ops {
+			t.Errorf("%s: %d operations (full read %v), want %d as a full read's: %+v", step.what, res.Operations, res.FullRead, want.Operations, res)
+		}
+		checkKernel(t, g.Fake, freshDump(t, d), step.what)
+	}
+}
+
+// A change by anyone else moves the generation: the next apply reads the tables whole,
+// repairs them and says what changed (the file still tells what the last apply left).
+func TestKnownDriftIsReadWhole(t *testing.T) {
+	g, dir := newGenFake(), t.TempDir()
+	svcs := knownServices()
+	apply(t, g.process(dir), svcs, nil)
+	g.edit(t, func(tx *knftables.Transaction) {
+		tx.Delete(&knftables.Element{Family: knftables.InetFamily, Table: NATTable, Map: "big-backends-v4", Key: []string{"5"}})
+	})
+	res, d := apply(t, g.process(dir), svcs, nil)
+	if !res.FullRead || res.Operations != 1 || len(res.Drift) == 0 {
+		t.Errorf("after someone deleted an element: %+v", res)
+	}
+	checkKernel(t, g.Fake, freshDump(t, d), "repaired")
+	// That repair only added: it cannot prove that no one else's transaction came between.
+	res, _ = apply(t, g.process(dir), svcs, nil)
+	if !res.FullRead || res.Changed() {
+		t.Errorf("after a repair that only added: %+v", res)
+	}
+	if res, _ = apply(t, g.process(dir), svcs, nil); res.FullRead || res.Changed() {
+		t.Errorf("then: %+v", res)
+	}
+	// A table deleted and made anew by someone else, the same: read whole.
+	g.edit(t, func(tx *knftables.Transaction) {
+		tx.Delete(&knftables.Table{Family: knftables.InetFamily, Name: NATTable})
+		tx.Add(&knftables.Table{Family: knftables.InetFamily, Name: NATTable})
+	})
+	if res, d = apply(t, g.process(dir), svcs, nil); !res.FullRead || len(res.Rebuilt) != 1 {
+		t.Errorf("after someone emptied the table: %+v", res)
+	}
+	checkKernel(t, g.Fake, freshDump(t, d), "rebuilt")
+}
+
+// The generation after the apply must be the next one for the file to be kept: a commit of
+// someone else's beside ours removes it.
+func TestKnownCommitBesideOursDropsTheFile(t *testing.T) {
+	g, dir := newGenFake(), t.TempDir()
+	svcs := knownServices()
+	apply(t, g.process(dir), svcs, nil)
+	svcs[3].Backends[10].State = StateDrain
+	g.foreign = 1
+	if res, _ := apply(t, g.process(dir), svcs, nil); res.FullRead {
+		t.Errorf("drain: %+v", res)
+	}
+	if files, _ := filepath.Glob(filepath.Join(dir, "*")); len(files) != 0 {
+		t.Errorf("files left: %v", files)
+	}
+	if res, _ := apply(t, g.process(dir), svcs, nil); !res.FullRead || res.Changed() {
+		t.Errorf("next: %+v", res)
+	}
+}
+
+// A failed transaction changes nothing and leaves no file: the next apply reads whole.
+func TestKnownFailedApplyDropsTheFile(t *testing.T) {
+	g, dir := newGenFake(), t.TempDir()
+	svcs := knownServices()
+	apply(t, g.process(dir), svcs, nil)
+	before := g.Dump()
+	svcs[3].Backends[10].State = StateDrain
+	g.fail = true
+	if _, err := g.process(dir).Apply(context.Background(), Render(Resolve(svcs, nil, testEnv))); err == nil {
+		t.Fatal("the transaction failed, Apply did not")
+	}
+	if g.Dump() != before {
+		t.Error("a failed apply changed the kernel")
+	}
+	g.fail = false
+	res, d := apply(t, g.process(dir), svcs, nil)
+	if !res.FullRead || res.Operations == 0 {
+		t.Errorf("after a failed apply: %+v", res)
+	}
+	checkKernel(t, g.Fake, freshDump(t, d), "after a failed apply")
+}
+
+// A file that is not a cache of this namespace's is ignored: the tables are read whole.
+func TestKnownForeignOrCorruptFileIsIgnored(t *testing.T) {
+	for name, edit := range map[string]func(k *knownFile) []byte{
+		"garbage":         func(*knownFile) []byte { return []byte("{\"format\": \"hostaccel-lb-kn") },
+		"format":          func(k *knownFile) []byte { k.Format = "hostaccel-lb-known/0"; return nil },
+		"netns":           func(k *knownFile) []byte { k.NetNS++; return nil },
+		"boot":            func(k *knownFile) []byte { k.Boot = "another"; return nil },
+		"not our table":   func(k *knownFile) []byte { k.Tables[0].Name = "filter"; return nil },
+		"table twice":     func(k *knownFile) []byte { k.Tables = append(k.Tables, k.Tables[0]); return nil },
+		"null everywhere": func(*knownFile) []byte { return []byte(`{"format":"` + knownFormat + `","tables":[null,{}]}`) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			g, dir := newGenFake(), t.TempDir()
+			svcs := knownServices()
+			m := g.process(dir)
+			apply(t, m, svcs, nil)
+			path := m.knownPath(nftlist.Generation{NetNSInode: 4026531840})
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var k knownFile
+			if err := json.Unmarshal(b, &k); err != nil {
+				t.Fatal(err)
+			}
+			if out := edit(&k); out != nil {
+				b = out
+			} else if b, err = json.Marshal(k); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			svcs[3].Backends[10].State = StateDrain
+			res, d := apply(t, g.process(dir), svcs, nil)
+			if !res.FullRead {
+				t.Errorf("ignored file: %+v", res)
+			}
+			checkKernel(t, g.Fake, freshDump(t, d), name)
+			if res, _ := apply(t, g.process(dir), svcs, nil); res.FullRead || res.Changed() {
+				t.Errorf("the file written anew: %+v", res)
+			}
+		})
+	}
+}
+
+// Remove deletes the file with the tables.
+func TestKnownRemoveDropsTheFile(t *testing.T) {
+	g, dir := newGenFake(), t.TempDir()
+	apply(t, g.process(dir), knownServices(), nil)
+	if _, err := g.process(dir).Remove(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if files, _ := filepath.Glob(filepath.Join(dir, "*")); len(files) != 0 {
+		t.Errorf("files left: %v", files)
+	}
+}
+
+func TestSurelyChanges(t *testing.T) {
+	tx := knftables.NewFake("", "").NewTransaction()
+	if surelyChanges(nil) || surelyChanges(tx) {
+		t.Error("no transaction changes something")
+	}
+	tx.Add(&knftables.Table{Family: knftables.InetFamily, Name: NATTable})
+	tx.Add(&knftables.Element{Family: knftables.InetFamily, Table: NATTable, Map: "m", Key: []string{"1"}, Value: []string{"2"}})
+	if surelyChanges(tx) {
+		t.Error("adds of what may be there already")
+	}
+	tx.Delete(&knftables.Element{Family: knftables.InetFamily, Table: NATTable, Map: "m", Key: []string{"1"}})
+	if !surelyChanges(tx) {
+		t.Error("a delete")
+	}
+	tx = knftables.NewFake("", "").NewTransaction()
+	tx.Add(&knftables.Rule{Family: knftables.InetFamily, Table: NATTable, Chain: "c", Rule: "accept"})
+	if !surelyChanges(tx) {
+		t.Error("a rule added")
+	}
+}
