@@ -442,6 +442,9 @@ func writeStatus(out io.Writer, st agent.Status) {
 			fmt.Fprintf(out, " %s(%s%s)", d.Name, d.Role, peer)
 		}
 		fmt.Fprintf(out, "\n  NAT check (conntrack): %s\n", t.NATCheck)
+		if t.NATCarry {
+			fmt.Fprintln(out, "  NAT-ed TCP flows the flowtable offloaded: carried here (via nat-carried)")
+		}
 		fmt.Fprintln(out, "  redirected past the host stack:")
 		table(out, "CLASS\tFAMILY\tPACKETS\tBYTES", len(t.Classes), func(i int) []any {
 			c := t.Classes[i]

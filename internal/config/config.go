@@ -56,6 +56,11 @@ type TC struct {
 	// flow, so that such flows stay on the stack: both (default), toward-pods, off. See
 	// docs/config.md for what each risks.
 	NATCheck model.NATCheck `json:"natCheck"`
+	// NATCarry (default true) lets the tc program carry the established TCP connections this
+	// node NATs that the flowtable offloaded (translated as conntrack says, and redirected),
+	// instead of handing them to the flowtable; false leaves them to the flowtable. Needs
+	// the NAT check. See docs/config.md.
+	NATCarry *bool `json:"natCarry,omitempty"`
 }
 
 // Node describes this node's interfaces and addresses.

@@ -68,6 +68,7 @@ func (c *Config) State(links []Link, strict bool) (model.State, []string, error)
 		PacketThreshold: c.PacketThreshold,
 		CountOffloaded:  c.Flowtable.CountOffloaded,
 		TCNATCheck:      c.TC.NATCheck,
+		TCNoNATCarry:    c.TC.NATCarry != nil && !*c.TC.NATCarry,
 	}
 	if c.Node.Transports.Auto {
 		for _, l := range links {

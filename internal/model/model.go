@@ -89,6 +89,7 @@ type State struct {
 	PacketThreshold int      // offload only once a connection has carried more packets than this (0: at once)
 	CountOffloaded  bool     // conntrack's counters keep running for offloaded flows (the flowtable's counter flag)
 	TCNATCheck      NATCheck // where the tc datapath checks conntrack for NAT ("": NATCheckBoth)
+	TCNoNATCarry    bool     // the tc datapath leaves NAT-ed flows to the flowtable (tc.natCarry: false)
 }
 
 // Devices returns the gateways and transports, sorted and without duplicates.

@@ -43,6 +43,19 @@
 // program (a read-only variable) whether the kernel's BTF has them, and loads it again once
 // nf_conntrack appears; without them the check is skipped and status says so.
 //
+// NAT carry (tc.natCarry, on by default): a NAT-ed TCP flow that the flowtable has offloaded
+// (conntrack's IPS_OFFLOAD: the flowtable's class rules chose it, made conntrack's window
+// tracking liberal, and keep the entry alive) is carried here rather than handed on: the
+// packet's tuple is looked up in conntrack (kept 100 ms per tuple in nat_flows, with the
+// checksums' changes precomputed), the packet is rewritten to what conntrack's other tuple
+// says (addresses and ports in place, IPv4's header checksum by RFC 1624, TCP's by
+// bpf_l4_csum_replace, which knows a CHECKSUM_PARTIAL packet), routed by its new destination and
+// redirected. SYN, FIN and RST take the stack, so conntrack and the flowtable see every change
+// of state (a FIN tears the flowtable's flow down; the next answer then passes). When the
+// flowtable's flow times out (nothing reaches it), the packets take the stack until it offloads
+// the flow again. The node's own addresses on the gateways are entered (ADDR_NODE), so that a
+// masqueraded reply to the node is recognised as the node's.
+//
 // bpf_fib_lookup then routes the packet from its input device. On success to one of our
 // devices the TTL / hop limit is decremented (the IPv4 checksum adjusted incrementally), the
 // MACs of the FIB's answer are written (never configured ones), and the packet leaves with

@@ -62,6 +62,26 @@ type fastpathLpm6 struct {
 	Addr      [16]uint8
 }
 
+type fastpathNatFlow struct {
+	_        structs.HostLayout
+	Asked    uint64
+	Carry    uint8
+	Changes  uint8
+	Sport    uint16
+	Dport    uint16
+	Saddr    [16]uint8
+	Daddr    [16]uint8
+	_        [2]byte
+	AddrDiff uint32
+	PortDiff uint32
+}
+
+type fastpathNatKey struct {
+	_   structs.HostLayout
+	Src fastpathEndpoint
+	Dst fastpathEndpoint
+}
+
 type fastpathNexthop struct {
 	_          structs.HostLayout
 	Expires    uint64
@@ -99,6 +119,7 @@ const (
 	fastpathMapHanded          = "handed"
 	fastpathMapHandedBits      = "handed_bits"
 	fastpathMapIfaces          = "ifaces"
+	fastpathMapNatFlows        = "nat_flows"
 	fastpathMapNexthops        = "nexthops"
 	fastpathMapStats           = "stats"
 	fastpathProgHostaccelFp    = "hostaccel_fp"
@@ -160,6 +181,7 @@ type fastpathMapSpecs struct {
 	Handed     *ebpf.MapSpec `ebpf:"handed"`
 	HandedBits *ebpf.MapSpec `ebpf:"handed_bits"`
 	Ifaces     *ebpf.MapSpec `ebpf:"ifaces"`
+	NatFlows   *ebpf.MapSpec `ebpf:"nat_flows"`
 	Nexthops   *ebpf.MapSpec `ebpf:"nexthops"`
 	Stats      *ebpf.MapSpec `ebpf:"stats"`
 }
@@ -197,6 +219,7 @@ type fastpathMaps struct {
 	Handed     *ebpf.Map `ebpf:"handed"`
 	HandedBits *ebpf.Map `ebpf:"handed_bits"`
 	Ifaces     *ebpf.Map `ebpf:"ifaces"`
+	NatFlows   *ebpf.Map `ebpf:"nat_flows"`
 	Nexthops   *ebpf.Map `ebpf:"nexthops"`
 	Stats      *ebpf.Map `ebpf:"stats"`
 }
@@ -209,6 +232,7 @@ func (m *fastpathMaps) Close() error {
 		m.Handed,
 		m.HandedBits,
 		m.Ifaces,
+		m.NatFlows,
 		m.Nexthops,
 		m.Stats,
 	)

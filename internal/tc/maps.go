@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"slices"
+
+	"github.com/hostaccel/hostaccel/internal/model"
 )
 
 // The program's flag bits (enums in bpf/fastpath.c).
@@ -19,9 +21,11 @@ const (
 	addrPeerPod  = 1 << 1
 	addrPeerNode = 1 << 2
 	addrExclude  = 1 << 3
+	addrNode     = 1 << 4 // an address of this node on a gateway
 
 	// settings.flags
 	settingsNexthopCache = 1 << 0
+	settingsNATCarry     = 1 << 1
 
 	// settings.nat_check
 	natCheckTowardPods = 1 << 0
@@ -94,6 +98,7 @@ type netState struct {
 	routes   []route
 	keep     map[uint32]uint32
 	destOnly bool
+	addrs    map[string][]netip.Addr // each device's addresses (want uses the gateways')
 }
 
 // device is a link as want needs it.
@@ -113,6 +118,9 @@ func want(d *Desired, n netState) (contents, []string) {
 	}
 	if n.destOnly {
 		c.settings.Flags |= settingsNexthopCache
+	}
+	if d.NATCarry && d.NATCheck != model.NATCheckOff {
+		c.settings.Flags |= settingsNATCarry
 	}
 	var missing []string
 	for name, role := range d.Devices {
@@ -137,6 +145,28 @@ func want(d *Desired, n netState) (contents, []string) {
 			}
 		}
 		c.addrs[p] = fastpathAddr{Flags: f, Egress: e}
+	}
+	// The node's own addresses on its gateways lie inside the local Pod CIDRs: they get a
+	// host entry with addrNode on top of the roles of the prefixes around them, so that the
+	// program takes packets to them (masqueraded replies) as the node's, not a Pod's.
+	for name, role := range d.Devices {
+		if role != RoleGateway {
+			continue
+		}
+		for _, a := range n.addrs[name] {
+			p := netip.PrefixFrom(a, a.BitLen())
+			if _, ok := c.addrs[p]; ok {
+				c.addrs[p] = fastpathAddr{Flags: c.addrs[p].Flags | addrNode, Egress: c.addrs[p].Egress}
+				continue
+			}
+			var around netip.Prefix
+			for q := range c.addrs {
+				if q.Contains(a) && q.Bits() > around.Bits() {
+					around = q
+				}
+			}
+			c.addrs[p] = fastpathAddr{Flags: c.addrs[around].Flags | addrNode}
+		}
 	}
 	return c, missing
 }

@@ -54,7 +54,11 @@ func TestWant(t *testing.T) {
 		{netip.MustParsePrefix("fd00:10:244:2::/64"), 7},
 		{netip.MustParsePrefix("fd00:172:18::/64"), 7},
 	}
-	c, missing := want(d, netState{links: links, routes: routes, keep: map[uint32]uint32{7: flagOwnClsact, 42: flagOwnClsact}, destOnly: true})
+	// The gateway's own addresses (inside the local Pod CIDRs) are the node's; the transport's
+	// are not entered.
+	addrs := map[string][]netip.Addr{"antrea-gw0": {netip.MustParseAddr("10.244.1.1"), netip.MustParseAddr("fd00:10:244:1::1")},
+		"eth0": {netip.MustParseAddr("172.18.0.2")}}
+	c, missing := want(d, netState{links: links, routes: routes, keep: map[uint32]uint32{7: flagOwnClsact, 42: flagOwnClsact}, destOnly: true, addrs: addrs})
 	if !slices.Equal(missing, []string{"eth1"}) {
 		t.Errorf("missing = %v, want [eth1]", missing)
 	}
@@ -74,11 +78,14 @@ func TestWant(t *testing.T) {
 		p("fd00:172:18::3/128"): {Flags: addrPeerNode, Egress: 7},
 		// inside a peer Pod CIDR: one lookup says both
 		p("10.244.2.66/32"): {Flags: addrPeerPod | addrExclude, Egress: 7},
+		// the gateway's addresses: the roles around them, and the node's
+		p("10.244.1.1/32"):        {Flags: addrLocalPod | addrNode},
+		p("fd00:10:244:1::1/128"): {Flags: addrLocalPod | addrNode},
 	}
 	if !reflect.DeepEqual(c.addrs, wantAddrs) {
 		t.Errorf("addrs =\n%v\nwant\n%v", c.addrs, wantAddrs)
 	}
-	if c.settings.Classes != 0b11 || c.settings.NatCheck != natCheckTowardPods|natCheckFromPods || c.settings.Flags != settingsNexthopCache {
+	if c.settings.Classes != 0b11 || c.settings.NatCheck != natCheckTowardPods|natCheckFromPods || c.settings.Flags != settingsNexthopCache|settingsNATCarry {
 		t.Errorf("settings = %+v", c.settings)
 	}
 }

@@ -2,9 +2,11 @@ package tc
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -184,4 +186,161 @@ func TestNAT(t *testing.T) {
 		t.Errorf("%d conntrack entries left after a flush: references leaked", n)
 	}
 	e.do(func() error { return NewManager().Remove(context.Background()) })
+}
+
+// TestNATCarry: where the flowtable offloads the node's NAT-ed connections, the program
+// carries their established packets itself, translated as conntrack's tuples say: ClusterIP
+// (Pod -> remote backend Pod) and NodePort (peer node -> local Pod) connections, IPv4 and
+// IPv6, move 4 MiB each way intact with their packets counted as nat-carried, while conntrack
+// still holds the flow as [OFFLOAD]; with NATCarry off, or without the flowtable's offload,
+// nothing is carried. Needs the flowtable (the VM; HOSTACCEL_REQUIRE_FLOWTABLE makes its
+// absence a failure).
+func TestNATCarry(t *testing.T) {
+	e := newEnv(t, "")
+	if err := e.topo.Node.NFT(e.topo.KubeProxyRules()); err != nil { // loads nf_conntrack
+		t.Fatal(err)
+	}
+	if !haveConntrackKfuncs() {
+		t.Fatal("this kernel lacks the conntrack kfuncs (bpf_skb_ct_lookup); both test kernels have them")
+	}
+	ft := fmt.Sprintf(`table inet hostaccel-test-ft {
+	flowtable f { hook ingress priority 0; devices = { %s, %s }; }
+	chain forward {
+		type filter hook forward priority 0; policy accept;
+		meta l4proto tcp ct state established flow add @f
+	}
+}
+`, e.topo.GatewayName, e.topo.TransportName)
+	if err := e.topo.Node.NFT(ft); err != nil {
+		if os.Getenv("HOSTACCEL_REQUIRE_FLOWTABLE") != "" {
+			t.Fatal(err)
+		}
+		t.Skipf("this kernel has no flowtable (%v): the VM runs this test (scripts/test.sh)", err)
+	}
+	// Checksums are verified end to end: veths pass a local socket's CHECKSUM_PARTIAL packets
+	// on unchecked, so the remote end sends complete checksums (the carried replies' TCP
+	// checksum is then updated as a complete one, and the Pod verifies it) and the node's
+	// transport completes the Pods' partial ones in software (the carried requests' pseudo-
+	// header sum is what it starts from, and the remote end verifies the result).
+	for _, x := range []struct {
+		ns  *testbed.NS
+		dev string
+	}{{e.topo.Remote, "eth0"}, {e.topo.Node, e.topo.TransportName}} {
+		if out, err := x.ns.Exec("ethtool", "-K", x.dev, "tx", "off"); err != nil {
+			t.Fatal(err, out)
+		}
+	}
+	offload := func(t *testing.T, on bool) {
+		t.Helper()
+		e.topo.Node.Exec("nft", "delete", "table", "inet", "hostaccel-test-ft")
+		if on {
+			if err := e.topo.Node.NFT(ft); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// long moves 4 MiB each way over one connection and returns conntrack's view of the node
+	// before the connection closes.
+	long := func(from, to *testbed.NS, src netip.Addr, listen, dial netip.AddrPort) (string, error) {
+		srv, err := to.ListenTCP(listen.String())
+		if err != nil {
+			return "", err
+		}
+		defer srv.Close()
+		c, err := from.DialTCP(src.String(), dial.String())
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		if err := testbed.Transfer(c, 4<<20, 64<<10); err != nil {
+			return "", err
+		}
+		out, err := e.topo.Node.Exec("conntrack", "-L", "-p", "tcp")
+		return out, err
+	}
+	// masquerade: kube-proxy's NodePort SNAT (the backend's replies come back to the node),
+	// so a carried packet has both addresses and both ports rewritten.
+	masq := ""
+	for _, v6 := range []bool{false, true} {
+		f := map[bool]string{false: "ip", true: "ip6"}[v6]
+		masq += fmt.Sprintf("table %[1]s hostaccel-test-masq {\n\tchain post {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\t\t%[1]s daddr %[2]s tcp dport %[3]d masquerade\n\t}\n}\n",
+			f, e.topo.Addrs(v6).Pod, testbed.NodePort)
+	}
+	for _, c := range []struct {
+		name                 string
+		carry, offload, masq bool
+	}{
+		{"carry", true, true, false},
+		{"carry-masquerade", true, true, true},
+		{"carry-off", false, true, false},
+		{"no-offload", true, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			offload(t, c.offload)
+			if c.masq {
+				if err := e.topo.Node.NFT(masq); err != nil {
+					t.Fatal(err)
+				}
+				defer func() {
+					e.topo.Node.Exec("nft", "delete", "table", "ip", "hostaccel-test-masq")
+					e.topo.Node.Exec("nft", "delete", "table", "ip6", "hostaccel-test-masq")
+				}()
+			}
+			e.d.NATCarry = c.carry
+			e.apply()
+			if got := e.status().NATCarry; got != c.carry {
+				t.Errorf("status NATCarry %v, want %v", got, c.carry)
+			}
+			for _, v6 := range []bool{false, true} {
+				a := e.topo.Addrs(v6)
+				for _, k := range []struct {
+					what         string
+					from, to     *testbed.NS
+					src          netip.Addr
+					listen, dial netip.AddrPort
+				}{
+					{"ClusterIP -> remote Pod", e.topo.Pod, e.topo.Remote, a.Pod,
+						netip.AddrPortFrom(a.RemotePod, testbed.ClusterIPPort), netip.AddrPortFrom(testbed.ClusterIP(v6), testbed.ClusterIPPort)},
+					{"peer node -> NodePort -> local Pod", e.topo.Remote, e.topo.Pod, a.Remote,
+						netip.AddrPortFrom(a.Pod, testbed.NodePort), netip.AddrPortFrom(a.Node, testbed.NodePort)},
+				} {
+					st := e.status()
+					before := st.Via[ViaNATCarried].Packets
+					ct, err := long(k.from, k.to, k.src, k.listen, k.dial)
+					if err != nil {
+						t.Errorf("%s %s: %v", fam(v6), k.what, err)
+						continue
+					}
+					after := e.status()
+					n := after.Via[ViaNATCarried].Packets - before
+					// masqueraded: the open connection's replies go to the node (its gateway address),
+					// not to the peer
+					if c.masq && k.dial.Port() == testbed.NodePort {
+						masqueraded := false
+						for _, l := range strings.Split(ct, "\n") {
+							if strings.Contains(l, "[OFFLOAD]") && strings.Contains(l, "src="+a.Pod.String()+" dst=") &&
+								!strings.Contains(l, "src="+a.Pod.String()+" dst="+a.Remote.String()+" ") {
+								masqueraded = true
+							}
+						}
+						if !masqueraded {
+							t.Errorf("%s %s: no masqueraded [OFFLOAD] entry in conntrack:\n%s", fam(v6), k.what, ct)
+						}
+					}
+					switch want := c.carry && c.offload; {
+					case want && n < 100:
+						t.Errorf("%s %s: %d packets carried, want >= 100 of 4 MiB each way", fam(v6), k.what, n)
+					case !want && n != 0:
+						t.Errorf("%s %s: %d packets carried, want 0", fam(v6), k.what, n)
+					default:
+						t.Logf("%s %s: %d packets carried; passed to the stack: nat %d", fam(v6), k.what, n,
+							after.Passed[PassNAT].Packets-st.Passed[PassNAT].Packets)
+					}
+					if c.offload && !strings.Contains(ct, "[OFFLOAD]") {
+						t.Errorf("%s %s: no [OFFLOAD] entry in conntrack:\n%s", fam(v6), k.what, ct)
+					}
+				}
+			}
+		})
+	}
 }

@@ -2,6 +2,7 @@ package tc
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 
 	"github.com/cilium/ebpf"
@@ -135,10 +136,24 @@ var usePeer = true
 
 // netState reads what want needs from the namespace.
 func (o *observed) netState() (netState, error) {
-	n := netState{links: map[string]device{}, keep: o.flags()}
+	n := netState{links: map[string]device{}, keep: o.flags(), addrs: map[string][]netip.Addr{}}
 	for name, l := range o.links {
 		_, veth := l.(*netlink.Veth)
 		n.links[name] = device{index: uint32(l.Attrs().Index), mtu: uint32(l.Attrs().MTU), peer: veth && l.Attrs().NetNsID >= 0}
+	}
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return n, fmt.Errorf("listing addresses: %w", err)
+	}
+	names := map[int]string{}
+	for name, l := range o.links {
+		names[l.Attrs().Index] = name
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.IsLinkLocalUnicast() {
+			name := names[a.LinkIndex]
+			n.addrs[name] = append(n.addrs[name], ip.Unmap())
+		}
 	}
 	routes, routeMTU, err := mainRoutes()
 	if err != nil {

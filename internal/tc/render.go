@@ -61,13 +61,16 @@ type Desired struct {
 	Exclude  []netip.Prefix  // never redirected, as source or destination
 	Classes  []model.Class   // enabled classes, all in Supported
 	NATCheck NATCheck        // where the program looks flows up in conntrack
+	// NATCarry: the program carries the established TCP flows this node NATs that the
+	// flowtable offloaded (translated as conntrack says, and redirected); needs NATCheck.
+	NATCarry bool
 }
 
 // Render computes the Desired state for s. It is pure. A device that is both gateway and
 // transport is an error.
 func Render(s model.State) (*Desired, error) {
 	var errs []error
-	d := &Desired{Devices: map[string]Role{}, NATCheck: s.TCNATCheck}
+	d := &Desired{Devices: map[string]Role{}, NATCheck: s.TCNATCheck, NATCarry: !s.TCNoNATCarry}
 	if d.NATCheck == "" {
 		d.NATCheck = model.NATCheckBoth
 	}

@@ -45,6 +45,7 @@ func TestRender(t *testing.T) {
 		Exclude:  prefixes("10.244.2.66/32"),
 		Classes:  []model.Class{model.PodToPod, model.NodeToRemotePod},
 		NATCheck: model.NATCheckBoth,
+		NATCarry: true,
 	}
 	if !reflect.DeepEqual(d, want) {
 		t.Errorf("Render =\n%+v\nwant\n%+v", d, want)

@@ -47,6 +47,9 @@ const (
 	ViaPeer          = "peer"           // bpf_redirect_peer into a Pod's namespace
 	ViaNeigh         = "neigh"          // next hop unresolved: bpf_redirect_neigh resolved it
 	ViaForwardingOff = "forwarding-off" // the FIB refused (forwarding off): the agent's route
+	// ViaNATCarried: translated as conntrack says and redirected, packets of a NAT-ed TCP flow
+	// the flowtable offloaded (Desired.NATCarry); in no class counter.
+	ViaNATCarried = "nat-carried"
 )
 
 // stat indices after the class counters (enum stat in bpf/fastpath.c), and whether the
@@ -63,6 +66,7 @@ var stats = []struct {
 	{ViaForwardingOff, false},
 	{PassNAT, true},
 	{ViaPeer, false},
+	{ViaNATCarried, false},
 }
 
 var numStats = len(Supported)*2 + len(stats)
@@ -72,6 +76,7 @@ type Status struct {
 	Mode      Mode               `json:"mode,omitempty"` // empty: not attached anywhere
 	ProgramID ebpf.ProgramID     `json:"programID,omitempty"`
 	NATCheck  string             `json:"natCheck,omitempty"` // where the program checks conntrack for NAT, or why it cannot
+	NATCarry  bool               `json:"natCarry,omitempty"` // the program carries the NAT-ed TCP flows the flowtable offloaded (Via nat-carried)
 	Devices   []Device           `json:"devices"`
 	Classes   []ClassCounter     `json:"classes"`
 	Passed    map[string]Counter `json:"passed"` // handed to the stack, by reason
@@ -126,6 +131,7 @@ func (m *Manager) Status(ctx context.Context) (Status, error) {
 	}
 	st.ProgramID = set.id
 	st.NATCheck = natCheckText(set)
+	st.NATCarry = natCarries(set)
 	n, err := set.counters()
 	if err != nil {
 		return st, err
@@ -161,4 +167,10 @@ func natCheckText(s *progSet) string {
 		return string(model.NATCheckTowardPods)
 	}
 	return string(model.NATCheckBoth)
+}
+
+// natCarries reports whether the set carries the NAT-ed flows the flowtable offloaded.
+func natCarries(s *progSet) bool {
+	var cfg fastpathSettings
+	return s.build == buildID(true) && s.maps.Config.Lookup(uint32(0), &cfg) == nil && cfg.Flags&settingsNATCarry != 0
 }

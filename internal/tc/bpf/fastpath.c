@@ -53,6 +53,9 @@ enum addr_flag {
 	ADDR_PEER_POD = 1 << 1,
 	ADDR_PEER_NODE = 1 << 2,
 	ADDR_EXCLUDE = 1 << 3,
+	/* an address of this node on a gateway (inside a local Pod CIDR): packets to it are the
+	 * node's (masqueraded replies, the node's own connections), never a Pod's */
+	ADDR_NODE = 1 << 4,
 };
 
 enum class {
@@ -79,6 +82,7 @@ enum stat {
 	STAT_FORWARDING_OFF, /* redirected along the agent's route: the FIB refused (forwarding off) */
 	STAT_NAT,            /* conntrack knows the flow as NATed by this node: the stack un-NATs it */
 	STAT_PEER,           /* of the redirected: moved into a Pod's namespace with bpf_redirect_peer */
+	STAT_NAT_CARRIED,    /* redirected, NAT-ed as conntrack says: a flow the flowtable offloaded */
 	NUM_STATS,
 };
 
@@ -109,6 +113,9 @@ enum settings_flag {
 	/* The FIB's answers may be kept for a moment (struct nexthop): the agent sets it only
 	 * where they depend on the destination alone (no policy routing rules, no route MTUs). */
 	SETTINGS_NEXTHOP_CACHE = 1 << 0,
+	/* Carry the established TCP flows this node NATs that the flowtable has offloaded
+	 * (struct nat_flow): translated as conntrack's tuples say, and redirected. */
+	SETTINGS_NAT_CARRY = 1 << 1,
 };
 
 struct settings {
@@ -222,6 +229,38 @@ struct {
 	__type(value, struct handed_end);
 } handed SEC(".maps");
 
+/* A TCP flow's packets as they arrive (one direction) ... */
+struct nat_key {
+	struct endpoint src, dst;
+};
+
+/* ... and what they become: conntrack's answer about the flow, kept for HANDED_TTL_NS. A flow
+ * is carried (translated and redirected here, as the flowtable would) only while conntrack
+ * says it is NAT-ed by this node and offloaded by the flowtable (IPS_OFFLOAD: the flowtable's
+ * rules chose it, made conntrack's window tracking liberal, and keep its entry alive; when its
+ * flow times out, the packets that follow take the stack until the flowtable has it again).
+ * SYN, FIN and RST always take the stack, so conntrack sees every change of state. */
+struct nat_flow {
+	__u64 asked; /* bpf_ktime_get_coarse_ns() of conntrack's answer */
+	__u8 carry;   /* 0: not carried (the answer is kept too: one conntrack lookup per TTL) */
+	__u8 changes; /* NAT_ADDRS, NAT_PORTS */
+	__be16 sport, dport;
+	__u8 saddr[16], daddr[16];
+	/* The checksums' changes, one's complement sums of the words replaced (~old + new): the
+	 * addresses' (the pseudo header's, and IPv4's header) and the ports'. */
+	__u32 addr_diff, port_diff;
+};
+
+#define NAT_ADDRS 1
+#define NAT_PORTS 2
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct nat_key);
+	__type(value, struct nat_flow);
+} nat_flows SEC(".maps");
+
 /* A bit per hash of a client end (handed_bit): set, never cleared, before the end enters
  * handed (by the program, or by the agent for connections older than the program). A packet
  * whose destination's bit is clear was never handed: pure pod-to-pod flows skip the handed
@@ -248,7 +287,37 @@ struct {
  * kernel than 6.1). */
 volatile const __u32 conntrack_kfuncs = 0;
 
+/* What the program reads of a conntrack entry: its status and its two tuples (CO-RE: the
+ * kernel's offsets; anything else of these types is unused). */
+union nf_inet_addr {
+	__u32 all[4];
+} __attribute__((preserve_access_index));
+
+union nf_conntrack_man_proto {
+	__be16 all;
+} __attribute__((preserve_access_index));
+
+struct nf_conntrack_man {
+	union nf_inet_addr u3;
+	union nf_conntrack_man_proto u;
+} __attribute__((preserve_access_index));
+
+struct nf_conntrack_tuple {
+	struct nf_conntrack_man src;
+	struct {
+		union nf_inet_addr u3;
+		union {
+			__be16 all;
+		} u;
+	} dst;
+} __attribute__((preserve_access_index));
+
+struct nf_conntrack_tuple_hash {
+	struct nf_conntrack_tuple tuple;
+} __attribute__((preserve_access_index));
+
 struct nf_conn {
+	struct nf_conntrack_tuple_hash tuplehash[2];
 	unsigned long status;
 } __attribute__((preserve_access_index));
 
@@ -261,8 +330,12 @@ struct bpf_ct_opts {
 };
 
 #define CT_OPTS_SZ 12 /* the size every kernel since 5.18 accepts */
+#define IPS_CONFIRMED (1 << 3)
 #define IPS_SRC_NAT (1 << 4)
 #define IPS_DST_NAT (1 << 5)
+#define IPS_DYING (1 << 9)
+#define IPS_HELPER (1 << 13)
+#define IPS_OFFLOAD (1 << 14)
 
 extern struct nf_conn *bpf_skb_ct_lookup(struct __sk_buff *skb, struct bpf_sock_tuple *tuple,
 					 __u32 tuple__sz, struct bpf_ct_opts *opts,
@@ -503,12 +576,24 @@ struct flow {
 	struct endpoint src, dst;
 	__u8 v6;
 	__u8 hops;
-	__u8 opens; /* a connection's first packet: UDP (no way to tell), or a TCP SYN */
+	__u8 opens;    /* a connection's first packet: UDP (no way to tell), or a TCP SYN */
+	__u8 tcpflags; /* TCP: the header's flags (0xff where out of reach) */
 };
 
 #define TCP_FLAGS_OFF 13 /* in the TCP header */
+#define TCP_CSUM_OFF 16
+#define TCP_FIN 0x01
 #define TCP_SYN 0x02
+#define TCP_RST 0x04
 #define TCP_ACK 0x10
+
+/* tcp_flags returns the flags of a TCP header at l4, 0xff where out of reach or not TCP. */
+static __always_inline __u8 tcp_flags(__u8 proto, __u8 *l4, void *end)
+{
+	if (proto != IPPROTO_TCP || (void *)(l4 + TCP_FLAGS_OFF + 1) > end)
+		return 0xff;
+	return l4[TCP_FLAGS_OFF];
+}
 
 /* opens reports whether a packet may start a connection: any UDP datagram, a TCP SYN without
  * ACK. l4 points at the ports; end bounds the packet. */
@@ -521,23 +606,30 @@ static __always_inline __u8 opens(__u8 proto, __u8 *l4, void *end)
 	return (l4[TCP_FLAGS_OFF] & (TCP_SYN | TCP_ACK)) == TCP_SYN;
 }
 
+/* tuple fills t with the packet's tuple and returns its size. */
+static __always_inline __u32 tuple(struct flow *f, struct bpf_sock_tuple *t)
+{
+	if (f->v6) {
+		__builtin_memcpy(t->ipv6.saddr, f->src.addr, 16);
+		__builtin_memcpy(t->ipv6.daddr, f->dst.addr, 16);
+		t->ipv6.sport = f->src.port;
+		t->ipv6.dport = f->dst.port;
+		return sizeof(t->ipv6);
+	}
+	__builtin_memcpy(&t->ipv4.saddr, f->src.addr, 4);
+	__builtin_memcpy(&t->ipv4.daddr, f->dst.addr, 4);
+	t->ipv4.sport = f->src.port;
+	t->ipv4.dport = f->dst.port;
+	return sizeof(t->ipv4);
+}
+
 /* natted_flow asks conntrack about f (natted), with the tuple of its family. */
 static __always_inline bool natted_flow(struct __sk_buff *skb, struct flow *f)
 {
 	struct bpf_sock_tuple t = {};
+	__u32 tsz = tuple(f, &t);
 
-	if (f->v6) {
-		__builtin_memcpy(t.ipv6.saddr, f->src.addr, 16);
-		__builtin_memcpy(t.ipv6.daddr, f->dst.addr, 16);
-		t.ipv6.sport = f->src.port;
-		t.ipv6.dport = f->dst.port;
-		return natted(skb, &t, sizeof(t.ipv6), f->src.proto);
-	}
-	__builtin_memcpy(&t.ipv4.saddr, f->src.addr, 4);
-	__builtin_memcpy(&t.ipv4.daddr, f->dst.addr, 4);
-	t.ipv4.sport = f->src.port;
-	t.ipv4.dport = f->dst.port;
-	return natted(skb, &t, sizeof(t.ipv4), f->src.proto);
+	return natted(skb, &t, tsz, f->src.proto);
 }
 
 /* same_addr compares two 16-byte addresses (no memcmp in BPF). */
@@ -550,6 +642,147 @@ static __always_inline bool same_addr(const __u8 *a, const __u8 *b)
 	__builtin_memcpy(&b0, b, 8);
 	__builtin_memcpy(&b1, b + 8, 8);
 	return a0 == b0 && a1 == b1;
+}
+
+/* Read a conntrack address (16 bytes; IPv4 in the first 4) into a. */
+#define CT_ADDR(a, u3)                                  \
+	do {                                            \
+		__u32 w_[4] = {(u3).all[0], 0, 0, 0};   \
+		if (f->v6) {                            \
+			w_[1] = (u3).all[1];            \
+			w_[2] = (u3).all[2];            \
+			w_[3] = (u3).all[3];            \
+		}                                       \
+		__builtin_memcpy(a, w_, 16);            \
+	} while (0)
+
+/* The packet's flow in the other direction's tuple (index d, a constant: CO-RE) gives what
+ * the packet becomes: from where the other direction goes, to where it comes from. */
+#define CT_TRANSLATE(n, ct, d)                                          \
+	do {                                                            \
+		CT_ADDR((n)->saddr, (ct)->tuplehash[d].tuple.dst.u3);   \
+		CT_ADDR((n)->daddr, (ct)->tuplehash[d].tuple.src.u3);   \
+		(n)->sport = (ct)->tuplehash[d].tuple.dst.u.all;        \
+		(n)->dport = (ct)->tuplehash[d].tuple.src.u.all;        \
+	} while (0)
+
+/* translation asks conntrack about a TCP packet's flow and fills n: carried if the flow is
+ * NAT-ed by this node and offloaded by the flowtable, with what the packet becomes. */
+static __always_inline void translation(struct __sk_buff *skb, struct flow *f, struct nat_flow *n)
+{
+	struct bpf_ct_opts opts = {.netns_id = -1 /* BPF_F_CURRENT_NETNS */, .l4proto = IPPROTO_TCP};
+	struct bpf_sock_tuple t = {};
+	struct nf_conn *ct;
+	unsigned long st;
+	__u32 tsz = tuple(f, &t), a0;
+
+	if (!conntrack_kfuncs)
+		return;
+	ct = bpf_skb_ct_lookup(skb, &t, tsz, &opts, CT_OPTS_SZ);
+	if (!ct)
+		return;
+	st = ct->status;
+	if ((st & (IPS_SRC_NAT | IPS_DST_NAT)) && (st & (IPS_CONFIRMED | IPS_OFFLOAD)) == (IPS_CONFIRMED | IPS_OFFLOAD) &&
+	    !(st & (IPS_DYING | IPS_HELPER))) {
+		/* The packet goes the original way if its source is the original tuple's (a
+		 * source address and port: the two directions' sources differ in one of them,
+		 * or the flow would not be NAT-ed). */
+		__builtin_memcpy(&a0, f->src.addr, 4);
+		if (ct->tuplehash[0].tuple.src.u.all == f->src.port && ct->tuplehash[0].tuple.src.u3.all[0] == a0)
+			CT_TRANSLATE(n, ct, 1);
+		else
+			CT_TRANSLATE(n, ct, 0);
+		n->carry = 1;
+	}
+	bpf_ct_release(ct);
+}
+
+/* fold32 folds a one's complement sum into 32 bits. */
+static __always_inline __u32 fold32(__u64 s)
+{
+	s = (s & 0xffffffff) + (s >> 32);
+	s = (s & 0xffffffff) + (s >> 32);
+	return (__u32)s;
+}
+
+/* fold16 folds a one's complement sum into 16 bits. */
+static __always_inline __u16 fold16(__u32 s)
+{
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)s;
+}
+
+/* replaced adds the change of n 32-bit words (~old + new) to sum, and reports a change. */
+static __always_inline bool replaced(__u64 *sum, const __u8 *old, const __u8 *new, int words)
+{
+	__u32 o[4] = {}, w[4] = {};
+	bool changed = false;
+	int i;
+
+	__builtin_memcpy(o, old, 16);
+	__builtin_memcpy(w, new, 16);
+#pragma unroll
+	for (i = 0; i < 4; i++) {
+		if (i < words && o[i] != w[i]) {
+			*sum += (__u32)~o[i];
+			*sum += w[i];
+			changed = true;
+		}
+	}
+	return changed;
+}
+
+/* diffs computes a carried flow's checksum changes (struct nat_flow), once per answer. */
+static __always_inline void diffs(struct flow *f, struct nat_flow *n)
+{
+	__u64 a = 0, p = 0;
+	__be16 op[2] = {f->src.port, f->dst.port}, np[2] = {n->sport, n->dport};
+	__u32 o, w;
+	bool changed;
+
+	changed = replaced(&a, f->src.addr, n->saddr, f->v6 ? 4 : 1);
+	changed |= replaced(&a, f->dst.addr, n->daddr, f->v6 ? 4 : 1);
+	if (changed) {
+		n->changes |= NAT_ADDRS;
+		n->addr_diff = fold32(a);
+	}
+	__builtin_memcpy(&o, op, 4);
+	__builtin_memcpy(&w, np, 4);
+	if (o != w) {
+		p = (__u64)(__u32)~o + w;
+		n->changes |= NAT_PORTS;
+		n->port_diff = fold32(p);
+	}
+}
+
+/* carried reports whether a TCP packet's flow is carried (translation), from the kept answer
+ * while it is fresh, and fills n with what the packet becomes. SYN, FIN and RST take the
+ * stack and void the kept answer. */
+static __always_inline bool carried(struct __sk_buff *skb, struct flow *f, struct nat_flow *n)
+{
+	struct nat_key k = {.src = f->src, .dst = f->dst};
+	__u64 now = bpf_ktime_get_coarse_ns();
+	struct nat_flow *v = bpf_map_lookup_elem(&nat_flows, &k);
+
+	if (f->tcpflags & (TCP_SYN | TCP_FIN | TCP_RST)) {
+		if (v)
+			bpf_map_delete_elem(&nat_flows, &k);
+		return false;
+	}
+	if (v && now - v->asked < HANDED_TTL_NS) {
+		if (!v->carry)
+			return false;
+		__builtin_memcpy(n, v, sizeof(*n));
+		return true;
+	}
+	__builtin_memset(n, 0, sizeof(*n));
+	n->asked = now;
+	translation(skb, f, n);
+	if (n->carry)
+		diffs(f, n);
+	bpf_map_update_elem(&nat_flows, &k, n, BPF_ANY);
+	return n->carry;
 }
 
 /* nat_reply reports whether conntrack knows the flow of a packet to a remembered client end h
@@ -602,18 +835,31 @@ static __always_inline bool nat_checked(struct settings *cfg, __u32 role, __u32 
 	return check_nat(cfg, role);
 }
 
+/* CARRY: decide's answer for a packet of a carried NAT-ed flow (struct nat_flow). */
+#define CARRY NUM_CLASSES
+
+/* carry reports whether the packet is one of a carried flow, filling n. */
+static __always_inline bool carry(struct __sk_buff *skb, struct settings *cfg, struct flow *f,
+				  struct nat_flow *n)
+{
+	return (cfg->flags & SETTINGS_NAT_CARRY) && f->src.proto == IPPROTO_TCP && f->hops > 1 &&
+	       carried(skb, f, n);
+}
+
 /* decide returns the class of a packet to redirect, with the agent's route for it in
- * *egress, or -1 to hand it to the stack. The destination is looked up first: most packets
- * that are not ours (to a ClusterIP, a NodePort, the node) leave after that one lookup. */
+ * *egress, CARRY with n filled, or -1 to hand it to the stack. The destination is looked up
+ * first: most packets that are not ours (to a ClusterIP, a NodePort, the node) leave after
+ * that one lookup, or, where NAT-ed flows are carried, after a second one for their TCP
+ * packets. */
 static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struct settings *cfg,
-				  struct flow *f, __u32 *egress)
+				  struct flow *f, __u32 *egress, struct nat_flow *n)
 {
 	struct addr *s, *d;
 	struct handed_end *h;
 	int class;
 
 	d = roles(f, &f->dst);
-	if (!d || !(d->flags & serves(in->role, cfg->classes))) {
+	if (!d || !(d->flags & serves(in->role, cfg->classes)) || (d->flags & ADDR_NODE)) {
 		/* To an address of no class (a ClusterIP, the node): the stack may NAT it, and its
 		 * replies come back on a device of the other role (or, from a backend Pod of this
 		 * node, on a gateway: nat_checked() checks those whenever any check is on, and
@@ -622,12 +868,16 @@ static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struc
 		if (f->opens && check_nat(cfg, in->role == ROLE_GATEWAY ? ROLE_TRANSPORT : ROLE_GATEWAY) &&
 		    (s = roles(f, &f->src)) && sender(in->role, s->flags))
 			remember(&f->src, f->src.proto == IPPROTO_TCP);
+		else if (!f->opens && carry(skb, cfg, f, n))
+			return CARRY;
 		return -1;
 	}
 	/* A reply to a client end the program handed to the stack: if conntrack knows its flow
 	 * as NAT-ed, the stack un-NATs it, whatever else the packet is. */
 	if (nat_checked(cfg, in->role, d->flags) && (h = was_handed(&f->dst)) &&
 	    nat_reply(skb, f, h)) {
+		if (carry(skb, cfg, f, n))
+			return CARRY;
 		count(STAT_NAT, skb);
 		return -1;
 	}
@@ -670,29 +920,72 @@ static __always_inline bool hop(struct __sk_buff *skb, bool v6)
 	return true;
 }
 
+/* translate rewrites a carried packet's addresses and ports to n's in place, IPv4's header
+ * checksum by the addresses' change (RFC 1624), and TCP's by a helper that knows how the
+ * kernel holds it (a CHECKSUM_PARTIAL packet's pseudo-header sum takes the addresses only):
+ * at most two helper calls. */
+static __always_inline int translate(struct __sk_buff *skb, struct flow *f, struct nat_flow *n)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	__u32 l4 = ETH_HLEN + (f->v6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr));
+	struct ipv6hdr *ip6 = data + ETH_HLEN;
+	struct iphdr *ip = data + ETH_HLEN;
+	__be16 *ports;
+	__u32 s;
+
+	if (f->v6) {
+		ports = (void *)(ip6 + 1);
+		if ((void *)(ports + 2) > end)
+			return -1;
+		__builtin_memcpy(&ip6->saddr, n->saddr, 16);
+		__builtin_memcpy(&ip6->daddr, n->daddr, 16);
+	} else {
+		ports = (void *)(ip + 1);
+		if ((void *)(ports + 2) > end)
+			return -1;
+		__builtin_memcpy(&ip->saddr, n->saddr, 4);
+		__builtin_memcpy(&ip->daddr, n->daddr, 4);
+		if (n->changes & NAT_ADDRS) {
+			s = (__u16)~ip->check + fold16(n->addr_diff);
+			ip->check = (__u16)~fold16(s);
+		}
+	}
+	ports[0] = n->sport;
+	ports[1] = n->dport;
+	if ((n->changes & NAT_ADDRS) && bpf_l4_csum_replace(skb, l4 + TCP_CSUM_OFF, 0, n->addr_diff, BPF_F_PSEUDO_HDR))
+		return -1;
+	if ((n->changes & NAT_PORTS) && bpf_l4_csum_replace(skb, l4 + TCP_CSUM_OFF, 0, n->port_diff, 0))
+		return -1;
+	return 0;
+}
+
 /* forward routes a packet decide() took: by the kept next hop, else by the FIB. */
 static __always_inline int forward(struct __sk_buff *skb, struct settings *cfg, struct flow *f,
-				   int class, struct bpf_fib_lookup *fib, __u32 egress)
+				   int class, struct bpf_fib_lookup *fib, __u32 egress, struct nat_flow *n)
 {
 	struct nexthop_key k = {.ingress = skb->ingress_ifindex};
 	struct nexthop *nh;
 	struct iface *out;
 	long how = 0;
 
-	__builtin_memcpy(k.addr, f->dst.addr, 16);
+	__builtin_memcpy(k.addr, class == CARRY ? n->daddr : f->dst.addr, 16);
 	if ((nh = cached(skb, cfg, &k, fib->tot_len))) {
+		if (class == CARRY && translate(skb, f, n))
+			return TC_ACT_SHOT; /* half rewritten: cannot be handed on */
 		if (!hop(skb, f->v6))
 			return PASS;
-		count(class * 2 + f->v6, skb);
+		count(class == CARRY ? STAT_NAT_CARRIED : class * 2 + f->v6, skb);
 		return emit(skb, nh->dmac, nh->smac, nh->ifindex, nh->flags);
 	}
 	if (!(out = route(skb, fib, egress, &how)))
 		return PASS;
 	if (how == BPF_FIB_LKUP_RET_SUCCESS)
 		keep(cfg, &k, fib, out);
+	if (class == CARRY && translate(skb, f, n))
+		return TC_ACT_SHOT;
 	if (!hop(skb, f->v6))
 		return PASS;
-	count(class * 2 + f->v6, skb);
+	count(class == CARRY ? STAT_NAT_CARRIED : class * 2 + f->v6, skb);
 	return finish(skb, fib, out, how);
 }
 
@@ -701,6 +994,7 @@ static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, str
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
 	struct iphdr *ip = data + ETH_HLEN;
 	struct bpf_fib_lookup fib = {};
+	struct nat_flow n;
 	struct flow f = {};
 	__u32 egress = 0;
 	__be16 *ports;
@@ -720,7 +1014,8 @@ static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, str
 	f.src.proto = f.dst.proto = ip->protocol;
 	f.hops = ip->ttl;
 	f.opens = opens(ip->protocol, (void *)ports, end);
-	if ((class = decide(skb, in, cfg, &f, &egress)) < 0)
+	f.tcpflags = tcp_flags(ip->protocol, (void *)ports, end);
+	if ((class = decide(skb, in, cfg, &f, &egress, &n)) < 0)
 		return PASS;
 
 	fib.family = AF_INET;
@@ -729,8 +1024,12 @@ static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, str
 	fib.tot_len = skb->gso_size ? 0 : bpf_ntohs(ip->tot_len);
 	fib.ipv4_src = ip->saddr;
 	fib.ipv4_dst = ip->daddr;
+	if (class == CARRY) {
+		__builtin_memcpy(&fib.ipv4_src, n.saddr, 4);
+		__builtin_memcpy(&fib.ipv4_dst, n.daddr, 4);
+	}
 	fib.ifindex = skb->ingress_ifindex;
-	return forward(skb, cfg, &f, class, &fib, egress);
+	return forward(skb, cfg, &f, class, &fib, egress, &n);
 }
 
 static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, struct settings *cfg)
@@ -739,6 +1038,7 @@ static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, str
 	struct ipv6hdr *ip6 = data + ETH_HLEN;
 	struct bpf_fib_lookup fib = {};
 	struct flow f = {.v6 = 1};
+	struct nat_flow n;
 	__u32 egress = 0;
 	__be16 *ports;
 	int class;
@@ -756,17 +1056,18 @@ static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, str
 	f.src.proto = f.dst.proto = ip6->nexthdr;
 	f.hops = ip6->hop_limit;
 	f.opens = opens(ip6->nexthdr, (void *)ports, end);
-	if ((class = decide(skb, in, cfg, &f, &egress)) < 0)
+	f.tcpflags = tcp_flags(ip6->nexthdr, (void *)ports, end);
+	if ((class = decide(skb, in, cfg, &f, &egress, &n)) < 0)
 		return PASS;
 
 	fib.family = AF_INET6;
 	fib.flowinfo = *(__be32 *)ip6 & bpf_htonl(0x0fffffff);
 	fib.l4_protocol = ip6->nexthdr;
 	fib.tot_len = skb->gso_size ? 0 : sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
-	__builtin_memcpy(fib.ipv6_src, &ip6->saddr, 16);
-	__builtin_memcpy(fib.ipv6_dst, &ip6->daddr, 16);
+	__builtin_memcpy(fib.ipv6_src, class == CARRY ? (void *)n.saddr : (void *)&ip6->saddr, 16);
+	__builtin_memcpy(fib.ipv6_dst, class == CARRY ? (void *)n.daddr : (void *)&ip6->daddr, 16);
 	fib.ifindex = skb->ingress_ifindex;
-	return forward(skb, cfg, &f, class, &fib, egress);
+	return forward(skb, cfg, &f, class, &fib, egress, &n);
 }
 
 SEC("tc")
