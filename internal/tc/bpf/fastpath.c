@@ -674,7 +674,7 @@ static __always_inline void translation(struct __sk_buff *skb, struct flow *f, s
 	struct bpf_sock_tuple t = {};
 	struct nf_conn *ct;
 	unsigned long st;
-	__u32 tsz = tuple(f, &t), a0;
+	__u32 tsz = tuple(f, &t), a[4];
 
 	if (!conntrack_kfuncs)
 		return;
@@ -687,8 +687,10 @@ static __always_inline void translation(struct __sk_buff *skb, struct flow *f, s
 		/* The packet goes the original way if its source is the original tuple's (a
 		 * source address and port: the two directions' sources differ in one of them,
 		 * or the flow would not be NAT-ed). */
-		__builtin_memcpy(&a0, f->src.addr, 4);
-		if (ct->tuplehash[0].tuple.src.u.all == f->src.port && ct->tuplehash[0].tuple.src.u3.all[0] == a0)
+		__builtin_memcpy(a, f->src.addr, 16);
+		if (ct->tuplehash[0].tuple.src.u.all == f->src.port && ct->tuplehash[0].tuple.src.u3.all[0] == a[0] &&
+		    (!f->v6 || (ct->tuplehash[0].tuple.src.u3.all[1] == a[1] && ct->tuplehash[0].tuple.src.u3.all[2] == a[2] &&
+				ct->tuplehash[0].tuple.src.u3.all[3] == a[3])))
 			CT_TRANSLATE(n, ct, 1);
 		else
 			CT_TRANSLATE(n, ct, 0);
