@@ -74,6 +74,7 @@ type fastpathNatFlow struct {
 	_        [2]byte
 	AddrDiff uint32
 	PortDiff uint32
+	Nh       fastpathNexthop
 }
 
 type fastpathNatKey struct {

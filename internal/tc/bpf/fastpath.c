@@ -249,6 +249,10 @@ struct nat_flow {
 	/* The checksums' changes, one's complement sums of the words replaced (~old + new): the
 	 * addresses' (the pseudo header's, and IPv4's header) and the ports'. */
 	__u32 addr_diff, port_diff;
+	/* The FIB's answer for the new destination, as the nexthops map keeps one (where the
+	 * agent allows it: SETTINGS_NEXTHOP_CACHE), until the answer's TTL: filled by the first
+	 * packet after each conntrack answer. ifindex 0: none yet. */
+	struct nexthop nh;
 };
 
 #define NAT_ADDRS 1
@@ -761,30 +765,25 @@ static __always_inline void diffs(struct flow *f, struct nat_flow *n)
 /* carried reports whether a TCP packet's flow is carried (translation), from the kept answer
  * while it is fresh, and fills n with what the packet becomes. SYN, FIN and RST take the
  * stack and void the kept answer. */
-static __always_inline bool carried(struct __sk_buff *skb, struct flow *f, struct nat_flow *n)
+static __always_inline struct nat_flow *carried(struct __sk_buff *skb, struct flow *f)
 {
 	struct nat_key k = {.src = f->src, .dst = f->dst};
 	__u64 now = bpf_ktime_get_coarse_ns();
-	struct nat_flow *v = bpf_map_lookup_elem(&nat_flows, &k);
+	struct nat_flow *v = bpf_map_lookup_elem(&nat_flows, &k), n = {};
 
 	if (f->tcpflags & (TCP_SYN | TCP_FIN | TCP_RST)) {
 		if (v)
 			bpf_map_delete_elem(&nat_flows, &k);
-		return false;
+		return NULL;
 	}
-	if (v && now - v->asked < HANDED_TTL_NS) {
-		if (!v->carry)
-			return false;
-		__builtin_memcpy(n, v, sizeof(*n));
-		return true;
-	}
-	__builtin_memset(n, 0, sizeof(*n));
-	n->asked = now;
-	translation(skb, f, n);
-	if (n->carry)
-		diffs(f, n);
-	bpf_map_update_elem(&nat_flows, &k, n, BPF_ANY);
-	return n->carry;
+	if (v && now - v->asked < HANDED_TTL_NS)
+		return v->carry ? v : NULL;
+	n.asked = now;
+	translation(skb, f, &n);
+	if (n.carry)
+		diffs(f, &n);
+	bpf_map_update_elem(&nat_flows, &k, &n, BPF_ANY);
+	return n.carry ? bpf_map_lookup_elem(&nat_flows, &k) : NULL;
 }
 
 /* nat_reply reports whether conntrack knows the flow of a packet to a remembered client end h
@@ -840,12 +839,12 @@ static __always_inline bool nat_checked(struct settings *cfg, __u32 role, __u32 
 /* CARRY: decide's answer for a packet of a carried NAT-ed flow (struct nat_flow). */
 #define CARRY NUM_CLASSES
 
-/* carry reports whether the packet is one of a carried flow, filling n. */
+/* carry reports whether the packet is one of a carried flow, with its entry in *n. */
 static __always_inline bool carry(struct __sk_buff *skb, struct settings *cfg, struct flow *f,
-				  struct nat_flow *n)
+				  struct nat_flow **n)
 {
 	return (cfg->flags & SETTINGS_NAT_CARRY) && f->src.proto == IPPROTO_TCP && f->hops > 1 &&
-	       carried(skb, f, n);
+	       (*n = carried(skb, f));
 }
 
 /* decide returns the class of a packet to redirect, with the agent's route for it in
@@ -854,7 +853,7 @@ static __always_inline bool carry(struct __sk_buff *skb, struct settings *cfg, s
  * that one lookup, or, where NAT-ed flows are carried, after a second one for their TCP
  * packets. */
 static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struct settings *cfg,
-				  struct flow *f, __u32 *egress, struct nat_flow *n)
+				  struct flow *f, __u32 *egress, struct nat_flow **n)
 {
 	struct addr *s, *d;
 	struct handed_end *h;
@@ -970,8 +969,17 @@ static __always_inline int forward(struct __sk_buff *skb, struct settings *cfg, 
 	struct iface *out;
 	long how = 0;
 
-	__builtin_memcpy(k.addr, class == CARRY ? n->daddr : f->dst.addr, 16);
-	if ((nh = cached(skb, cfg, &k, fib->tot_len))) {
+	if (class == CARRY) {
+		/* the flow's own kept answer, checked as cached() checks the map's */
+		nh = &n->nh;
+		if (!(cfg->flags & SETTINGS_NEXTHOP_CACHE) || !nh->ifindex || nh->generation != cfg->generation ||
+		    (skb->gso_size ? !fits(skb, nh->ifindex) : fib->tot_len > nh->mtu))
+			nh = NULL;
+	} else {
+		__builtin_memcpy(k.addr, f->dst.addr, 16);
+		nh = cached(skb, cfg, &k, fib->tot_len);
+	}
+	if (nh) {
 		if (class == CARRY && translate(skb, f, n))
 			return TC_ACT_SHOT; /* half rewritten: cannot be handed on */
 		if (!hop(skb, f->v6))
@@ -981,8 +989,16 @@ static __always_inline int forward(struct __sk_buff *skb, struct settings *cfg, 
 	}
 	if (!(out = route(skb, fib, egress, &how)))
 		return PASS;
-	if (how == BPF_FIB_LKUP_RET_SUCCESS)
+	if (how == BPF_FIB_LKUP_RET_SUCCESS && class == CARRY) {
+		n->nh.generation = cfg->generation;
+		n->nh.ifindex = fib->ifindex;
+		n->nh.flags = out->flags;
+		n->nh.mtu = out->mtu;
+		__builtin_memcpy(n->nh.smac, fib->smac, ETH_ALEN);
+		__builtin_memcpy(n->nh.dmac, fib->dmac, ETH_ALEN);
+	} else if (how == BPF_FIB_LKUP_RET_SUCCESS) {
 		keep(cfg, &k, fib, out);
+	}
 	if (class == CARRY && translate(skb, f, n))
 		return TC_ACT_SHOT;
 	if (!hop(skb, f->v6))
@@ -996,7 +1012,7 @@ static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, str
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
 	struct iphdr *ip = data + ETH_HLEN;
 	struct bpf_fib_lookup fib = {};
-	struct nat_flow n;
+	struct nat_flow *n = NULL;
 	struct flow f = {};
 	__u32 egress = 0;
 	__be16 *ports;
@@ -1027,11 +1043,13 @@ static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, str
 	fib.ipv4_src = ip->saddr;
 	fib.ipv4_dst = ip->daddr;
 	if (class == CARRY) {
-		__builtin_memcpy(&fib.ipv4_src, n.saddr, 4);
-		__builtin_memcpy(&fib.ipv4_dst, n.daddr, 4);
+		if (!n)
+			return PASS;
+		__builtin_memcpy(&fib.ipv4_src, n->saddr, 4);
+		__builtin_memcpy(&fib.ipv4_dst, n->daddr, 4);
 	}
 	fib.ifindex = skb->ingress_ifindex;
-	return forward(skb, cfg, &f, class, &fib, egress, &n);
+	return forward(skb, cfg, &f, class, &fib, egress, n);
 }
 
 static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, struct settings *cfg)
@@ -1040,7 +1058,7 @@ static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, str
 	struct ipv6hdr *ip6 = data + ETH_HLEN;
 	struct bpf_fib_lookup fib = {};
 	struct flow f = {.v6 = 1};
-	struct nat_flow n;
+	struct nat_flow *n = NULL;
 	__u32 egress = 0;
 	__be16 *ports;
 	int class;
@@ -1066,10 +1084,12 @@ static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, str
 	fib.flowinfo = *(__be32 *)ip6 & bpf_htonl(0x0fffffff);
 	fib.l4_protocol = ip6->nexthdr;
 	fib.tot_len = skb->gso_size ? 0 : sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
-	__builtin_memcpy(fib.ipv6_src, class == CARRY ? (void *)n.saddr : (void *)&ip6->saddr, 16);
-	__builtin_memcpy(fib.ipv6_dst, class == CARRY ? (void *)n.daddr : (void *)&ip6->daddr, 16);
+	if (class == CARRY && !n)
+		return PASS;
+	__builtin_memcpy(fib.ipv6_src, class == CARRY ? (void *)n->saddr : (void *)&ip6->saddr, 16);
+	__builtin_memcpy(fib.ipv6_dst, class == CARRY ? (void *)n->daddr : (void *)&ip6->daddr, 16);
 	fib.ifindex = skb->ingress_ifindex;
-	return forward(skb, cfg, &f, class, &fib, egress, &n);
+	return forward(skb, cfg, &f, class, &fib, egress, n);
 }
 
 SEC("tc")
