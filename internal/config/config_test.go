@@ -79,6 +79,21 @@ func TestNATCheckOffUnquoted(t *testing.T) {
 	}
 }
 
+// tc.natCarry: unset and true carry (the default), false hands NAT-ed flows to the flowtable.
+func TestNATCarry(t *testing.T) {
+	links := []Link{{"lo", true, true, 1}, {"gw", true, false, 3}, {"eth0", true, false, 2}}
+	for v, off := range map[string]bool{"": false, "tc: {natCarry: true}\n": false, "tc: {natCarry: false}\n": true} {
+		c, err := Parse([]byte(good + "datapath: auto\n" + v))
+		if err != nil {
+			t.Fatal(v, err)
+		}
+		s, _, err := c.State(links, true)
+		if err != nil || s.TCNoNATCarry != off {
+			t.Errorf("%q: TCNoNATCarry %v, want %v (%v)", v, s.TCNoNATCarry, off, err)
+		}
+	}
+}
+
 // An empty `transports:` is no transports (json.Marshal writes a Config without them so):
 // a load-balancer-only config written back parses (found by FuzzParse's round trip).
 func TestTransportsNull(t *testing.T) {

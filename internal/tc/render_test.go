@@ -58,6 +58,10 @@ func TestRender(t *testing.T) {
 	if d, err := Render(s); err != nil || classBits(d.Classes) != 0b10 {
 		t.Errorf("node-to-remote-pod only: bits %b, err %v; want 10", classBits(d.Classes), err)
 	}
+	s.TCNoNATCarry = true // tc.natCarry: false
+	if d, err := Render(s); err != nil || d.NATCarry {
+		t.Errorf("tc.natCarry false: NATCarry %v, err %v", d.NATCarry, err)
+	}
 }
 
 func TestRenderErrors(t *testing.T) {
