@@ -92,7 +92,7 @@ var (
 	tcPassed = prometheus.NewDesc("hostaccel_tc_passed_packets_total",
 		"Packets the tc datapath handed to the normal stack, by reason.", []string{"reason"}, nil)
 	tcVia = prometheus.NewDesc("hostaccel_tc_redirected_via_packets_total",
-		"Packets the tc datapath redirected another way than to the FIB's next hop as it is: peer (into a Pod's namespace), neigh (next hop resolved by the neighbour code), forwarding-off (the agent's route).", []string{"via"}, nil)
+		"Packets the tc datapath redirected another way than to the FIB's next hop as it is: peer (into a Pod's namespace), neigh (next hop resolved by the neighbour code), forwarding-off (the agent's route), nat-carried (translated as conntrack says: a NAT-ed flow the flowtable offloaded, in no class).", []string{"via"}, nil)
 	smSockets = prometheus.NewDesc("hostaccel_sockmap_sockets",
 		"Sockets in the sockmap datapath's map now (both ends of each local-pod-to-pod connection).", nil, nil)
 	smDraining = prometheus.NewDesc("hostaccel_sockmap_draining_sockets",
