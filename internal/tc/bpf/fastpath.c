@@ -482,6 +482,16 @@ static __always_inline int emit(struct __sk_buff *skb, __u8 *dmac, __u8 *smac, _
 	return bpf_redirect(ifindex, 0);
 }
 
+/* usable reports whether a kept FIB answer holds for the packet: it is of the agent's current
+ * generation, and the packet fits its device (then the FIB path decides and counts). */
+static __always_inline bool usable(struct __sk_buff *skb, struct settings *cfg, struct nexthop *nh,
+				   __u16 tot_len)
+{
+	if (nh->generation != cfg->generation)
+		return false;
+	return skb->gso_size ? fits(skb, nh->ifindex) : tot_len <= nh->mtu;
+}
+
 /* cached returns the kept FIB answer for the packet, or NULL: none, too old, or the packet
  * does not fit its device (then the FIB path decides and counts). */
 static __always_inline struct nexthop *cached(struct __sk_buff *skb, struct settings *cfg,
@@ -491,29 +501,33 @@ static __always_inline struct nexthop *cached(struct __sk_buff *skb, struct sett
 
 	if (!(cfg->flags & SETTINGS_NEXTHOP_CACHE) || !(nh = bpf_map_lookup_elem(&nexthops, k)))
 		return NULL;
-	if (nh->generation != cfg->generation || bpf_ktime_get_coarse_ns() > nh->expires)
-		return NULL;
-	if (skb->gso_size ? !fits(skb, nh->ifindex) : tot_len > nh->mtu)
+	if (bpf_ktime_get_coarse_ns() > nh->expires || !usable(skb, cfg, nh, tot_len))
 		return NULL;
 	return nh;
+}
+
+/* answer fills nh with the FIB's answer (the MACs only ever from it) of the agent's current
+ * generation, but for when it expires. */
+static __always_inline void answer(struct nexthop *nh, struct settings *cfg, struct bpf_fib_lookup *fib,
+				   struct iface *out)
+{
+	nh->generation = cfg->generation;
+	nh->ifindex = fib->ifindex;
+	nh->flags = out->flags;
+	nh->mtu = out->mtu;
+	__builtin_memcpy(nh->smac, fib->smac, ETH_ALEN);
+	__builtin_memcpy(nh->dmac, fib->dmac, ETH_ALEN);
 }
 
 /* keep stores the FIB's answer for the packet's destination. */
 static __always_inline void keep(struct settings *cfg, struct nexthop_key *k,
 				 struct bpf_fib_lookup *fib, struct iface *out)
 {
-	struct nexthop nh = {
-		.expires = bpf_ktime_get_coarse_ns() + NEXTHOP_TTL_NS,
-		.generation = cfg->generation,
-		.ifindex = fib->ifindex,
-		.flags = out->flags,
-		.mtu = out->mtu,
-	};
+	struct nexthop nh = {.expires = bpf_ktime_get_coarse_ns() + NEXTHOP_TTL_NS};
 
 	if (!(cfg->flags & SETTINGS_NEXTHOP_CACHE))
 		return;
-	__builtin_memcpy(nh.smac, fib->smac, ETH_ALEN);
-	__builtin_memcpy(nh.dmac, fib->dmac, ETH_ALEN);
+	answer(&nh, cfg, fib, out);
 	bpf_map_update_elem(&nexthops, k, &nh, BPF_ANY);
 }
 
@@ -580,8 +594,8 @@ struct flow {
 	struct endpoint src, dst;
 	__u8 v6;
 	__u8 hops;
-	__u8 opens;    /* a connection's first packet: UDP (no way to tell), or a TCP SYN */
-	__u8 tcpflags; /* TCP: the header's flags (0xff where out of reach) */
+	__u8 opens;     /* a connection's first packet: UDP (no way to tell), or a TCP SYN */
+	__u16 tcpflags; /* TCP: the header's flags; TCP_FLAGS_UNKNOWN where out of reach or not TCP */
 };
 
 #define TCP_FLAGS_OFF 13 /* in the TCP header */
@@ -590,24 +604,23 @@ struct flow {
 #define TCP_SYN 0x02
 #define TCP_RST 0x04
 #define TCP_ACK 0x10
+#define TCP_FLAGS_UNKNOWN 0x1ff /* every flag, and a bit no header has */
 
-/* tcp_flags returns the flags of a TCP header at l4, 0xff where out of reach or not TCP. */
-static __always_inline __u8 tcp_flags(__u8 proto, __u8 *l4, void *end)
+/* tcp_flags returns the flags of a TCP header at l4 (end bounds the packet), or
+ * TCP_FLAGS_UNKNOWN where they are out of reach or the packet is not TCP. */
+static __always_inline __u16 tcp_flags(__u8 proto, __u8 *l4, void *end)
 {
 	if (proto != IPPROTO_TCP || (void *)(l4 + TCP_FLAGS_OFF + 1) > end)
-		return 0xff;
+		return TCP_FLAGS_UNKNOWN;
 	return l4[TCP_FLAGS_OFF];
 }
 
-/* opens reports whether a packet may start a connection: any UDP datagram, a TCP SYN without
- * ACK. l4 points at the ports; end bounds the packet. */
-static __always_inline __u8 opens(__u8 proto, __u8 *l4, void *end)
+/* opens reports whether a packet with TCP flags flags may start a connection: any UDP
+ * datagram, a TCP SYN without ACK, a TCP packet whose flags are out of reach (cannot tell:
+ * remember it). */
+static __always_inline __u8 opens(__u16 flags)
 {
-	if (proto != IPPROTO_TCP)
-		return 1;
-	if ((void *)(l4 + TCP_FLAGS_OFF + 1) > end)
-		return 1; /* cannot tell: remember it */
-	return (l4[TCP_FLAGS_OFF] & (TCP_SYN | TCP_ACK)) == TCP_SYN;
+	return flags == TCP_FLAGS_UNKNOWN || (flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
 }
 
 /* tuple fills t with the packet's tuple and returns its size. */
@@ -970,10 +983,9 @@ static __always_inline int forward(struct __sk_buff *skb, struct settings *cfg, 
 	long how = 0;
 
 	if (class == CARRY) {
-		/* the flow's own kept answer, checked as cached() checks the map's */
+		/* the flow's own kept answer, until its next conntrack answer (no expiry of its own) */
 		nh = &n->nh;
-		if (!(cfg->flags & SETTINGS_NEXTHOP_CACHE) || !nh->ifindex || nh->generation != cfg->generation ||
-		    (skb->gso_size ? !fits(skb, nh->ifindex) : fib->tot_len > nh->mtu))
+		if (!(cfg->flags & SETTINGS_NEXTHOP_CACHE) || !nh->ifindex || !usable(skb, cfg, nh, fib->tot_len))
 			nh = NULL;
 	} else {
 		__builtin_memcpy(k.addr, f->dst.addr, 16);
@@ -989,16 +1001,10 @@ static __always_inline int forward(struct __sk_buff *skb, struct settings *cfg, 
 	}
 	if (!(out = route(skb, fib, egress, &how)))
 		return PASS;
-	if (how == BPF_FIB_LKUP_RET_SUCCESS && class == CARRY) {
-		n->nh.generation = cfg->generation;
-		n->nh.ifindex = fib->ifindex;
-		n->nh.flags = out->flags;
-		n->nh.mtu = out->mtu;
-		__builtin_memcpy(n->nh.smac, fib->smac, ETH_ALEN);
-		__builtin_memcpy(n->nh.dmac, fib->dmac, ETH_ALEN);
-	} else if (how == BPF_FIB_LKUP_RET_SUCCESS) {
+	if (how == BPF_FIB_LKUP_RET_SUCCESS && class == CARRY)
+		answer(&n->nh, cfg, fib, out);
+	else if (how == BPF_FIB_LKUP_RET_SUCCESS)
 		keep(cfg, &k, fib, out);
-	}
 	if (class == CARRY && translate(skb, f, n))
 		return TC_ACT_SHOT;
 	if (!hop(skb, f->v6))
@@ -1031,8 +1037,8 @@ static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, str
 	f.dst.port = ports[1];
 	f.src.proto = f.dst.proto = ip->protocol;
 	f.hops = ip->ttl;
-	f.opens = opens(ip->protocol, (void *)ports, end);
 	f.tcpflags = tcp_flags(ip->protocol, (void *)ports, end);
+	f.opens = opens(f.tcpflags);
 	if ((class = decide(skb, in, cfg, &f, &egress, &n)) < 0)
 		return PASS;
 
@@ -1075,8 +1081,8 @@ static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, str
 	f.dst.port = ports[1];
 	f.src.proto = f.dst.proto = ip6->nexthdr;
 	f.hops = ip6->hop_limit;
-	f.opens = opens(ip6->nexthdr, (void *)ports, end);
 	f.tcpflags = tcp_flags(ip6->nexthdr, (void *)ports, end);
+	f.opens = opens(f.tcpflags);
 	if ((class = decide(skb, in, cfg, &f, &egress, &n)) < 0)
 		return PASS;
 
