@@ -219,18 +219,23 @@ func dial(src netip.Addr, dst netip.AddrPort) (net.Conn, error) {
 	}
 }
 
+// portKey is lastPort's key of the source ports from src to dst.
+func portKey(src netip.Addr, dst netip.AddrPort) [2]string {
+	return [2]string{src.String(), dst.String()}
+}
+
 // usedPorts is the last source port nextPort gave from src to dst (below 20000: none yet).
 func usedPorts(src netip.Addr, dst netip.AddrPort) int {
 	portMu.Lock()
 	defer portMu.Unlock()
-	return max(lastPort[[2]string{src.String(), dst.String()}], 19999)
+	return max(lastPort[portKey(src, dst)], 19999)
 }
 
 // nextPort returns a source port from src to dst not used before in this run.
 func nextPort(src netip.Addr, dst netip.AddrPort) (int, error) {
 	portMu.Lock()
 	defer portMu.Unlock()
-	k := [2]string{src.String(), dst.String()}
+	k := portKey(src, dst)
 	p := max(lastPort[k]+1, 20000)
 	lastPort[k] = p
 	if p > 65000 {
