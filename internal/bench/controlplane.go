@@ -40,6 +40,9 @@ type CPOptions struct {
 	Parts   []string      // of CPParts
 	Timeout time.Duration // per step; a step that takes longer is recorded as timed out
 	Command string
+	// AgentLogs, if set, is a directory that keeps each agent's output (the agent's own
+	// "load balancer applied ... took" lines say where a step's time went).
+	AgentLogs string
 }
 
 // CPCell is one step at one size: its samples.
@@ -128,6 +131,17 @@ func (r *cpRun) startAgent(ctx context.Context, ns string, args ...string) (*age
 func (a *agentProc) stop() {
 	_ = a.cmd.Process.Signal(syscall.SIGTERM)
 	_ = a.cmd.Wait()
+}
+
+// keepLog writes a stopped agent's output to o.AgentLogs, if set, as <part>-<n>-<time>.log.
+func (r *cpRun) keepLog(a *agentProc) {
+	if r.o.AgentLogs == "" {
+		return
+	}
+	p := filepath.Join(r.o.AgentLogs, fmt.Sprintf("%s-%d-%s.log", r.part, r.n, time.Now().Format("150405")))
+	if os.MkdirAll(r.o.AgentLogs, 0o755) == nil {
+		_ = os.WriteFile(p, []byte(a.log.String()), 0o644)
+	}
 }
 
 type cpRun struct {
@@ -576,7 +590,7 @@ func (r *cpRun) lbAPI(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer agent.stop()
+	defer func() { agent.stop(); r.keepLog(agent) }()
 	last := fmt.Sprintf("s%d-backends-v4", services-1)
 	c := r.rep.cell(r.part, r.n, "agent start until the last service is in the kernel")
 	for {

@@ -142,7 +142,7 @@ func (r *cpRun) k8sScale(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer agent.stop()
+	defer func() { agent.stop(); r.keepLog(agent) }()
 
 	up := r.rep.cell(r.part, r.n, "agent start until every Service is in the kernel")
 	for {

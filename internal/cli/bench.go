@@ -211,6 +211,7 @@ Records the seconds and the peak memory of every sample; writes
 	f.StringSliceVar(&o.Parts, "parts", bench.CPParts, "what to measure (also: k8s, which needs scripts/k8s-build-test-bins.sh)")
 	f.DurationVar(&o.Timeout, "timeout", o.Timeout, "give up on a step after this long (recorded as failed)")
 	f.StringVar(&o.Bin, "bin", "", "the hostaccel binary to measure (default: this one)")
+	f.StringVar(&o.AgentLogs, "agent-logs", "", "keep each agent's output in this directory")
 	f.StringVar(&out, "out", ".", "directory for the report")
 	return c
 }
