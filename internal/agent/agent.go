@@ -23,6 +23,7 @@ import (
 	"github.com/hostaccel/hostaccel/internal/config"
 	"github.com/hostaccel/hostaccel/internal/datapath"
 	"github.com/hostaccel/hostaccel/internal/lb"
+	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/probe"
 )
 
@@ -44,7 +45,9 @@ type Options struct {
 
 // Source supplies the desired config instead of the file.
 type Source interface {
-	// Config returns the current config, validated; an error keeps the last good one.
+	// Config returns the current config, validated; an error keeps the last good one. It
+	// returns the same pointer until the config changes (the agent compares pointers: at
+	// thousands of Services, writing the config out to compare it cost ~8 ms a sync).
 	Config() (*config.Config, error)
 	// Changed fires (coalesced) when Config, Notes or Report may have changed.
 	Changed() <-chan struct{}
@@ -124,12 +127,10 @@ func (a *Agent) loadConfig() (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		b, _ := json.Marshal(c)
-		h := sha256.Sum256(b)
-		if a.cfg != nil && h == a.cfgHash {
+		if c == a.cfg {
 			return false, nil
 		}
-		a.cfg, a.cfgHash = c, h
+		a.cfg = c
 		return true, nil
 	}
 	b, err := config.ReadFile(a.opts.ConfigPath)
@@ -271,23 +272,28 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 	}
 	if src := a.opts.Source; src != nil {
 		*degraded = append(*degraded, src.Notes()...)
-		var rep json.RawMessage
-		switch r := src.Report().(type) {
-		case json.RawMessage: // written already (compact)
-			rep = r
-		default:
-			rep, _ = json.Marshal(r)
-		}
-		a.mu.Lock()
-		a.state.Source = rep
-		a.mu.Unlock()
+		// The report (~2 MB of JSON at 5,000 Services, written once per derivation) is
+		// taken after the kernel has the change: it is for `status`, not on the way there.
+		defer func() {
+			var rep json.RawMessage
+			switch r := src.Report().(type) {
+			case json.RawMessage: // written already (compact)
+				rep = r
+			default:
+				rep, _ = json.Marshal(r)
+			}
+			a.mu.Lock()
+			a.state.Source = rep
+			a.mu.Unlock()
+		}()
 	}
 
 	// Probe again while the kernel lacks something a datapath could use: a module loaded
 	// later (nf_flow_table, nf_conntrack with its kfuncs) then counts from a later sync on.
 	// Not in a sync someone waits for (TriggerNow), and at most every reprobeEvery: probing
 	// runs nft and loads programs (~0.1-0.2 s), which an event's sync must not pay each time.
-	if a.caps == nil || !a.urgent.Load() && time.Since(a.probed) >= reprobeEvery &&
+	// A config without a datapath has no use for what a probe could find.
+	if a.caps == nil || !a.urgent.Load() && time.Since(a.probed) >= reprobeEvery && cfg.Datapath != model.DatapathNone &&
 		(!a.caps.Has(probe.Flowtable) || !a.caps.Has(probe.ConntrackKfuncs)) {
 		caps := a.opts.Probe(ctx)
 		a.caps, a.probed = &caps, time.Now()

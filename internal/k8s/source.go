@@ -419,6 +419,10 @@ func (s *Source) derive(ctx context.Context) {
 		s.st.Changes++
 		s.st.LastChange = time.Now()
 	}
+	if !changed && s.last != nil {
+		// The same config: the agent knows it by its pointer (agent.Source).
+		d.Config, d.JSON = s.last.Config, s.last.JSON
+	}
 	if changed || summaryChanged {
 		s.last = d
 	}
