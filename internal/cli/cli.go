@@ -28,6 +28,7 @@ import (
 	"github.com/hostaccel/hostaccel/internal/lb"
 	"github.com/hostaccel/hostaccel/internal/lock"
 	"github.com/hostaccel/hostaccel/internal/metrics"
+	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/probe"
 	"github.com/hostaccel/hostaccel/internal/sockmap"
 	"github.com/hostaccel/hostaccel/internal/tc"
@@ -214,7 +215,13 @@ func applyCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			o, err := agent.Apply(ctx, cfg, agent.Inputs{Links: links, Strict: true, Caps: probe.Run(ctx), LB: lb.Apply, Mgrs: m})
+			// A config without a datapath (a load balancer alone) plans nothing from the
+			// kernel's features: only its privileges are looked at.
+			caps := probe.Privileges()
+			if cfg.Datapath != model.DatapathNone {
+				caps = probe.Run(ctx)
+			}
+			o, err := agent.Apply(ctx, cfg, agent.Inputs{Links: links, Strict: true, Caps: caps, LB: lb.Apply, Mgrs: m})
 			if errors.Is(err, datapath.ErrNoFlowtable) || errors.Is(err, datapath.ErrNoTC) || errors.Is(err, datapath.ErrNoSockmap) {
 				err = fmt.Errorf("%w\n(`hostaccel probe` lists what this kernel can do; the README's demo runs the flowtable in a VM on such hosts)", err)
 			}
