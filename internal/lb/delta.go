@@ -2,7 +2,6 @@ package lb
 
 import (
 	"context"
-	"fmt"
 	"slices"
 
 	"github.com/hostaccel/hostaccel/internal/nftjson"
@@ -201,8 +200,8 @@ func (m *Manager) scopes(tables []*Table, existing []TableRef) ([]*partScope, bo
 }
 
 // applyScopes is apply for tables whose scopes are known (the cache is trusted).
-func (m *Manager) applyScopes(ctx context.Context, scopes []*partScope, res Result) (Result, error) {
-	tx := m.NFT.NewTransaction()
+func (m *Manager) applyScopes(ctx context.Context, scopes []*partScope, tables []*Table, res Result) (Result, error) {
+	tx := newTxn(m.NFT)
 	rewritten := make([][]string, len(scopes))
 	for i, s := range scopes {
 		if err := m.readLost(ctx, s.sub, s.ksub); err != nil {
@@ -212,10 +211,9 @@ func (m *Manager) applyScopes(ctx context.Context, scopes []*partScope, res Resu
 	}
 	res.Operations = tx.NumOperations()
 	if res.Operations > 0 {
-		if err := m.NFT.Run(ctx, tx); err != nil {
-			return res, fmt.Errorf("nft transaction (nothing was changed): %w", err)
+		if err := m.run(ctx, tx, tables, &res); err != nil {
+			return res, err
 		}
-		m.lastTx = tx
 	}
 	for i, s := range scopes {
 		m.cache.patch(s, rewritten[i])

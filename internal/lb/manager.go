@@ -3,8 +3,11 @@ package lb
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -44,6 +47,11 @@ type Manager struct {
 	KnownDir   string
 	Generation func(context.Context) (nftlist.Generation, error)
 
+	// Netlink, when set, sends the transactions it carries without nft (netlink.go).
+	Netlink Netlink
+	// Log, when set, says why a transaction went to nft after the netlink lane failed.
+	Log *slog.Logger
+
 	cache kernelCache
 	// lastTx is the transaction the last apply ran (nil: none).
 	lastTx *knftables.Transaction
@@ -66,7 +74,63 @@ func NewManager() (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Manager{NFT: nft, List: NFTList, Tables: ListTables, ReadCounter: NetlinkCounters, FullEvery: DefaultFullEvery}, nil
+	m := &Manager{NFT: nft, List: NFTList, Tables: ListTables, ReadCounter: NetlinkCounters, FullEvery: DefaultFullEvery}
+	if os.Getenv(EnvNFTOnly) == "" {
+		m.Netlink = NetlinkLane
+	}
+	return m, nil
+}
+
+// EnvNFTOnly, set to anything, makes every transaction nft's (no netlink lane).
+const EnvNFTOnly = "HOSTACCEL_LB_NFT_ONLY"
+
+// run runs tx: on the netlink lane when it carries it, else (or when the kernel refused the
+// lane's batch, which then changed nothing) with nft.
+func (m *Manager) run(ctx context.Context, tx *txn, tables []*Table, res *Result) error {
+	if m.Netlink != nil {
+		err := m.Netlink(ctx, tx, typeOfIn(tables))
+		if err == nil {
+			res.Netlink = true
+			m.lastTx = tx.Transaction
+			return nil
+		}
+		if !errors.Is(err, errLane) && m.Log != nil {
+			m.Log.Warn("netlink batch refused; running the transaction with nft", "err", err)
+		}
+	}
+	if err := m.NFT.Run(ctx, tx.Transaction); err != nil {
+		return fmt.Errorf("nft transaction (nothing was changed): %w", err)
+	}
+	m.lastTx = tx.Transaction
+	return nil
+}
+
+// typeOfIn finds a map's or set's typeof among tables.
+func typeOfIn(tables []*Table) func(TableRef, string) string {
+	return func(ref TableRef, name string) string {
+		for _, t := range tables {
+			if t.ref() != ref {
+				continue
+			}
+			for _, mp := range t.Maps {
+				if mp.Name == name {
+					if len(mp.Flags) > 0 || mp.Timeout != nil || mp.Type != "" {
+						return "" // dynamic maps: nft's
+					}
+					return mp.TypeOf
+				}
+			}
+			for _, st := range t.Sets {
+				if st.Name == name {
+					if len(st.Flags) > 0 || st.Timeout != nil || st.Type != "" {
+						return ""
+					}
+					return st.TypeOf
+				}
+			}
+		}
+		return ""
+	}
 }
 
 // Result says what one Apply changed.
@@ -90,6 +154,8 @@ type Result struct {
 	// repaired: a table, map or chain missing, elements or rules changed. It is seen where
 	// the apply reads the kernel: every table's presence, and whole tables on a full read.
 	Drift []string `json:"drift,omitempty"`
+	// Netlink: the transaction went to the kernel as a netlink batch, without nft.
+	Netlink bool `json:"netlink,omitempty"`
 }
 
 // Changed reports whether the kernel was changed.
@@ -168,10 +234,10 @@ func (m *Manager) apply(ctx context.Context, r *Ruleset, full, trust bool, fresh
 	}
 	if !full {
 		if scopes, ok := m.scopes(r.Tables, existing); ok {
-			return m.applyScopes(ctx, scopes, res)
+			return m.applyScopes(ctx, scopes, r.Tables, res)
 		}
 	}
-	tx := m.NFT.NewTransaction()
+	tx := newTxn(m.NFT)
 	removeUnwanted(tx, existing, r.Tables, &res)
 	plans := make([]tablePlan, len(r.Tables))
 	for i, t := range r.Tables {
@@ -181,10 +247,9 @@ func (m *Manager) apply(ctx context.Context, r *Ruleset, full, trust bool, fresh
 	}
 	res.Operations = tx.NumOperations()
 	if res.Operations > 0 {
-		if err := m.NFT.Run(ctx, tx); err != nil {
-			return res, fmt.Errorf("nft transaction (nothing was changed): %w", err)
+		if err := m.run(ctx, tx, r.Tables, &res); err != nil {
+			return res, err
 		}
-		m.lastTx = tx
 	}
 	next, err := m.remember(ctx, r.Tables, plans)
 	if err != nil {
@@ -200,7 +265,7 @@ func (m *Manager) apply(ctx context.Context, r *Ruleset, full, trust bool, fresh
 }
 
 // removeUnwanted deletes our tables that are not among tables.
-func removeUnwanted(tx *knftables.Transaction, existing []TableRef, tables []*Table, res *Result) {
+func removeUnwanted(tx *txn, existing []TableRef, tables []*Table, res *Result) {
 	for _, ref := range existing {
 		if !slices.ContainsFunc(tables, func(t *Table) bool { return t.ref() == ref }) {
 			tx.Delete(&knftables.Table{Family: ref.Family, Name: ref.Name})
@@ -211,7 +276,7 @@ func removeUnwanted(tx *knftables.Transaction, existing []TableRef, tables []*Ta
 
 // plan adds to tx what brings the kernel's table to t: the whole table when it is missing
 // or its layout changed, else the difference.
-func (m *Manager) plan(ctx context.Context, tx *knftables.Transaction, t *Table, exists, full bool, fresh *FullRead, res *Result) (tablePlan, error) {
+func (m *Manager) plan(ctx context.Context, tx *txn, t *Table, exists, full bool, fresh *FullRead, res *Result) (tablePlan, error) {
 	p := tablePlan{t: t}
 	var kt *kernelTable
 	var read bool
@@ -232,12 +297,14 @@ func (m *Manager) plan(ctx context.Context, tx *knftables.Transaction, t *Table,
 	case kt == nil:
 		res.Rebuilt = append(res.Rebuilt, ref+": missing")
 		p.rebuilt = true
-		t.addAll(tx)
+		t.addAll(tx.Transaction)
+		tx.whole = true
 	case kt.Comment != t.Comment:
 		res.Rebuilt = append(res.Rebuilt, ref+": layout changed")
 		p.rebuilt = true
 		tx.Delete(t.table())
-		t.addAll(tx)
+		t.addAll(tx.Transaction)
+		tx.whole = true
 	default:
 		p.rewritten = m.update(tx, kt, t, res)
 	}
@@ -449,14 +516,14 @@ func (d *tableDiff) compare() {
 
 type object struct {
 	name, comment string
-	add           func(*knftables.Transaction)
+	add           func(*txn)
 }
 
 // update adds to tx what turns kt into t, in an order nft accepts within one transaction:
 // stale elements out, chains to rewrite flushed (dropping their references), chains and maps
 // to go deleted, new maps and chains added, rules added, new elements added. It returns the
 // chains whose rules it adds.
-func (m *Manager) update(tx *knftables.Transaction, kt *kernelTable, t *Table, res *Result) (rewritten []string) {
+func (m *Manager) update(tx *txn, kt *kernelTable, t *Table, res *Result) (rewritten []string) {
 	d := &tableDiff{kt: kt, t: t, ek: make([]string, len(t.Elements)), ev: make([]string, len(t.Elements))}
 	for i, e := range t.Elements {
 		d.ek[i], d.ev[i] = elemKey(e), elemValue(e)
@@ -539,10 +606,10 @@ func (d *tableDiff) keepSlots() {
 // diffMaps sorts t's maps and sets into new, replaced and kept.
 func (d *tableDiff) diffMaps(res *Result) {
 	for _, s := range d.t.Sets {
-		d.objs = append(d.objs, object{s.Name, *s.Comment, func(tx *knftables.Transaction) { tx.Add(s) }})
+		d.objs = append(d.objs, object{s.Name, *s.Comment, func(tx *txn) { tx.Add(s) }})
 	}
 	for _, mp := range d.t.Maps {
-		d.objs = append(d.objs, object{mp.Name, *mp.Comment, func(tx *knftables.Transaction) { tx.Add(mp) }})
+		d.objs = append(d.objs, object{mp.Name, *mp.Comment, func(tx *txn) { tx.Add(mp) }})
 	}
 	d.wanted, d.added, d.replaced = map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, o := range d.objs {
@@ -595,7 +662,7 @@ func (m *Manager) diffChains(d *tableDiff, res *Result) (rewritten []string) {
 
 // removeElements deletes the elements that must go from maps that stay, and the entries of
 // dynamic maps that point at a backend that is gone.
-func (m *Manager) removeElements(tx *knftables.Transaction, d *tableDiff, res *Result) {
+func (m *Manager) removeElements(tx *txn, d *tableDiff, res *Result) {
 	t, kt := d.t, d.kt
 	var desired map[string]map[string]string // of the maps that hold others than ours
 	dirty := func(name string) bool {
@@ -645,7 +712,7 @@ func (m *Manager) removeElements(tx *knftables.Transaction, d *tableDiff, res *R
 
 // removeObjects flushes the chains to rewrite or delete, then deletes the chains, maps, sets
 // and counters that go.
-func (d *tableDiff) removeObjects(tx *knftables.Transaction) {
+func (d *tableDiff) removeObjects(tx *txn) {
 	fam, tab, kt := d.t.Family, d.t.Name, d.kt
 	chains := slices.Sorted(maps.Keys(kt.Chains))
 	for _, name := range chains {
@@ -680,7 +747,7 @@ func (d *tableDiff) removeObjects(tx *knftables.Transaction) {
 
 // addObjects adds the new and replaced maps and sets, the new counters and chains, and the
 // rules of new and rewritten chains.
-func (d *tableDiff) addObjects(tx *knftables.Transaction) {
+func (d *tableDiff) addObjects(tx *txn) {
 	for _, o := range d.objs {
 		if d.added[o.name] || d.replaced[o.name] {
 			o.add(tx)
@@ -704,7 +771,7 @@ func (d *tableDiff) addObjects(tx *knftables.Transaction) {
 }
 
 // addElements adds the elements that are missing (all of new and replaced maps).
-func (d *tableDiff) addElements(tx *knftables.Transaction, res *Result) {
+func (d *tableDiff) addElements(tx *txn, res *Result) {
 	for i, e := range d.t.Elements {
 		n := e.Set + e.Map
 		km := d.kt.Maps[n]
@@ -722,7 +789,7 @@ func (d *tableDiff) addElements(tx *knftables.Transaction, res *Result) {
 // forget deletes a dynamic map's entries that point at a backend no longer known. Each is
 // added and deleted: an entry may time out between our listing and the transaction, and
 // deleting it must not fail the transaction.
-func forget(tx *knftables.Transaction, t *Table, name string, km *kernelMap, allowed map[string]bool, res *Result) {
+func forget(tx *txn, t *Table, name string, km *kernelMap, allowed map[string]bool, res *Result) {
 	for _, k := range slices.Sorted(maps.Keys(km.Elems)) {
 		v := km.Elems[k]
 		if allowed[v] {

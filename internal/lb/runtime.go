@@ -132,6 +132,7 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 			return err
 		}
 		r.mgr.DeferFull = true // the periodic full read runs apart (readFull)
+		r.mgr.Log = r.Log
 	}
 	mgr, prev := r.mgr, r.desired
 	if r.FullEvery > 0 {
@@ -174,7 +175,7 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 	}
 	if res.Changed() {
 		r.Log.Info("load balancer applied", "rebuilt", res.Rebuilt, "removed", res.Removed, "chainsRewritten", res.ChainsRewritten,
-			"elementsAdded", res.ElementsAdded, "elementsRemoved", res.ElementsRemoved, "flowsForgotten", res.FlowsForgotten, "ops", res.Operations, "took", time.Since(start).Round(time.Millisecond))
+			"elementsAdded", res.ElementsAdded, "elementsRemoved", res.ElementsRemoved, "flowsForgotten", res.FlowsForgotten, "ops", res.Operations, "netlink", res.Netlink, "took", time.Since(start).Round(time.Millisecond))
 	}
 	r.flush(prev, d)
 	r.solicit(d)
@@ -550,6 +551,9 @@ func Apply(ctx context.Context, cfg Config) (string, error) {
 	what := "no change"
 	if res.Changed() {
 		what = fmt.Sprintf("%d operations", res.Operations)
+		if res.Netlink {
+			what += ", netlink"
+		}
 	}
 	msg := fmt.Sprintf("applied the load balancer (%s): %d services", what, len(svcs))
 	for _, n := range notes {

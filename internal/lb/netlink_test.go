@@ -1,0 +1,252 @@
+package lb
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/hostaccel/hostaccel/internal/testbed"
+)
+
+// laneServices are services of every shape whose backend changes the lane carries (rr and
+// weight, one port and all ports, IPv4 and IPv6, dnat and snat), a service with
+// persistence (whose changes are nft's), and a hash service (its schedule rule is nft's).
+func laneServices(change int) []Service {
+	be := func(addr string, port int) Backend { return Backend{Address: addr, Port: port} }
+	svcs := []Service{
+		{Name: "web", VIPs: []string{"198.18.0.1"}, Port: 80, Backends: []Backend{be("10.0.0.1", 8080), be("10.0.0.2", 8080)}},
+		{Name: "dns", VIPs: []string{"198.18.0.2"}, Port: 53, Protocol: "udp", Scheduler: Weighted,
+			Backends: []Backend{be("10.0.1.1", 53), be("10.0.1.2", 53)}},
+		{Name: "all", VIPs: []string{"198.18.0.3"}, Backends: []Backend{be("10.0.2.1", 0), be("10.0.2.2", 0)}},
+		{Name: "six", VIPs: []string{"fd00:18::4"}, Port: 443, Topology: SNAT,
+			Backends: []Backend{be("fd00:1::1", 8443), be("fd00:1::2", 8443)}},
+		{Name: "sticky", VIPs: []string{"198.18.0.5"}, Port: 80, Persistence: &Duration{Duration: time.Minute},
+			Backends: []Backend{be("10.0.3.1", 80), be("10.0.3.2", 80)}},
+	}
+	switch change {
+	case 1: // the lane's: drain (2 -> 1 slots), a backend replaced, one added, weights, a VIP added
+		svcs[0].Backends[1].State = StateDrain
+		svcs[1].Backends[0].Address = "10.0.1.9"
+		svcs[1].Backends[1].Weight = knftables.PtrTo(3)
+		svcs[2].Backends = append(svcs[2].Backends, be("10.0.2.3", 0))
+		svcs[3].Backends = append(svcs[3].Backends, be("fd00:1::3", 8443))
+		svcs[0].VIPs = append(svcs[0].VIPs, "198.18.0.11")
+	case 2: // nft's: no backend left (reject), a persistent service's backend gone
+		svcs[0].Backends = nil
+		svcs[4].Backends = svcs[4].Backends[:1]
+	}
+	return svcs
+}
+
+// TestNetlinkLaneMatchesNFT applies the same changes to two namespaces, one with the netlink
+// lane and one with nft alone, and requires the kernel to hold the same expressions, rule by
+// rule and element by element (nft --debug=netlink), and the lane to have carried the
+// changes it is for.
+func TestNetlinkLaneMatchesNFT(t *testing.T) {
+	testbed.RequireRoot(t)
+	ctx := context.Background()
+	type side struct {
+		ns *testbed.NS
+		m  *Manager
+	}
+	var sides [2]*side
+	for i := range sides {
+		ns, err := testbed.NewNS("lane")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ns.Close() })
+		s := &side{ns: ns}
+		if err := ns.Do(func() (err error) { s.m, err = NewManager(); return err }); err != nil {
+			t.Fatal(err)
+		}
+		sides[i] = s
+	}
+	if sides[0].m.Netlink == nil {
+		t.Fatalf("the netlink lane is off (%s set?)", EnvNFTOnly)
+	}
+	sides[1].m.Netlink = nil // nft alone
+	var rv Resolver
+	var rr Renderer
+	steps := []struct {
+		change int
+		lane   bool // the lane carries it
+	}{{0, false}, {1, true}, {0, true}, {2, false}, {0, false}, {1, true}}
+	for step, st := range steps {
+		change := st.change
+		r := rr.Render(rv.Resolve(laneServices(change), nil, testEnv))
+		var got [2]string
+		for i, s := range sides {
+			var res Result
+			if err := s.ns.Do(func() (err error) { res, err = s.m.ApplyChanges(ctx, r); return err }); err != nil {
+				t.Fatalf("step %d (change %d), side %d: %v", step, change, i, err)
+			}
+			wantLane := i == 0 && st.lane
+			if res.Netlink != wantLane {
+				t.Errorf("step %d (change %d), side %d: netlink %v, want %v (result %+v)", step, change, i, res.Netlink, wantLane, res)
+			}
+			out, err := s.ns.Exec("nft", "--debug=netlink", "list", "table", "inet", NATTable)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[i] = normalizeDebug(out)
+		}
+		if got[0] != got[1] {
+			t.Errorf("step %d (change %d): the kernel differs, lane:\n%s\nnft:\n%s", step, change, got[0], got[1])
+		}
+	}
+}
+
+var (
+	ruleHeader = regexp.MustCompile(`(?m)^(inet \S+ \S+)( [0-9]+)+$`)
+	counts     = regexp.MustCompile(`packets [0-9]+ bytes [0-9]+`)
+	handles    = regexp.MustCompile(` # handle [0-9]+`)
+)
+
+// normalizeDebug drops what differs between two namespaces given the same ruleset: rule
+// handles and positions, counters' values, the order of a set's elements (a hash's).
+func normalizeDebug(s string) string {
+	s = ruleHeader.ReplaceAllString(s, "$1")
+	s = counts.ReplaceAllString(s, "packets N bytes N")
+	s = handles.ReplaceAllString(s, "")
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	for i := 0; i < len(lines); {
+		j := i
+		for j < len(lines) && strings.HasPrefix(lines[j], "\telement ") {
+			j++
+		}
+		slices.Sort(lines[i:j])
+		i = max(j, i+1)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// TestLaneCarriesOnly: the lane takes element changes and service chains' counter and
+// schedule rules; anything else is nft's, before anything is sent.
+func TestLaneCarriesOnly(t *testing.T) {
+	typeOf := func(_ TableRef, name string) string {
+		return map[string]string{
+			"slots":    "numgen inc mod 1 : ip daddr . tcp dport",
+			"services": "ip daddr . meta l4proto . th dport : verdict",
+		}[name]
+	}
+	fam, tab := knftables.InetFamily, NATTable
+	c := "comment"
+	lane := []knftables.Object{
+		&knftables.Element{Family: fam, Table: tab, Map: "slots", Key: []string{"0"}, Value: []string{"10.0.0.1", "80"}},
+		&knftables.Element{Family: fam, Table: tab, Map: "services", Key: []string{"198.18.0.1", "tcp", "80"}, Value: []string{"goto svc-web-v4"}},
+		&knftables.Rule{Family: fam, Table: tab, Chain: "svc-web-v4", Rule: `counter name "svc-web-v4"`, Comment: &c},
+		&knftables.Rule{Family: fam, Table: tab, Chain: "svc-web-v4", Rule: "meta l4proto tcp dnat ip to numgen inc mod 3 map @slots", Comment: &c},
+	}
+	nftOnly := []knftables.Object{
+		&knftables.Chain{Family: fam, Table: tab, Name: "svc-new-v4"},
+		&knftables.Counter{Family: fam, Table: tab, Name: "svc-new-v4"},
+		&knftables.Rule{Family: fam, Table: tab, Chain: "svc-web-v4", Rule: "reject", Comment: &c},
+		&knftables.Rule{Family: fam, Table: tab, Chain: "svc-web-v4", Rule: "meta l4proto tcp dnat ip to jhash ip saddr mod 3 seed 0x1 map @slots"},
+		&knftables.Element{Family: fam, Table: tab, Map: "flows", Key: []string{"10.1.1.1"}, Value: []string{"10.0.0.1"}}, // a dynamic map (no typeof given)
+		&knftables.Element{Family: fam, Table: tab, Map: "slots", Key: []string{"zero"}, Value: []string{"10.0.0.1", "80"}},
+		&knftables.Element{Family: fam, Table: tab, Map: "slots", Key: []string{"0"}, Value: []string{"fd00::1", "80"}},
+		&knftables.Element{Family: fam, Table: tab, Map: "services", Key: []string{"198.18.0.1", "icmp", "80"}, Value: []string{"goto svc-web-v4"}},
+	}
+	nft := knftables.NewFake("", "")
+	build := func(objs ...knftables.Object) *txn {
+		tx := newTxn(nft)
+		tx.Flush(&knftables.Chain{Family: fam, Table: tab, Name: "svc-web-v4"})
+		for _, o := range objs {
+			tx.Add(o)
+		}
+		return tx
+	}
+	if _, err := laneBatch(build(lane...), typeOf); err != nil {
+		t.Fatalf("the lane refused its own: %v", err)
+	}
+	for _, o := range nftOnly {
+		if _, err := laneBatch(build(append(lane[:2:2], o)...), typeOf); !errors.Is(err, errLane) {
+			t.Errorf("the lane took %#v: %v", o, err)
+		}
+	}
+	whole := build(lane...)
+	whole.whole = true
+	if _, err := laneBatch(whole, typeOf); !errors.Is(err, errLane) {
+		t.Errorf("the lane took a table added whole")
+	}
+}
+
+// TestLaneElementBytes: concatenations pad every part to 4 bytes, numgen keys are in host
+// byte order, ports in network byte order (what nft writes; TestNetlinkLaneMatchesNFT checks
+// it against a kernel).
+func TestLaneElementBytes(t *testing.T) {
+	e := &knftables.Element{Map: "services", Key: []string{"198.18.0.7", "tcp", "80"}, Value: []string{"goto c"}}
+	el, err := laneElement("ip daddr . meta l4proto . th dport : verdict", e, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []byte{198, 18, 0, 7, 6, 0, 0, 0, 0, 80, 0, 0}; !bytes.Equal(el.Key, want) {
+		t.Errorf("key % x, want % x", el.Key, want)
+	}
+	if el.VerdictData == nil || el.VerdictData.Chain != "c" {
+		t.Errorf("verdict %+v", el.VerdictData)
+	}
+	e = &knftables.Element{Map: "slots", Key: []string{"1"}, Value: []string{"10.0.0.14", "8080"}}
+	if el, err = laneElement("numgen inc mod 1 : ip daddr . tcp dport", e, false); err != nil {
+		t.Fatal(err)
+	}
+	if len(el.Key) != 4 || el.Key[0]+el.Key[3] != 1 { // 1 in host byte order, either end
+		t.Errorf("key % x", el.Key)
+	}
+	if want := []byte{10, 0, 0, 14, 0x1f, 0x90, 0, 0}; !bytes.Equal(el.Val, want) {
+		t.Errorf("data % x, want % x", el.Val, want)
+	}
+}
+
+// TestManagerLaneFallsBack: a transaction the lane carries goes to it; when the kernel
+// refuses the batch (nothing applied), or the lane does not carry it, nft runs it.
+func TestManagerLaneFallsBack(t *testing.T) {
+	ctx := context.Background()
+	m, f := NewFakeManager()
+	m.FullEvery = time.Hour
+	var calls int
+	var refuse error
+	m.Netlink = func(_ context.Context, tx *txn, typeOf func(TableRef, string) string) error {
+		calls++
+		if _, err := laneBatch(tx, typeOf); err != nil {
+			return err
+		}
+		return refuse
+	}
+	var rv Resolver
+	var rr Renderer
+	apply := func(change int) Result {
+		t.Helper()
+		res, err := m.ApplyChanges(ctx, rr.Render(rv.Resolve(laneServices(change), nil, testEnv)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	if res := apply(0); res.Netlink || calls != 1 { // a table added whole: nft's
+		t.Fatalf("first apply: netlink %v after %d calls", res.Netlink, calls)
+	}
+	refuse = errors.New("netlink receive: invalid argument")
+	if res := apply(1); res.Netlink || calls != 2 {
+		t.Fatalf("refused batch: netlink %v after %d calls", res.Netlink, calls)
+	}
+	dump := f.Dump()
+	if !strings.Contains(dump, "198.18.0.11") {
+		t.Fatalf("nft did not run the refused batch's transaction:\n%s", dump)
+	}
+	refuse = nil
+	if res := apply(0); !res.Netlink || calls != 3 {
+		t.Fatalf("a drain undone: netlink %v after %d calls", res.Netlink, calls)
+	}
+	if f.Dump() != dump { // the lane's batch "ran": the Fake, standing for nft, saw nothing
+		t.Fatalf("nft ran a transaction the lane carried")
+	}
+}
