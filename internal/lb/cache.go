@@ -24,7 +24,15 @@ type kernelCache struct {
 	// rendered is each table as the last apply rendered it: with what the tables hold, it
 	// tells an apply which parts of a table changed (partScope).
 	rendered map[TableRef]*Table
+	// retired are the expressions read of rules a rewrite took out of their chain. A rule's
+	// comment hashes its chain and its text, so a rule that comes back with the same
+	// comment has the same expression: its chain needs no reading back (a service whose
+	// slots go 2 -> 1 -> 2 is read once per shape, not after every change).
+	retired map[ruleKey]string
 }
+
+// maxRetired bounds kernelCache.retired (past it, it starts over).
+const maxRetired = 1 << 16
 
 type ruleKey struct {
 	table          TableRef
@@ -100,13 +108,20 @@ func (c *kernelCache) next(tables []*Table) *kernelCache {
 		}
 	}
 	// Only the rules the tables still have: a rule's comment names its content, so a
-	// service changed back and forth would otherwise leave an expression per version.
+	// service changed back and forth would otherwise leave an expression per version. The
+	// others are retired (bounded), for when they come back.
 	for _, t := range tables {
 		for _, rl := range t.Rules {
 			k := ruleKey{t.ref(), rl.Chain, *rl.Comment}
 			if v, ok := c.exprs[k]; ok {
 				n.exprs[k] = v
 			}
+		}
+	}
+	n.retired = c.retired
+	for k, v := range c.exprs {
+		if _, kept := n.exprs[k]; !kept {
+			n.retire(k, v)
 		}
 	}
 	for ref, chains := range c.unread {
@@ -121,13 +136,34 @@ func (c *kernelCache) next(tables []*Table) *kernelCache {
 	return n
 }
 
-// leaveUnread marks chains of ref as rewritten and not read back: the expressions of their
-// rules are dropped (they are the old rules') until Settle reads them.
-func (c *kernelCache) leaveUnread(ref TableRef, chains []string) {
+// leaveUnread marks chains of t rewritten and not read back, unless the expressions of all
+// their rules are known (recall): the expressions they have are dropped until Settle reads
+// them.
+func (c *kernelCache) leaveUnread(t *Table, chains []string) {
+	ref := t.ref()
+	comments := map[string][]string{}
+	for _, rl := range t.Rules {
+		if slices.Contains(chains, rl.Chain) {
+			comments[rl.Chain] = append(comments[rl.Chain], *rl.Comment)
+		}
+	}
+	var unknown []string
+	for _, ch := range chains {
+		if !c.recall(ref, ch, comments[ch]) {
+			unknown = append(unknown, ch)
+		}
+	}
 	for k := range c.exprs {
-		if k.table == ref && slices.Contains(chains, k.chain) {
+		if k.table == ref && slices.Contains(unknown, k.chain) {
 			delete(c.exprs, k)
 		}
+	}
+	c.markUnread(ref, unknown...)
+}
+
+func (c *kernelCache) markUnread(ref TableRef, chains ...string) {
+	if len(chains) == 0 {
+		return
 	}
 	if c.unread == nil {
 		c.unread = map[TableRef][]string{}
@@ -137,6 +173,35 @@ func (c *kernelCache) leaveUnread(ref TableRef, chains []string) {
 			c.unread[ref] = append(c.unread[ref], ch)
 		}
 	}
+}
+
+// retire keeps the expression of a rule that leaves its chain, for its return.
+func (c *kernelCache) retire(k ruleKey, expr string) {
+	if c.retired == nil || len(c.retired) >= maxRetired {
+		c.retired = map[ruleKey]string{}
+	}
+	c.retired[k] = expr
+}
+
+// recall gives the rules of chain (by their comments) the expressions known of them, kept or
+// retired, and reports whether every one has one: the chain then needs no reading back.
+func (c *kernelCache) recall(ref TableRef, chain string, comments []string) bool {
+	for _, cm := range comments {
+		k := ruleKey{ref, chain, cm}
+		if _, ok := c.exprs[k]; !ok {
+			if _, ok := c.retired[k]; !ok {
+				return false
+			}
+		}
+	}
+	for _, cm := range comments {
+		k := ruleKey{ref, chain, cm}
+		if e, ok := c.retired[k]; ok {
+			c.exprs[k] = e
+			delete(c.retired, k)
+		}
+	}
+	return true
 }
 
 // readRules remembers the expressions of the rules of kt's chains (all, or those named).

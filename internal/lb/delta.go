@@ -230,24 +230,33 @@ func (c *kernelCache) patch(s *partScope, rewritten []string) {
 		old, now := kt.Chains[n], ks.Chains[n]
 		redo := slices.Contains(rewritten, n)
 		if old != nil && (now == nil || redo) {
-			for _, rl := range old.Rules { // their expressions are the old rules'
-				delete(c.exprs, ruleKey{ref, n, rl.Comment})
+			for _, rl := range old.Rules { // the old rules' expressions, retired
+				k := ruleKey{ref, n, rl.Comment}
+				if e, ok := c.exprs[k]; ok {
+					c.retire(k, e)
+					delete(c.exprs, k)
+				}
 			}
+		}
+		settled := now == nil
+		if now != nil && redo {
+			comments := make([]string, len(now.Rules))
+			for i, rl := range now.Rules {
+				comments[i] = rl.Comment
+			}
+			settled = c.recall(ref, n, comments)
 		}
 		switch {
 		case now == nil:
 			delete(kt.Chains, n)
-			if c.unread[ref] != nil {
-				c.unread[ref] = slices.DeleteFunc(c.unread[ref], func(u string) bool { return u == n })
-			}
 		default:
 			kt.Chains[n] = now
-			if redo && !slices.Contains(c.unread[ref], n) {
-				if c.unread == nil {
-					c.unread = map[TableRef][]string{}
-				}
-				c.unread[ref] = append(c.unread[ref], n)
+			if redo && !settled {
+				c.markUnread(ref, n)
 			}
+		}
+		if settled && c.unread[ref] != nil {
+			c.unread[ref] = slices.DeleteFunc(c.unread[ref], func(u string) bool { return u == n })
 		}
 	}
 	if len(c.unread[ref]) == 0 {

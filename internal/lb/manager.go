@@ -361,7 +361,7 @@ func (m *Manager) remember(ctx context.Context, tables []*Table, plans []tablePl
 			}
 			next.readRules(ref, kt)
 		case len(p.rewritten) > 0:
-			next.leaveUnread(ref, p.rewritten)
+			next.leaveUnread(p.t, p.rewritten)
 		}
 		if p.read != nil {
 			var kept []string

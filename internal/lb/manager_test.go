@@ -490,7 +490,10 @@ func TestSettleDropsAReadingOlderThanAnApply(t *testing.T) {
 	if err := s.Read(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	// A shape the chain never had (back to the old one would need no reading: see
+	// TestRewriteToAKnownShapeIsSettled).
 	svcs[0].Backends[1].State = StateUp
+	svcs[0].Backends = append(svcs[0].Backends, Backend{Address: "192.0.2.199", Port: 8080})
 	if _, err := m.Apply(context.Background(), Render(Resolve(svcs, nil, testEnv))); err != nil {
 		t.Fatal(err)
 	}
@@ -512,6 +515,33 @@ func TestSettleDropsAReadingOlderThanAnApply(t *testing.T) {
 	res, _ := apply(t, m, svcs, nil)
 	if len(res.Drift) > 0 || len(res.ChainsRewritten) > 0 {
 		t.Fatalf("full read after settling: %+v", res)
+	}
+}
+
+// TestRewriteToAKnownShapeIsSettled: a chain rewritten back to rules read before (same
+// comments, so the same text) takes their expressions and needs no reading back; an edit of
+// them is then drift, as it is of any rule read.
+func TestRewriteToAKnownShapeIsSettled(t *testing.T) {
+	m, svcs := unsettled(t) // drained: 2 slots -> 1, the chain unread
+	if err := m.Settle(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, state := range []string{StateUp, StateDrain, StateUp} {
+		svcs[0].Backends[1].State = state
+		res, err := m.Apply(context.Background(), Render(Resolve(svcs, nil, testEnv)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.ChainsRewritten) == 0 {
+			t.Fatalf("%s: no chain rewritten: %+v", state, res)
+		}
+		if m.Unsettled() {
+			t.Fatalf("%s: a chain back to rules read before is left for Settle", state)
+		}
+	}
+	m.FullEvery = 0
+	if res, _ := apply(t, m, svcs, nil); len(res.Drift) > 0 || len(res.ChainsRewritten) > 0 {
+		t.Fatalf("full read after rewrites to known shapes: %+v", res)
 	}
 }
 
