@@ -14,6 +14,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	pprofruntime "runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
@@ -36,6 +37,11 @@ import (
 
 // Main runs the CLI and returns the exit code.
 func Main(args []string) int {
+	if p := os.Getenv(EnvCPUProfile); p != "" {
+		if f, err := os.Create(p); err == nil && pprofruntime.StartCPUProfile(f) == nil {
+			defer func() { pprofruntime.StopCPUProfile(); f.Close() }()
+		}
+	}
 	root := newRoot()
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
@@ -44,6 +50,10 @@ func Main(args []string) int {
 	}
 	return 0
 }
+
+// EnvCPUProfile names a file that receives a CPU profile of the command (go tool pprof):
+// where a one-shot `apply` spends its time.
+const EnvCPUProfile = "HOSTACCEL_CPUPROFILE"
 
 type globals struct {
 	logLevel  string
