@@ -105,31 +105,27 @@ func (m *Manager) run(ctx context.Context, tx *txn, tables []*Table, res *Result
 	return nil
 }
 
-// typeOfIn finds a map's or set's typeof among tables.
+// typeOfIn finds a map's or set's typeof among tables ("" for a dynamic one: nft's). The
+// index is built on the first call.
 func typeOfIn(tables []*Table) func(TableRef, string) string {
+	var index map[ruleKey]string // chain: "" (a map's or set's name in comment)
 	return func(ref TableRef, name string) string {
-		for _, t := range tables {
-			if t.ref() != ref {
-				continue
-			}
-			for _, mp := range t.Maps {
-				if mp.Name == name {
-					if len(mp.Flags) > 0 || mp.Timeout != nil || mp.Type != "" {
-						return "" // dynamic maps: nft's
+		if index == nil {
+			index = map[ruleKey]string{}
+			for _, t := range tables {
+				for _, mp := range t.Maps {
+					if len(mp.Flags) == 0 && mp.Timeout == nil && mp.Type == "" {
+						index[ruleKey{t.ref(), "", mp.Name}] = mp.TypeOf
 					}
-					return mp.TypeOf
 				}
-			}
-			for _, st := range t.Sets {
-				if st.Name == name {
-					if len(st.Flags) > 0 || st.Timeout != nil || st.Type != "" {
-						return ""
+				for _, st := range t.Sets {
+					if len(st.Flags) == 0 && st.Timeout == nil && st.Type == "" {
+						index[ruleKey{t.ref(), "", st.Name}] = st.TypeOf
 					}
-					return st.TypeOf
 				}
 			}
 		}
-		return ""
+		return index[ruleKey{ref, "", name}]
 	}
 }
 

@@ -94,9 +94,13 @@ func NetlinkLane(_ context.Context, tx *txn, typeOf func(TableRef, string) strin
 	return c.Flush()
 }
 
+// laneMaxOps is the most operations the lane carries in one batch: a change of backends is a
+// handful; a larger transaction (thousands of elements) pays nft's cache fetch once for all.
+const laneMaxOps = 1024
+
 // laneBatch compiles tx's operations into calls on a netlink connection, or returns errLane.
 func laneBatch(tx *txn, typeOf func(TableRef, string) string) (func(*nftables.Conn) error, error) {
-	if tx.whole || len(tx.ops) == 0 {
+	if tx.whole || len(tx.ops) == 0 || len(tx.ops) > laneMaxOps {
 		return nil, errLane
 	}
 	var steps []func(*nftables.Conn) error

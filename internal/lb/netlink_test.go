@@ -6,6 +6,7 @@ import (
 	"errors"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -171,6 +172,13 @@ func TestLaneCarriesOnly(t *testing.T) {
 		if _, err := laneBatch(build(append(lane[:2:2], o)...), typeOf); !errors.Is(err, errLane) {
 			t.Errorf("the lane took %#v: %v", o, err)
 		}
+	}
+	var many []knftables.Object
+	for i := range laneMaxOps {
+		many = append(many, &knftables.Element{Family: fam, Table: tab, Map: "slots", Key: []string{strconv.Itoa(i)}, Value: []string{"10.0.0.1", "80"}})
+	}
+	if _, err := laneBatch(build(many...), typeOf); !errors.Is(err, errLane) {
+		t.Errorf("the lane took %d operations", len(many)+1)
 	}
 	whole := build(lane...)
 	whole.whole = true
