@@ -460,7 +460,7 @@ func (a *Agent) watchSignals(ctx context.Context) {
 	}
 }
 
-// watchFile polls the config file (config.Watch).
+// watchFile watches the config file (config.Watch: inotify on its directory, and a look every second).
 func (a *Agent) watchFile(ctx context.Context) {
 	config.Watch(ctx, a.opts.ConfigPath, time.Second, a.Trigger)
 }
