@@ -335,6 +335,11 @@ func (r *cpRun) rawNFT(ctx context.Context, typ string, elem func(int) string) e
 // lbConfig is services x backends (dnat, rr); drained: the first backend of the first
 // service is drained; grown: services x backends were fewer.
 func lbConfig(services, backends int, drained bool) string {
+	return lbConfigDrained(services, backends, func(s, i int) bool { return drained && s == 0 && i == 0 })
+}
+
+// lbConfigDrained is lbConfig with backend i of service s drained where drained says so.
+func lbConfigDrained(services, backends int, drained func(s, i int) bool) string {
 	var b strings.Builder
 	b.WriteString("datapath: none\nloadBalancer:\n  services:\n")
 	k := 0
@@ -343,7 +348,7 @@ func lbConfig(services, backends int, drained bool) string {
 			s, netip.AddrFrom4([4]byte{198, 18, byte(s >> 8), byte(s)}))
 		for i := range backends {
 			state := ""
-			if drained && s == 0 && i == 0 {
+			if drained(s, i) {
 				state = ", state: drain"
 			}
 			fmt.Fprintf(&b, "    - {address: %s, port: 8080%s}\n", backendAddr(k), state)
@@ -422,7 +427,7 @@ var cpPartTitles = map[string]string{
 	"flowtable": "flowtable datapath: peer Pod CIDRs, `hostaccel render` (this host has no flowtable to apply to)",
 	"lb":        "load balancer: services of 100 backends (dnat, rr), `hostaccel apply`",
 	"lb-one":    "load balancer: one service with all the backends, `hostaccel apply`",
-	"lb-api":    "load balancer agent: services of 5 backends; a drain until the backend leaves the kernel's map, by an API request (the agent's latency) and by `hostaccel lb backend drain` (adds the CLI's start), 5 each a repetition; the agent's resident memory after them",
+	"lb-api":    "load balancer agent: services of 5 backends; a drain until the backend leaves the kernel's map, by an API request (the agent's latency) and by `hostaccel lb backend drain` (adds the CLI's start), 5 each a repetition, and by the config file rewritten (renamed over) until the kernel's transaction for that service (`nft monitor`), 5 a repetition; the agent's resident memory after them",
 	"k8s":       "Kubernetes mode: the agent (datapath none, load balancer) against the real kube-apiserver of test/k8s holding N Services (ClusterIP, one port, an EndpointSlice of 2 ready endpoints each) and N/5 Nodes; an endpoint's change until the kernel's transaction for its Service (`nft monitor`), 10 each way a repetition; a Node created until the agent's state has it; the agent's memory; the API server's LIST and WATCH requests while the changes ran",
 	"lb-health": "load balancer agent: services of 100 backends, a TCP health check every second on each (timeout 500ms, fall 2, rise 1); backends answered by one listener behind a local route; the agent's CPU per second of checking (a core = 1 s), a backend refused (RST) until out of its map and accepted again until back (3 a repetition)",
 }
@@ -578,7 +583,8 @@ func (r *cpRun) lbAPI(ctx context.Context) error {
 	}
 	services := max(r.n/5, 1)
 	sock := filepath.Join(r.dir, "lb.sock")
-	cfg := strings.Replace(lbConfig(services, 5, false), "loadBalancer:\n", fmt.Sprintf("loadBalancer:\n  api: {socket: %s}\n  stateFile: %s\n", sock, filepath.Join(r.dir, "lb-state.yaml")), 1)
+	head := fmt.Sprintf("loadBalancer:\n  api: {socket: %s}\n  stateFile: %s\n", sock, filepath.Join(r.dir, "lb-state.yaml"))
+	cfg := strings.Replace(lbConfig(services, 5, false), "loadBalancer:\n", head, 1)
 	_ = os.Remove(filepath.Join(r.dir, "lb-state.yaml"))
 	p, err := r.write("lb-api.yaml", cfg)
 	if err != nil {
@@ -652,8 +658,40 @@ func (r *cpRun) lbAPI(ctx context.Context) error {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+	// A third way in: the config file rewritten (renamed over, as config management does)
+	// with one more backend drained: the agent's watch of the file, its parse of all of it
+	// and the sync, until the kernel's transaction for that service (`nft monitor`).
+	mon, err := startMonitor(ctx, r.ns)
+	if err != nil {
+		return err
+	}
+	defer mon.stop()
+	file := r.rep.cell(r.part, r.n, "drain: config file rewritten until the kernel's transaction")
+	drained := map[[2]int]bool{}
+	for k := range 5 {
+		svc := (k*104729 + 3) % services
+		drained[[2]int{svc, 4}] = true
+		body := strings.Replace(lbConfigDrained(services, 5, func(s, i int) bool { return drained[[2]int{s, i}] }), "loadBalancer:\n", head, 1)
+		tmp, err := r.write("lb-api.yaml.tmp", body)
+		if err != nil {
+			return err
+		}
+		time.Sleep(1200 * time.Millisecond) // past the agent's minSyncInterval: an event after a quiet spell
+		seen := mon.expect(fmt.Sprintf("hostaccel-lb s%d-backends-v4 ", svc))
+		t0 := time.Now()
+		if err := os.Rename(tmp, p); err != nil {
+			return err
+		}
+		select {
+		case at := <-seen:
+			file.Seconds = append(file.Seconds, at.Sub(t0).Seconds())
+		case <-time.After(30 * time.Second):
+			file.Seconds = append(file.Seconds, math.NaN())
+			file.Errors = append(file.Errors, fmt.Sprintf("no kernel transaction for s%d within 30s", svc))
+		}
+	}
 	drain := api
-	r.said = append(r.said, fmt.Sprintf("drains by API %v, by CLI %v", api.Seconds[len(api.Seconds)-5:], cli.Seconds[len(cli.Seconds)-5:]))
+	r.said = append(r.said, fmt.Sprintf("drains by API %v, by CLI %v, by the file %v", api.Seconds[len(api.Seconds)-5:], cli.Seconds[len(cli.Seconds)-5:], file.Seconds))
 	if rss, _ := procMemMiB(agent.cmd.Process.Pid); !math.IsNaN(rss) {
 		drain.MaxRSSMiB = append(drain.MaxRSSMiB, rss)
 	}

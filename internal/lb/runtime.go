@@ -548,14 +548,14 @@ func Apply(ctx context.Context, cfg Config) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	what := "no change"
+	what, how := "no change", ""
 	if res.Changed() {
 		what = fmt.Sprintf("%d operations", res.Operations)
-		if res.Netlink {
-			what += ", netlink"
-		}
 	}
-	msg := fmt.Sprintf("applied the load balancer (%s): %d services", what, len(svcs))
+	if res.Netlink {
+		how = " over netlink"
+	}
+	msg := fmt.Sprintf("applied the load balancer%s (%s): %d services", how, what, len(svcs))
 	for _, n := range notes {
 		msg += "\n  note: " + n
 	}
