@@ -691,13 +691,7 @@ func (r *cpRun) lbAPI(ctx context.Context) error {
 		if err := os.Rename(tmp, p); err != nil {
 			return err
 		}
-		select {
-		case at := <-seen:
-			file.Seconds = append(file.Seconds, at.Sub(t0).Seconds())
-		case <-time.After(30 * time.Second):
-			file.Seconds = append(file.Seconds, math.NaN())
-			file.Errors = append(file.Errors, fmt.Sprintf("no kernel transaction for s%d within 30s", svc))
-		}
+		file.await(seen, t0, fmt.Sprintf("s%d", svc))
 	}
 	drain := api
 	r.said = append(r.said, fmt.Sprintf("drains by API %v, by CLI %v, by the file %v", api.Seconds[len(api.Seconds)-5:], cli.Seconds[len(cli.Seconds)-5:], file.Seconds))

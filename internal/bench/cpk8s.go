@@ -185,13 +185,7 @@ func (r *cpRun) k8sScale(ctx context.Context) error {
 			if _, err := admin.DiscoveryV1().EndpointSlices(benchNS).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
 				return err
 			}
-			select {
-			case at := <-seen:
-				cell.Seconds = append(cell.Seconds, at.Sub(t1).Seconds())
-			case <-time.After(30 * time.Second):
-				cell.Seconds = append(cell.Seconds, math.NaN())
-				cell.Errors = append(cell.Errors, "no kernel transaction for "+name+" within 30s")
-			}
+			cell.await(seen, t1, name)
 			// Apart from the next change by more than the agent's minSyncInterval (1s): each
 			// change is an event after a quiet spell, not one of a burst.
 			time.Sleep(1500 * time.Millisecond)
@@ -299,6 +293,18 @@ func (m *monitor) expect(s string) <-chan time.Time {
 	m.want[s] = ch
 	m.mu.Unlock()
 	return ch
+}
+
+// await records the time from since until seen says nft monitor showed the transaction of
+// name (a failure after 30 s).
+func (c *CPCell) await(seen <-chan time.Time, since time.Time, name string) {
+	select {
+	case at := <-seen:
+		c.Seconds = append(c.Seconds, at.Sub(since).Seconds())
+	case <-time.After(30 * time.Second):
+		c.Seconds = append(c.Seconds, math.NaN())
+		c.Errors = append(c.Errors, "no kernel transaction for "+name+" within 30s")
+	}
 }
 
 func (m *monitor) stop() {
