@@ -142,8 +142,11 @@ func TestNAT(t *testing.T) {
 					t.Errorf("%s peer node -> NodePort -> local Pod: err %v, want success %v", fam(v6), err, c.nodePort)
 				}
 				if c.nodePort {
-					if n := e.status().Passed[PassNAT].Packets - before.Passed[PassNAT].Packets; n < 10 {
-						t.Errorf("%s NodePort: %d replies handed to the stack as nat, want >= 10", fam(v6), n)
+					// The Pod's replies: its SYN-ACK, the 64 KiB echo (GSO sends it in as few
+					// as a handful of packets, more or fewer with timing: 9-12 seen) and its
+					// FIN. At least those three; 0 when the check is broken.
+					if n := e.status().Passed[PassNAT].Packets - before.Passed[PassNAT].Packets; n < 3 {
+						t.Errorf("%s NodePort: %d replies handed to the stack as nat, want >= 3", fam(v6), n)
 					}
 				}
 			}
