@@ -108,24 +108,24 @@ func (m *Manager) run(ctx context.Context, tx *txn, tables []*Table, res *Result
 // typeOfIn finds a map's or set's typeof among tables ("" for a dynamic one: nft's). The
 // index is built on the first call.
 func typeOfIn(tables []*Table) func(TableRef, string) string {
-	var index map[ruleKey]string // chain: "" (a map's or set's name in comment)
+	var index map[mapKey]string
 	return func(ref TableRef, name string) string {
 		if index == nil {
-			index = map[ruleKey]string{}
+			index = map[mapKey]string{}
 			for _, t := range tables {
 				for _, mp := range t.Maps {
 					if len(mp.Flags) == 0 && mp.Timeout == nil && mp.Type == "" {
-						index[ruleKey{t.ref(), "", mp.Name}] = mp.TypeOf
+						index[mapKey{t.ref(), mp.Name}] = mp.TypeOf
 					}
 				}
 				for _, st := range t.Sets {
 					if len(st.Flags) == 0 && st.Timeout == nil && st.Type == "" {
-						index[ruleKey{t.ref(), "", st.Name}] = st.TypeOf
+						index[mapKey{t.ref(), st.Name}] = st.TypeOf
 					}
 				}
 			}
 		}
-		return index[ruleKey{ref, "", name}]
+		return index[mapKey{ref, name}]
 	}
 }
 
