@@ -252,6 +252,18 @@ func deref[T any](p *T) any {
 	return *p
 }
 
+// setName is the name of a service's set or map: "SERVICE-what". nft's grammar wants a set's
+// name to begin with a letter, '_' or '.', while a service's name may begin with a digit (a
+// Kubernetes namespace such as "1st-team" begins its services' names): such a name gets a
+// leading '_', which no service name holds, so names stay unique. (A chain's or a counter's
+// name begins with its kind, "svc-" and so on.)
+func setName(service, what string) string {
+	if service != "" && service[0] >= '0' && service[0] <= '9' {
+		service = "_" + service
+	}
+	return service + "-" + what
+}
+
 func shortHash(parts ...string) string {
 	h := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
 	return hex.EncodeToString(h[:4])
@@ -326,7 +338,7 @@ func natService(b *builder, ss *ServiceState, f family) {
 	if p := ss.Service.Persistence; p != nil {
 		persistent(b, ss, f, chain, data, dep, withPort, slots, p.Duration)
 	} else {
-		backends := name + "-backends-" + f.suffix
+		backends := setName(name, "backends-"+f.suffix)
 		b.mapping(backends, "numgen inc mod 1 : "+data, pre+"slot -> backend", 0)
 		b.slotMap(backends, ss)
 		if len(slots) > 0 {
@@ -368,7 +380,7 @@ func natService(b *builder, ss *ServiceState, f family) {
 func persistent(b *builder, ss *ServiceState, f family, chain, data, dep string, withPort bool, slots []*BackendState, timeout time.Duration) {
 	name := ss.Service.Name
 	pre := name + " " + f.suffix + ": "
-	persist, ids, targets := name+"-persist-"+f.suffix, name+"-slots-"+f.suffix, name+"-targets-"+f.suffix
+	persist, ids, targets := setName(name, "persist-"+f.suffix), setName(name, "slots-"+f.suffix), setName(name, "targets-"+f.suffix)
 	stash := f.nf + " daddr"
 	b.mapping(persist, f.nf+" saddr : "+stash, pre+"persistent client -> backend id", timeout)
 	b.mapping(ids, "numgen inc mod 1 : "+stash, pre+"slot -> backend id", 0)
@@ -576,7 +588,7 @@ func renderIngress(dev string, svcs []*ServiceState, local []netip.Addr, part pa
 func ingressService(b *builder, ss *ServiceState) {
 	name, proto := ss.Service.Name, ss.Protocol
 	dsr := ss.Topology == DSR
-	macs := name + "-macs"
+	macs := setName(name, "macs")
 	translate := false
 	for _, be := range ss.Backends {
 		translate = translate || !dsr && len(ss.Ports) == 1 && be.Port != ss.Ports[0]
@@ -592,8 +604,8 @@ func ingressService(b *builder, ss *ServiceState) {
 	for _, is6 := range ss.families() {
 		f := fam(is6)
 		pre := name + " " + f.suffix + ": "
-		flows, slotsMap := name+"-flows-"+f.suffix, name+"-slots-"+f.suffix
-		addrs, ports := name+"-addrs-"+f.suffix, name+"-ports-"+f.suffix
+		flows, slotsMap := setName(name, "flows-"+f.suffix), setName(name, "slots-"+f.suffix)
+		addrs, ports := setName(name, "addrs-"+f.suffix), setName(name, "ports-"+f.suffix)
 		stash, ids := "ether daddr", macs
 		if !dsr {
 			stash, ids = f.nf+" daddr", addrs
