@@ -159,7 +159,7 @@ func (rep *Report) pktgenSection(b *strings.Builder, r *Run) {
 	w("%s --- | --- |", sep)
 	best := map[Direction]float64{}
 	for _, c := range r.PktgenCells {
-		if c.Variant != VariantDirect && c.Stats.N > 0 {
+		if c.Variant != VariantDirect && c.Variant != VariantFloor && c.Stats.N > 0 {
 			best[c.Direction.norm()] = math.Max(best[c.Direction.norm()], c.Stats.Median)
 		}
 	}
@@ -277,6 +277,10 @@ func (rep *Report) pktgenVerdicts(r *Run, d Direction) string {
 		}
 		if len(cmp) > 0 {
 			verdicts = append(verdicts, fmt.Sprintf("%s is %s", title(r, VariantTC), strings.Join(cmp, " and ")))
+		}
+		if f := r.PktgenCell(VariantFloor, d); f != nil && f.Stats.N > 0 && f.VsDirect >= 0 {
+			verdicts = append(verdicts, fmt.Sprintf("%s reaches %.2f of the direct link, and %s %.2f of it",
+				title(r, VariantFloor), f.VsDirect, title(r, VariantTC), tc.Stats.Median/f.Stats.Median))
 		}
 	}
 	if len(verdicts) == 0 {

@@ -85,8 +85,12 @@ type PktgenSample struct {
 	PPS       float64   `json:"pps"` // received per second of the generator's run
 	// SlowPathPackets went through the node's forward hook during the round.
 	SlowPathPackets uint64 `json:"slowPathPackets"`
-	Kept            bool   `json:"kept"`
-	Reason          string `json:"reason,omitempty"` // why it was discarded
+	// TC is how the tc program on the node took the round's packets (redirected: the FIB's
+	// direct answer; peer, neigh, ...: see tc.Status.Via; passed: handed to the stack), where
+	// the variant runs it.
+	TC     map[string]uint64 `json:"tc,omitempty"`
+	Kept   bool              `json:"kept"`
+	Reason string            `json:"reason,omitempty"` // why it was discarded
 }
 
 // PktgenCell summarises the kept rounds of one variant in one direction.
@@ -200,13 +204,13 @@ func RunHere(ctx context.Context, o Options, env string, prog *Progress) (*Run, 
 	}
 	var clusterVariants []Variant
 	for _, v := range variants {
-		if !v.LocalOnly {
+		if !v.LocalOnly && !v.PktgenOnly {
 			clusterVariants = append(clusterVariants, v)
 		}
 		switch {
 		case v.Direct && len(cluster) > 0:
 			total += len(o.Tests) * o.Reps
-		case !v.LocalOnly && !v.Direct:
+		case !v.LocalOnly && !v.PktgenOnly && !v.Direct:
 			total += len(o.Tests) * len(cluster) * o.Reps
 		}
 	}
@@ -739,10 +743,12 @@ func (r *Run) pktgenRound(ctx context.Context, b *Bed, nodes []*Node, v Variant,
 				return out, err
 			}
 		}
+		tc0 := tcPaths(ctx, nodes, v)
 		res, err := pg.Run(ctx)
 		if err != nil {
 			return out, err
 		}
+		s.TC = tcPathsSince(tc0, tcPaths(ctx, nodes, v))
 		after, err := ChainPackets(b.NS(sink), nftables.TableFamilyNetdev, "sink", "in")
 		if err != nil {
 			return out, err

@@ -125,3 +125,42 @@ func removeAll(ctx context.Context, n *Node) error {
 		return errors.Join(errs...)
 	})
 }
+
+// tcPaths reads how the first node's tc program took packets so far (nil where the variant
+// runs no tc program there): "redirected" (every class), each way of tc.Status.Via and
+// "passed:REASON".
+func tcPaths(ctx context.Context, nodes []*Node, v Variant) map[string]uint64 {
+	if v.Direct || len(nodes) == 0 || !nodes[0].Caps.Has(probe.ClsBPF) {
+		return nil
+	}
+	var st tc.Status
+	err := nodes[0].NS.Do(func() (err error) { st, err = tc.NewManager().Status(ctx); return err })
+	if err != nil || st.Mode == "" {
+		return nil
+	}
+	out := map[string]uint64{}
+	for _, c := range st.Classes {
+		out["redirected"] += c.Packets
+	}
+	for k, c := range st.Via {
+		out[k] = c.Packets
+	}
+	for k, c := range st.Passed {
+		out["passed:"+k] = c.Packets
+	}
+	return out
+}
+
+// tcPathsSince is after - before, without the ways no packet took.
+func tcPathsSince(before, after map[string]uint64) map[string]uint64 {
+	if after == nil {
+		return nil
+	}
+	out := map[string]uint64{}
+	for k, n := range after {
+		if d := n - before[k]; d > 0 {
+			out[k] = d
+		}
+	}
+	return out
+}

@@ -44,6 +44,8 @@ type Variant struct {
 	Note string
 	// LocalOnly variants run only the same-node traffic (LocalTraffics).
 	LocalOnly bool
+	// PktgenOnly variants run only the per-packet measurement (a limit, not a datapath).
+	PktgenOnly bool
 }
 
 var registry []Variant
@@ -128,6 +130,7 @@ func init() {
 	})
 	Register(tcVariant)
 	Register(autoVariant)
+	Register(floorVariant)
 	Register(Variant{
 		Name: VariantSockmap, Title: "hostaccel sockmap", Default: true, LocalOnly: true,
 		Needs: []string{probe.SockMap},
