@@ -101,6 +101,29 @@ type fastpathNexthopKey struct {
 	Ingress uint32
 }
 
+type fastpathPair struct {
+	_      structs.HostLayout
+	Nh     fastpathNexthop
+	Class  uint32
+	Dflags uint32
+	Role   uint32
+	Pad    uint32
+}
+
+type fastpathPairKey4 struct {
+	_       structs.HostLayout
+	Src     [4]uint8
+	Dst     [4]uint8
+	Ingress uint32
+}
+
+type fastpathPairKey6 struct {
+	_       structs.HostLayout
+	Src     [16]uint8
+	Dst     [16]uint8
+	Ingress uint32
+}
+
 type fastpathSettings struct {
 	_          structs.HostLayout
 	Classes    uint32
@@ -122,6 +145,9 @@ const (
 	fastpathMapIfaces          = "ifaces"
 	fastpathMapNatFlows        = "nat_flows"
 	fastpathMapNexthops        = "nexthops"
+	fastpathMapPairBits        = "pair_bits"
+	fastpathMapPairs4          = "pairs4"
+	fastpathMapPairs6          = "pairs6"
 	fastpathMapStats           = "stats"
 	fastpathProgHostaccelFp    = "hostaccel_fp"
 	fastpathVarConntrackKfuncs = "conntrack_kfuncs"
@@ -184,6 +210,9 @@ type fastpathMapSpecs struct {
 	Ifaces     *ebpf.MapSpec `ebpf:"ifaces"`
 	NatFlows   *ebpf.MapSpec `ebpf:"nat_flows"`
 	Nexthops   *ebpf.MapSpec `ebpf:"nexthops"`
+	PairBits   *ebpf.MapSpec `ebpf:"pair_bits"`
+	Pairs4     *ebpf.MapSpec `ebpf:"pairs4"`
+	Pairs6     *ebpf.MapSpec `ebpf:"pairs6"`
 	Stats      *ebpf.MapSpec `ebpf:"stats"`
 }
 
@@ -222,6 +251,9 @@ type fastpathMaps struct {
 	Ifaces     *ebpf.Map `ebpf:"ifaces"`
 	NatFlows   *ebpf.Map `ebpf:"nat_flows"`
 	Nexthops   *ebpf.Map `ebpf:"nexthops"`
+	PairBits   *ebpf.Map `ebpf:"pair_bits"`
+	Pairs4     *ebpf.Map `ebpf:"pairs4"`
+	Pairs6     *ebpf.Map `ebpf:"pairs6"`
 	Stats      *ebpf.Map `ebpf:"stats"`
 }
 
@@ -235,6 +267,9 @@ func (m *fastpathMaps) Close() error {
 		m.Ifaces,
 		m.NatFlows,
 		m.Nexthops,
+		m.PairBits,
+		m.Pairs4,
+		m.Pairs6,
 		m.Stats,
 	)
 }

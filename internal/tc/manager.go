@@ -131,11 +131,14 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	if m.last != nil && !fresh {
 		drift = append(drift, mapsDrift(m.last.maps, cur)...)
 	}
-	// Every update voids the next hops the program kept: routes, devices or neighbours may
-	// have changed (the agent updates on link events and every resync period).
+	// Every update voids the next hops and the decisions the program kept: routes, devices or
+	// neighbours may have changed (the agent updates on link events and every resync period),
+	// and so may the roles. The generation is bumped twice: once before the maps are written
+	// (narrow), once after (widen), so that what a packet decided while they were half written
+	// is void too.
 	var live fastpathSettings
 	if set.maps.Config.Lookup(uint32(0), &live) == nil {
-		w.settings.Generation = live.Generation + 1
+		w.settings.Generation = live.Generation + 2
 	}
 	if mode == ModeClsBPF {
 		if err := ownClsacts(w.ifaces); err != nil {
@@ -147,6 +150,11 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	}
 	errs := []error{m.attachAll(o, set, mode, w, d, &res)}
 	errs = append(errs, m.widen(set, cur, w, &res))
+	if !fresh {
+		// the pairs kept before are void now (widen wrote the new generation): their
+		// filter bits go, so that packets without a pair skip that lookup again
+		errs = append(errs, set.clearPairBits())
+	}
 	slices.Sort(res.Missing)
 	if err := errors.Join(errs...); err != nil {
 		return res, err // m.last stays: the next apply still sees the drift
@@ -241,6 +249,7 @@ func ownClsacts(ifaces map[uint32]fastpathIface) error {
 // A fresh set is not attached yet and gets everything at once.
 func (m *Manager) narrow(set *progSet, cur, w contents, fresh bool, res *Result) error {
 	first := w.settings
+	first.Generation-- // widen writes w's (see Apply)
 	if !fresh {
 		first.Classes &= cur.settings.Classes
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
 
 	"github.com/hostaccel/hostaccel/internal/model"
@@ -86,18 +87,23 @@ func ipChecksum(h []byte) uint16 {
 // progEnv is a program set loaded for test runs, its maps filled as for a node whose gateway
 // is loopback.
 type progEnv struct {
-	t   *testing.T
+	t   testing.TB
 	set *progSet
+	// what the agent last wrote: the settings (their generation bumped by every change, as
+	// the agent does) and the kept next hops of that generation
+	cfg    fastpathSettings
+	routes map[netip.Addr]uint32
 }
 
-func newProgEnv(t *testing.T) *progEnv {
+func newProgEnv(t testing.TB) *progEnv {
 	testbed.RequireRoot(t)
 	set, err := loadSet(haveConntrackKfuncs())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(set.Close)
-	p := &progEnv{t, set}
+	p := &progEnv{t: t, set: set, routes: map[netip.Addr]uint32{},
+		cfg: fastpathSettings{NatCheck: natCheckTowardPods | natCheckFromPods, Flags: settingsNexthopCache, Generation: 7}}
 	p.must(set.putIface(lo, fastpathIface{Role: uint32(RoleGateway), Mtu: 1500}))
 	for _, pr := range []netip.Prefix{localPod, localPod6} {
 		p.must(set.putAddr(pr, fastpathAddr{Flags: addrLocalPod}))
@@ -117,14 +123,33 @@ func (p *progEnv) must(err error) {
 }
 
 func (p *progEnv) settings(classes uint32) {
-	p.must(p.set.setSettings(fastpathSettings{Classes: classes, NatCheck: natCheckTowardPods | natCheckFromPods, Flags: settingsNexthopCache, Generation: 7}))
+	p.cfg.Classes = classes
+	p.bump()
+}
+
+// natCheck sets the NAT check (and bumps the generation).
+func (p *progEnv) natCheck(check uint32) {
+	p.cfg.NatCheck = check
+	p.bump()
+}
+
+// bump does what the agent does after it changed the maps: the settings get a new generation
+// (the decisions and next hops the program kept are void), and here the next hops are kept
+// again for it, as the FIB would answer.
+func (p *progEnv) bump() {
+	p.cfg.Generation++
+	p.must(p.set.setSettings(p.cfg))
+	for dst, flags := range p.routes {
+		p.route(dst, flags)
+	}
 }
 
 // route fills the next-hop cache for dst as the program does on a FIB answer.
 func (p *progEnv) route(dst netip.Addr, flags uint32) {
+	p.routes[dst] = flags
 	k := fastpathNexthopKey{Ingress: lo}
 	copy(k.Addr[:], dst.AsSlice())
-	p.must(p.set.maps.Nexthops.Put(k, fastpathNexthop{Expires: math.MaxUint64, Generation: 7, Ifindex: lo, Flags: flags, Mtu: 1500, Smac: nhSrcMAC, Dmac: nhDstMAC}))
+	p.must(p.set.maps.Nexthops.Put(k, fastpathNexthop{Expires: math.MaxUint64, Generation: p.cfg.Generation, Ifindex: lo, Flags: flags, Mtu: 1500, Smac: nhSrcMAC, Dmac: nhDstMAC}))
 }
 
 func (p *progEnv) run(f []byte) (uint32, []byte) {
@@ -222,16 +247,20 @@ func TestProgramDecisions(t *testing.T) {
 	pass("ICMP", icmp, "")
 
 	p.must(p.set.putAddr(netip.MustParsePrefix("10.244.2.2/32"), fastpathAddr{Flags: addrPeerPod | addrExclude}))
+	p.bump()
 	pass("Excluded", frame(pod, remote, 64), PassExcluded)
 	p.must(p.set.deleteAddr(netip.MustParsePrefix("10.244.2.2/32")))
+	p.bump()
 
 	p.settings(0b10) // pod-to-pod off
 	pass("ClassOff", frame(pod, remote, 64), "")
 	p.settings(0b11)
 
 	p.must(p.set.deleteIface(lo))
+	p.bump()
 	pass("NotOurDevice", frame(pod, remote, 64), "")
 	p.must(p.set.putIface(lo, fastpathIface{Role: uint32(RoleGateway), Mtu: 1500}))
+	p.bump()
 
 	// A Pod's packet to an address of no class (a ClusterIP) goes to the stack, and its client
 	// end is remembered: the NAT check will ask conntrack about the replies.
@@ -338,6 +367,7 @@ func TestProgramLocalPodToPod(t *testing.T) {
 	super := netip.MustParsePrefix("10.244.0.0/16")
 	p.must(p.set.putAddr(super, fastpathAddr{Flags: addrPeerPod}))
 	p.must(p.set.putAddr(localPod, fastpathAddr{Flags: addrLocalPod | addrPeerPod})) // flatten's answer
+	p.bump()
 	before := p.counters()
 	if ret, _ := p.run(frame(a, b, 64)); ret != actRedirect || p.counters()[0].Packets != before[0].Packets+1 {
 		t.Errorf("class off, local Pods inside a peer CIDR: return %d, want TC_ACT_REDIRECT as pod-to-pod", int32(ret))
@@ -349,6 +379,7 @@ func TestProgramLocalPodToPod(t *testing.T) {
 	}
 	p.must(p.set.deleteAddr(super))
 	p.must(p.set.putAddr(localPod, fastpathAddr{Flags: addrLocalPod}))
+	p.bump()
 
 	// b answers a's connection to a ClusterIP: frame(b, a) goes to a:2000.
 	client := fastpathEndpoint{Port: htons(2000), Proto: 17}
@@ -358,16 +389,97 @@ func TestProgramLocalPodToPod(t *testing.T) {
 	p.must(p.set.setHandedBit(client))
 	p.route(a, flagPeer)
 	for _, check := range []uint32{natCheckTowardPods | natCheckFromPods, natCheckTowardPods} {
-		p.must(p.set.setSettings(fastpathSettings{Classes: 0b11 | localBit, NatCheck: check, Flags: settingsNexthopCache, Generation: 7}))
+		p.natCheck(check)
 		p.must(p.set.maps.Handed.Put(client, h))
 		before := p.counters()
 		if ret, _ := p.run(frame(b, a, 64)); ret != actUnspec || p.counters()[stat(PassNAT)].Packets != before[stat(PassNAT)].Packets+1 {
 			t.Errorf("nat_check %#b: a NAT-ed reply between local Pods: return %d, want TC_ACT_UNSPEC counted as nat", check, int32(ret))
 		}
 	}
-	p.must(p.set.setSettings(fastpathSettings{Classes: 0b11 | localBit, NatCheck: 0, Flags: settingsNexthopCache, Generation: 7}))
+	p.natCheck(0)
 	if ret, _ := p.run(frame(b, a, 64)); ret != actRedirect {
 		t.Errorf("NAT check off: return %d, want TC_ACT_REDIRECT (the check is what hands it on)", int32(ret))
+	}
+}
+
+// A redirected packet's decision is kept for its pair of addresses on its device: the next
+// packets of the pair are redirected without the roles' lookups (here: with the roles gone,
+// which only an agent's update does, and an update bumps the generation), until the
+// generation changes; the TTL, the class being on and the NAT check still hold for each packet.
+func TestProgramPairs(t *testing.T) {
+	p := newProgEnv(t)
+	pod, remote := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.2.2")
+	pod6, remote6 := netip.MustParseAddr("fd00:10:244:1::2"), netip.MustParseAddr("fd00:10:244:2::2")
+	p.route(remote, 0)
+	p.route(remote6, flagPeer)
+	p.settings(0b11)
+	pairs := func() int {
+		n := 0
+		var k4 fastpathPairKey4
+		var k6 fastpathPairKey6
+		var v fastpathPair
+		for it := p.set.maps.Pairs4.Iterate(); it.Next(&k4, &v); {
+			n++
+		}
+		for it := p.set.maps.Pairs6.Iterate(); it.Next(&k6, &v); {
+			n++
+		}
+		return n
+	}
+	for _, c := range []struct{ src, dst netip.Addr }{{pod, remote}, {pod6, remote6}} {
+		fam := map[bool]int{false: 0, true: 1}[c.src.Is6()]
+		peer := c.dst.Is6()
+		if ret, _ := p.run(frame(c.src, c.dst, 64)); ret != actRedirect {
+			t.Fatalf("%s -> %s: return %d, want TC_ACT_REDIRECT", c.src, c.dst, int32(ret))
+		}
+		// The roles go (the agent would bump the generation; not yet): the pair still answers.
+		peerCIDR := map[bool]netip.Prefix{false: peerPod, true: peerPod6}[c.dst.Is6()]
+		p.must(p.set.deleteAddr(peerCIDR))
+		before := p.counters()
+		ret, out := p.run(frame(c.src, c.dst, 64))
+		if ret != actRedirect || [6]byte(out[0:6]) != nhDstMAC || [6]byte(out[6:12]) != nhSrcMAC {
+			t.Errorf("%s -> %s, by its pair: return %d, MACs %x -> %x; want TC_ACT_REDIRECT and the next hop's", c.src, c.dst, int32(ret), out[6:12], out[0:6])
+		}
+		after := p.counters()
+		wantPeer := before[stat(ViaPeer)].Packets
+		if peer {
+			wantPeer++
+		}
+		if after[fam].Packets != before[fam].Packets+1 || after[stat(ViaPeer)].Packets != wantPeer {
+			t.Errorf("%s -> %s, by its pair: pod-to-pod +%d, peer +%d; want +1, %d", c.src, c.dst, after[fam].Packets-before[fam].Packets, after[stat(ViaPeer)].Packets-before[stat(ViaPeer)].Packets, wantPeer-before[stat(ViaPeer)].Packets)
+		}
+		if ret, _ := p.run(frame(c.src, c.dst, 1)); ret != actUnspec {
+			t.Errorf("%s -> %s, TTL 1, by its pair: return %d, want TC_ACT_UNSPEC", c.src, c.dst, int32(ret))
+		}
+		p.settings(0b10) // the class off: the generation changes too, but the class is checked first
+		if ret, _ := p.run(frame(c.src, c.dst, 64)); ret != actUnspec {
+			t.Errorf("%s -> %s, class off: return %d, want TC_ACT_UNSPEC", c.src, c.dst, int32(ret))
+		}
+		p.settings(0b11) // a new generation, and the roles are gone: the pair is void
+		if ret, _ := p.run(frame(c.src, c.dst, 64)); ret != actUnspec {
+			t.Errorf("%s -> %s, after the update: return %d, want TC_ACT_UNSPEC (no roles)", c.src, c.dst, int32(ret))
+		}
+		p.must(p.set.putAddr(peerCIDR, fastpathAddr{Flags: addrPeerPod}))
+		p.bump()
+	}
+	if n := pairs(); n != 2 {
+		t.Errorf("%d pairs kept, want 2", n)
+	}
+
+	// A reply to a client end handed to the stack takes the full way, and conntrack's kept
+	// answer (NAT-ed) hands it to the stack, although its pair is kept.
+	if ret, _ := p.run(frame(pod, remote, 64)); ret != actRedirect {
+		t.Fatalf("return %d, want TC_ACT_REDIRECT", int32(ret))
+	}
+	client := fastpathEndpoint{Port: htons(2000), Proto: 17}
+	copy(client.Addr[:], remote.AsSlice())
+	h := fastpathHandedEnd{Asked: coarseNow(t), Port: htons(1000), Nat: 1}
+	copy(h.Server[:], pod.AsSlice())
+	p.must(p.set.setHandedBit(client))
+	p.must(p.set.maps.Handed.Put(client, h))
+	before := p.counters()
+	if ret, _ := p.run(frame(pod, remote, 64)); ret != actUnspec || p.counters()[stat(PassNAT)].Packets != before[stat(PassNAT)].Packets+1 {
+		t.Errorf("a NAT-ed reply with its pair kept: return %d, want TC_ACT_UNSPEC counted as nat", int32(ret))
 	}
 }
 
@@ -378,4 +490,58 @@ func coarseNow(t *testing.T) uint64 {
 		t.Fatal(err)
 	}
 	return uint64(ts.Nano())
+}
+
+// BenchmarkProgram is the program's own cost per packet (BPF_PROG_RUN repeated in the
+// kernel, ns/packet; no redirect is carried out): a Pod's packet to a peer Pod redirected by
+// the kept next hop (the common case), the same toward a Pod (the NAT check's lookup on top),
+// and one handed to the stack (to a ClusterIP). Compare builds side by side, interleaved
+// (`go test -c` of each, then alternate runs): the host's clock is noisy; the VM's pktgen
+// rows (hostaccel bench) are the measure that counts.
+func BenchmarkProgram(b *testing.B) {
+	p := newProgEnv(b)
+	pod, remote := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.2.2")
+	p.route(remote, flagPeer)
+	p.route(pod, flagPeer)
+	p.must(p.set.putIface(lo, fastpathIface{Role: uint32(RoleGateway), Mtu: 1500}))
+	for _, c := range []struct {
+		name string
+		f    []byte
+		role Role
+		want uint32
+	}{
+		{"to-peer-pod", frame(pod, remote, 255), RoleGateway, actRedirect},
+		{"to-local-pod", frame(remote, pod, 255), RoleTransport, actRedirect},
+		{"to-service", frame(pod, netip.MustParseAddr("10.96.0.10"), 255), RoleGateway, actUnspec},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			p.must(p.set.putIface(lo, fastpathIface{Role: uint32(c.role), Mtu: 1500}))
+			const per = 200 // the runs share the frame: each one decrements its TTL
+			opts := &ebpf.RunOptions{Data: c.f, Context: skbCtx{IngressIfindex: lo, Ifindex: lo}, Repeat: per}
+			start := time.Now()
+			for b.Loop() {
+				ret, err := p.set.prog.Run(opts)
+				if err != nil || ret != c.want {
+					b.Fatalf("return %d (%v), want %d", int32(ret), err, int32(c.want))
+				}
+			}
+			b.ReportMetric(float64(time.Since(start).Nanoseconds())/float64(b.N*per), "ns/packet")
+		})
+	}
+	// The test run's own cost: a program that returns at once.
+	b.Run("empty-program", func(b *testing.B) {
+		empty, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()}})
+		p.must(err)
+		defer empty.Close()
+		const per = 200
+		opts := &ebpf.RunOptions{Data: frame(pod, remote, 255), Context: skbCtx{IngressIfindex: lo, Ifindex: lo}, Repeat: per}
+		start := time.Now()
+		for b.Loop() {
+			if _, err := empty.Run(opts); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(time.Since(start).Nanoseconds())/float64(b.N*per), "ns/packet")
+	})
 }

@@ -79,7 +79,8 @@ func (s *progSet) fields() map[string]**ebpf.Map {
 	return map[string]**ebpf.Map{
 		fastpathMapIfaces: &m.Ifaces, fastpathMapAddrs4: &m.Addrs4, fastpathMapAddrs6: &m.Addrs6,
 		fastpathMapConfig: &m.Config, fastpathMapStats: &m.Stats, fastpathMapHanded: &m.Handed,
-		fastpathMapHandedBits: &m.HandedBits, fastpathMapNexthops: &m.Nexthops,
+		fastpathMapHandedBits: &m.HandedBits, fastpathMapNexthops: &m.Nexthops, fastpathMapPairs4: &m.Pairs4, fastpathMapPairs6: &m.Pairs6,
+		fastpathMapPairBits: &m.PairBits,
 	}
 }
 
@@ -153,6 +154,20 @@ func (s *progSet) setHandedBit(e fastpathEndpoint) error {
 		return err
 	}
 	return s.maps.HandedBits.Put(idx, w|bit)
+}
+
+// pairBitsWords is PAIR_BITS_WORDS in bpf/fastpath.c.
+const pairBitsWords = 16384
+
+// clearPairBits clears the program's filter of kept pairs (pair_bits): after a new generation
+// every pair is void, and a pair kept again sets its bit again. One batch write.
+func (s *progSet) clearPairBits() error {
+	keys := make([]uint32, pairBitsWords)
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	_, err := s.maps.PairBits.BatchUpdate(keys, make([]uint64, pairBitsWords), nil)
+	return err
 }
 
 // htons is the network byte order of a port, as the program stores it (a __be16 read on a

@@ -189,6 +189,60 @@ struct {
 	__type(value, struct nexthop);
 } nexthops SEC(".maps");
 
+/* What the program decided for a packet from one address to another arriving on a device:
+ * the class and the kept next hop (its generation and expiry bound the entry). A packet that
+ * finds its pair skips the roles of both addresses (two LPM lookups) and the next hop's lookup
+ * for this one hash lookup; its TTL, its size and the NAT check (a reply to an end handed to
+ * the stack takes the full path) are checked every packet. Only redirected packets enter it,
+ * where next hops may be kept (SETTINGS_NEXTHOP_CACHE). */
+struct pair_key4 {
+	__u8 src[4];
+	__u8 dst[4];
+	__u32 ingress;
+};
+
+struct pair_key6 {
+	__u8 src[16];
+	__u8 dst[16];
+	__u32 ingress;
+};
+
+struct pair {
+	struct nexthop nh;
+	__u32 class;
+	__u32 dflags; /* the destination's roles (nat_checked) */
+	__u32 role;   /* the device's (ifaces): a packet that finds its pair skips that lookup too */
+	__u32 pad;
+};
+
+/* One map per family: IPv4's key is a third of IPv6's to hash and compare. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct pair_key4);
+	__type(value, struct pair);
+} pairs4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct pair_key6);
+	__type(value, struct pair);
+} pairs6 SEC(".maps");
+
+/* A bit per hash of a pair key, set when the pair is kept: a packet whose bit is clear has no
+ * pair and skips that lookup for an inlined array read (packets the program hands to the stack
+ * never have one). The agent clears the bits when it bumps the generation (which voids every
+ * pair). */
+#define PAIR_BITS_WORDS 16384 /* 2^20 bits */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, PAIR_BITS_WORDS);
+	__type(key, __u32);
+	__type(value, __u64);
+} pair_bits SEC(".maps");
+
 /* One end of a connection: an address (IPv4 in the first 4 bytes), a port, a protocol. */
 struct endpoint {
 	__u8 addr[16];
@@ -519,17 +573,6 @@ static __always_inline void answer(struct nexthop *nh, struct settings *cfg, str
 	__builtin_memcpy(nh->dmac, fib->dmac, ETH_ALEN);
 }
 
-/* keep stores the FIB's answer for the packet's destination. */
-static __always_inline void keep(struct settings *cfg, struct nexthop_key *k,
-				 struct bpf_fib_lookup *fib, struct iface *out)
-{
-	struct nexthop nh = {.expires = bpf_ktime_get_coarse_ns() + NEXTHOP_TTL_NS};
-
-	if (!(cfg->flags & SETTINGS_NEXTHOP_CACHE))
-		return;
-	answer(&nh, cfg, fib, out);
-	bpf_map_update_elem(&nexthops, k, &nh, BPF_ANY);
-}
 
 /* route looks the packet up in the FIB and returns the output device's iface, or NULL to pass;
  * *how is the FIB's answer. Where the FIB refuses because forwarding is disabled, the agent's
@@ -592,6 +635,10 @@ static __always_inline int finish(struct __sk_buff *skb, struct bpf_fib_lookup *
 /* A packet's ends and TTL / hop limit, as both families share them. */
 struct flow {
 	struct endpoint src, dst;
+	/* settings.generation as the packet arrived, before any lookup: what it decides is of that
+	 * generation (the agent bumps it before and after it writes the maps) */
+	__u32 gen;
+	__u32 role; /* the ingress device's */
 	__u8 v6;
 	__u8 hops;
 	__u8 opens;     /* a connection's first packet: UDP (no way to tell), or a TCP SYN */
@@ -866,7 +913,7 @@ static __always_inline bool carry(struct __sk_buff *skb, struct settings *cfg, s
  * that one lookup, or, where NAT-ed flows are carried, after a second one for their TCP
  * packets. */
 static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struct settings *cfg,
-				  struct flow *f, __u32 *egress, struct nat_flow **n)
+				  struct flow *f, __u32 *egress, __u32 *dflags, struct nat_flow **n)
 {
 	struct addr *s, *d;
 	struct handed_end *h;
@@ -908,6 +955,7 @@ static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struc
 		return -1;
 	}
 	*egress = d->egress;
+	*dflags = d->flags;
 	return class;
 }
 
@@ -973,9 +1021,118 @@ static __always_inline int translate(struct __sk_buff *skb, struct flow *f, stru
 	return 0;
 }
 
+/* pair_hash hashes n words of a pair key. */
+static __always_inline __u32 pair_hash(__u32 *w, int n)
+{
+	__u32 h = 0x9e3779b9;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < n; i++)
+		h = (h ^ w[i]) * 0x01000193;
+	return h ^ (h >> 15);
+}
+
+/* pair_bit returns the word of pair_bits for hash h and its bit in *bit. */
+static __always_inline __u64 *pair_bit(__u32 h, __u64 *bit)
+{
+	__u32 i = (h >> 6) & (PAIR_BITS_WORDS - 1);
+
+	*bit = 1ULL << (h & 63);
+	return bpf_map_lookup_elem(&pair_bits, &i);
+}
+
+/* keep_pair keeps what was decided for the packet's pair of addresses on its device, with the
+ * next hop nh, as of the packet's generation. */
+static __always_inline void keep_pair(struct __sk_buff *skb, struct flow *f, int class, __u32 dflags,
+				      struct nexthop *nh)
+{
+	struct pair p = {.nh = *nh, .class = class, .dflags = dflags, .role = f->role};
+	struct pair_key4 k4 = {.ingress = skb->ingress_ifindex};
+	struct pair_key6 k6 = {.ingress = skb->ingress_ifindex};
+	__u64 bit, *word;
+	__u32 h;
+
+	p.nh.generation = f->gen;
+	if (f->v6) {
+		__builtin_memcpy(k6.src, f->src.addr, 16);
+		__builtin_memcpy(k6.dst, f->dst.addr, 16);
+		if (bpf_map_update_elem(&pairs6, &k6, &p, BPF_ANY))
+			return;
+		h = pair_hash((__u32 *)&k6, sizeof(k6) / 4);
+	} else {
+		__builtin_memcpy(k4.src, f->src.addr, 4);
+		__builtin_memcpy(k4.dst, f->dst.addr, 4);
+		if (bpf_map_update_elem(&pairs4, &k4, &p, BPF_ANY))
+			return;
+		h = pair_hash((__u32 *)&k4, sizeof(k4) / 4);
+	}
+	if ((word = pair_bit(h, &bit)) && !(*word & bit))
+		__sync_fetch_and_or(word, bit);
+}
+
+/* keep stores the FIB's answer for the packet's destination, and the pair's decision. */
+static __always_inline void keep(struct __sk_buff *skb, struct settings *cfg, struct nexthop_key *k,
+				 struct bpf_fib_lookup *fib, struct iface *out, struct flow *f, int class,
+				 __u32 dflags)
+{
+	struct nexthop nh = {.expires = bpf_ktime_get_coarse_ns() + NEXTHOP_TTL_NS};
+
+	if (!(cfg->flags & SETTINGS_NEXTHOP_CACHE))
+		return;
+	answer(&nh, cfg, fib, out);
+	bpf_map_update_elem(&nexthops, k, &nh, BPF_ANY);
+	keep_pair(skb, f, class, dflags, &nh);
+}
+
+/* kept_pair returns the packet's pair if it holds: of the packet's generation, unexpired, its
+ * class on, the packet fits its device and has hops left, and it is no reply to an end handed
+ * to the stack (decide() asks conntrack about those); else NULL: the full way. */
+static __always_inline struct pair *kept_pair(struct __sk_buff *skb, struct settings *cfg,
+					      struct flow *f, __u16 tot_len)
+{
+	struct pair_key4 k4 = {.ingress = skb->ingress_ifindex};
+	struct pair_key6 k6 = {.ingress = skb->ingress_ifindex};
+	__u64 bit, *word;
+	struct pair *p;
+
+	if (!(cfg->flags & SETTINGS_NEXTHOP_CACHE) || f->hops <= 1)
+		return NULL;
+	if (f->v6) {
+		__builtin_memcpy(k6.src, f->src.addr, 16);
+		__builtin_memcpy(k6.dst, f->dst.addr, 16);
+		if (!(word = pair_bit(pair_hash((__u32 *)&k6, sizeof(k6) / 4), &bit)) || !(*word & bit))
+			return NULL;
+		p = bpf_map_lookup_elem(&pairs6, &k6);
+	} else {
+		__builtin_memcpy(k4.src, f->src.addr, 4);
+		__builtin_memcpy(k4.dst, f->dst.addr, 4);
+		if (!(word = pair_bit(pair_hash((__u32 *)&k4, sizeof(k4) / 4), &bit)) || !(*word & bit))
+			return NULL;
+		p = bpf_map_lookup_elem(&pairs4, &k4);
+	}
+	if (!p || p->nh.generation != f->gen || p->class >= NUM_CLASSES || !(cfg->classes & (1U << p->class)))
+		return NULL;
+	if (bpf_ktime_get_coarse_ns() > p->nh.expires || !usable(skb, cfg, &p->nh, tot_len))
+		return NULL;
+	if (nat_checked(cfg, p->role, p->dflags) && was_handed(&f->dst))
+		return NULL;
+	return p;
+}
+
+/* by_pair sends a packet as its pair says. */
+static __always_inline int by_pair(struct __sk_buff *skb, struct flow *f, struct pair *p)
+{
+	if (!hop(skb, f->v6))
+		return PASS;
+	count(p->class * 2 + f->v6, skb);
+	return emit(skb, p->nh.dmac, p->nh.smac, p->nh.ifindex, p->nh.flags);
+}
+
 /* forward routes a packet decide() took: by the kept next hop, else by the FIB. */
 static __always_inline int forward(struct __sk_buff *skb, struct settings *cfg, struct flow *f,
-				   int class, struct bpf_fib_lookup *fib, __u32 egress, struct nat_flow *n)
+				   int class, __u32 dflags, struct bpf_fib_lookup *fib, __u32 egress,
+				   struct nat_flow *n)
 {
 	struct nexthop_key k = {.ingress = skb->ingress_ifindex};
 	struct nexthop *nh;
@@ -997,6 +1154,8 @@ static __always_inline int forward(struct __sk_buff *skb, struct settings *cfg, 
 		if (!hop(skb, f->v6))
 			return PASS;
 		count(class == CARRY ? STAT_NAT_CARRIED : class * 2 + f->v6, skb);
+		if (class != CARRY)
+			keep_pair(skb, f, class, dflags, nh);
 		return emit(skb, nh->dmac, nh->smac, nh->ifindex, nh->flags);
 	}
 	if (!(out = route(skb, fib, egress, &how)))
@@ -1004,7 +1163,7 @@ static __always_inline int forward(struct __sk_buff *skb, struct settings *cfg, 
 	if (how == BPF_FIB_LKUP_RET_SUCCESS && class == CARRY)
 		answer(&n->nh, cfg, fib, out);
 	else if (how == BPF_FIB_LKUP_RET_SUCCESS)
-		keep(cfg, &k, fib, out);
+		keep(skb, cfg, &k, fib, out, f, class, dflags);
 	if (class == CARRY && translate(skb, f, n))
 		return TC_ACT_SHOT;
 	if (!hop(skb, f->v6))
@@ -1013,14 +1172,17 @@ static __always_inline int forward(struct __sk_buff *skb, struct settings *cfg, 
 	return finish(skb, fib, out, how);
 }
 
-static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, struct settings *cfg)
+static __always_inline int forward4(struct __sk_buff *skb, struct settings *cfg)
 {
+	__u32 key = skb->ingress_ifindex;
+	struct iface *in;
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
 	struct iphdr *ip = data + ETH_HLEN;
 	struct bpf_fib_lookup fib = {};
 	struct nat_flow *n = NULL;
-	struct flow f = {};
-	__u32 egress = 0;
+	struct flow f = {.gen = *(volatile __u32 *)&cfg->generation};
+	__u32 egress = 0, dflags = 0;
+	struct pair *p;
 	__be16 *ports;
 	int class;
 
@@ -1039,7 +1201,12 @@ static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, str
 	f.hops = ip->ttl;
 	f.tcpflags = tcp_flags(ip->protocol, (void *)ports, end);
 	f.opens = opens(f.tcpflags);
-	if ((class = decide(skb, in, cfg, &f, &egress, &n)) < 0)
+	if ((p = kept_pair(skb, cfg, &f, skb->gso_size ? 0 : bpf_ntohs(ip->tot_len))))
+		return by_pair(skb, &f, p);
+	if (!(in = bpf_map_lookup_elem(&ifaces, &key)))
+		return PASS;
+	f.role = in->role;
+	if ((class = decide(skb, in, cfg, &f, &egress, &dflags, &n)) < 0)
 		return PASS;
 
 	fib.family = AF_INET;
@@ -1055,17 +1222,20 @@ static __always_inline int forward4(struct __sk_buff *skb, struct iface *in, str
 		__builtin_memcpy(&fib.ipv4_dst, n->daddr, 4);
 	}
 	fib.ifindex = skb->ingress_ifindex;
-	return forward(skb, cfg, &f, class, &fib, egress, n);
+	return forward(skb, cfg, &f, class, dflags, &fib, egress, n);
 }
 
-static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, struct settings *cfg)
+static __always_inline int forward6(struct __sk_buff *skb, struct settings *cfg)
 {
+	__u32 key = skb->ingress_ifindex;
+	struct iface *in;
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
 	struct ipv6hdr *ip6 = data + ETH_HLEN;
 	struct bpf_fib_lookup fib = {};
-	struct flow f = {.v6 = 1};
+	struct flow f = {.v6 = 1, .gen = *(volatile __u32 *)&cfg->generation};
 	struct nat_flow *n = NULL;
-	__u32 egress = 0;
+	__u32 egress = 0, dflags = 0;
+	struct pair *p;
 	__be16 *ports;
 	int class;
 
@@ -1083,7 +1253,12 @@ static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, str
 	f.hops = ip6->hop_limit;
 	f.tcpflags = tcp_flags(ip6->nexthdr, (void *)ports, end);
 	f.opens = opens(f.tcpflags);
-	if ((class = decide(skb, in, cfg, &f, &egress, &n)) < 0)
+	if ((p = kept_pair(skb, cfg, &f, skb->gso_size ? 0 : sizeof(*ip6) + bpf_ntohs(ip6->payload_len))))
+		return by_pair(skb, &f, p);
+	if (!(in = bpf_map_lookup_elem(&ifaces, &key)))
+		return PASS;
+	f.role = in->role;
+	if ((class = decide(skb, in, cfg, &f, &egress, &dflags, &n)) < 0)
 		return PASS;
 
 	fib.family = AF_INET6;
@@ -1095,29 +1270,26 @@ static __always_inline int forward6(struct __sk_buff *skb, struct iface *in, str
 	__builtin_memcpy(fib.ipv6_src, class == CARRY ? (void *)n->saddr : (void *)&ip6->saddr, 16);
 	__builtin_memcpy(fib.ipv6_dst, class == CARRY ? (void *)n->daddr : (void *)&ip6->daddr, 16);
 	fib.ifindex = skb->ingress_ifindex;
-	return forward(skb, cfg, &f, class, &fib, egress, n);
+	return forward(skb, cfg, &f, class, dflags, &fib, egress, n);
 }
 
 SEC("tc")
 int hostaccel_fp(struct __sk_buff *skb)
 {
 	struct settings *cfg;
-	struct iface *in;
-	__u32 key = skb->ingress_ifindex;
+	__u32 key = 0;
 
 	/* Only frames addressed to this device, and not VLAN-tagged ones (they belong to a VLAN
-	 * device on top of it). */
+	 * device on top of it). The device's role is looked up after the packet's pair (which
+	 * holds it). */
 	if (skb->pkt_type != PACKET_HOST || skb->vlan_present)
 		return PASS;
-	if (!(in = bpf_map_lookup_elem(&ifaces, &key)))
-		return PASS;
-	key = 0;
 	if (!(cfg = bpf_map_lookup_elem(&config, &key)) || !cfg->classes)
 		return PASS;
 	if (skb->protocol == bpf_htons(ETH_P_IP))
-		return forward4(skb, in, cfg);
+		return forward4(skb, cfg);
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return forward6(skb, in, cfg);
+		return forward6(skb, cfg);
 	return PASS;
 }
 
