@@ -27,7 +27,11 @@ func FakeLister(f *knftables.Fake) nftjson.Lister {
 		}
 		objs = append(objs, map[string]any{"table": map[string]any{"family": "inet", "name": TableName, "comment": comment}})
 		for name, ft := range t.Flowtables {
-			objs = append(objs, map[string]any{"flowtable": map[string]any{"name": name, "dev": ft.Devices}})
+			devs := make([]string, len(ft.Devices))
+			for i, d := range ft.Devices {
+				devs[i] = strings.Trim(d, `"`) // as nft lists them (txFlowtable quotes some)
+			}
+			objs = append(objs, map[string]any{"flowtable": map[string]any{"name": name, "dev": devs}})
 		}
 		for name, s := range t.Sets {
 			var elems []string

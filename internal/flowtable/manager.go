@@ -195,7 +195,7 @@ func (m *Manager) update(tx *knftables.Transaction, cur *nftjson.Table, r *Rules
 	tx.Flush(r.Chain)
 	tx.Flush(r.Offload)
 	tx.Delete(&knftables.Flowtable{Name: FlowtableName})
-	tx.Add(r.Flowtable)
+	tx.Add(r.txFlowtable())
 	tx.Add(r.OffloadRule)
 	for _, rl := range r.Rules {
 		tx.Add(rl)

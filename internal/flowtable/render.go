@@ -8,7 +8,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/netip"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"sigs.k8s.io/knftables"
@@ -334,10 +336,27 @@ func hosts(as []netip.Addr) []netip.Prefix {
 	return out
 }
 
+// nftWord is a name nft parses unquoted (a device's name in a flowtable's list).
+var nftWord = regexp.MustCompile(`^[A-Za-z_.][A-Za-z0-9_./-]*$`)
+
+// txFlowtable is r's flowtable as a transaction writes it: knftables writes the devices as
+// they are, and nft parses a name that Linux allows but that is no plain word (eth<, 1gw)
+// only quoted. (Listings give the names bare, as r has them.)
+func (r *Ruleset) txFlowtable() *knftables.Flowtable {
+	ft := *r.Flowtable
+	ft.Devices = slices.Clone(ft.Devices)
+	for i, d := range ft.Devices {
+		if !nftWord.MatchString(d) {
+			ft.Devices[i] = strconv.Quote(d)
+		}
+	}
+	return &ft
+}
+
 // AddAll adds the whole ruleset to tx (after the table exists in tx).
 func (r *Ruleset) AddAll(tx *knftables.Transaction) {
 	tx.Add(r.table())
-	tx.Add(r.Flowtable)
+	tx.Add(r.txFlowtable())
 	for _, s := range r.Sets {
 		tx.Add(s)
 		for _, e := range r.Elements[s.Name] {

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -250,6 +251,27 @@ func deref[T any](p *T) any {
 		return ""
 	}
 	return *p
+}
+
+// plainChars are the characters of an interface name that a table's name carries as they are.
+var plainChars = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
+
+// IngressTable is the name of the netdev table of device dev: IngressTablePrefix and the
+// device's name, where that has only letters, digits, '_', '.' and '-'. Linux allows more in a
+// name (eth<, eth+1); such a name's other characters become '_' and a '/' and a hash of the
+// name follow (nft allows '/' inside a name, no interface name holds one: no two devices share
+// a table).
+func IngressTable(dev string) string {
+	if plainChars.MatchString(dev) {
+		return IngressTablePrefix + dev
+	}
+	b := []byte(dev)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
+			b[i] = '_'
+		}
+	}
+	return IngressTablePrefix + string(b) + "/" + shortHash(dev)
 }
 
 // setName is the name of a service's set or map: "SERVICE-what". nft's grammar wants a set's
@@ -543,7 +565,7 @@ func seed(name string) uint32 {
 // every packet of a flow reaches the backend its first packet was given, whatever the
 // scheduler, and established flows keep their backend when backends change.
 func renderIngress(dev string, svcs []*ServiceState, local []netip.Addr, part partFunc) *Table {
-	b := newBuilder(knftables.NetDevFamily, IngressTablePrefix+dev)
+	b := newBuilder(knftables.NetDevFamily, IngressTable(dev))
 	c := baseChain("ingress", knftables.FilterType, knftables.IngressHook, knftables.FilterPriority)
 	c.Device = &dev
 	b.chain(c)
