@@ -82,8 +82,8 @@
 // stack) skip the lookup for an inlined array read. The agent bumps the generation before it
 // writes the maps and again after (so that what a packet decided from half-written maps is
 // void too), and then clears the bits. Measured: the program's cost per redirected packet
-// about halved (BenchmarkProgram), per packet 0.71 -> 0.78 of the direct link in the VM
-// (docs/benchmarks/2026-11-26-*-pairs.md).
+// about halved (BenchmarkProgram), per packet 0.71 -> 0.81 of the direct link in the VM
+// (docs/benchmarks/2026-11-26-064c045-pairs.md).
 //
 // "Pass" is TC_ACT_UNSPEC, not TC_ACT_OK: the next tcx program or tc filter still runs (with
 // tcx, TC_ACT_OK would skip them), then the stack.

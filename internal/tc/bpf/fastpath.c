@@ -1199,13 +1199,13 @@ static __always_inline int forward4(struct __sk_buff *skb, struct settings *cfg)
 	f.dst.port = ports[1];
 	f.src.proto = f.dst.proto = ip->protocol;
 	f.hops = ip->ttl;
-	f.tcpflags = tcp_flags(ip->protocol, (void *)ports, end);
-	f.opens = opens(f.tcpflags);
 	if ((p = kept_pair(skb, cfg, &f, skb->gso_size ? 0 : bpf_ntohs(ip->tot_len))))
 		return by_pair(skb, &f, p);
 	if (!(in = bpf_map_lookup_elem(&ifaces, &key)))
 		return PASS;
 	f.role = in->role;
+	f.tcpflags = tcp_flags(ip->protocol, (void *)ports, end);
+	f.opens = opens(f.tcpflags);
 	if ((class = decide(skb, in, cfg, &f, &egress, &dflags, &n)) < 0)
 		return PASS;
 
@@ -1251,13 +1251,13 @@ static __always_inline int forward6(struct __sk_buff *skb, struct settings *cfg)
 	f.dst.port = ports[1];
 	f.src.proto = f.dst.proto = ip6->nexthdr;
 	f.hops = ip6->hop_limit;
-	f.tcpflags = tcp_flags(ip6->nexthdr, (void *)ports, end);
-	f.opens = opens(f.tcpflags);
 	if ((p = kept_pair(skb, cfg, &f, skb->gso_size ? 0 : sizeof(*ip6) + bpf_ntohs(ip6->payload_len))))
 		return by_pair(skb, &f, p);
 	if (!(in = bpf_map_lookup_elem(&ifaces, &key)))
 		return PASS;
 	f.role = in->role;
+	f.tcpflags = tcp_flags(ip6->nexthdr, (void *)ports, end);
+	f.opens = opens(f.tcpflags);
 	if ((class = decide(skb, in, cfg, &f, &egress, &dflags, &n)) < 0)
 		return PASS;
 
