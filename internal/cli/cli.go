@@ -226,9 +226,15 @@ func applyCmd(g *globals) *cobra.Command {
 				return err
 			}
 			// A config without a datapath (a load balancer alone) plans nothing from the
-			// kernel's features: only its privileges are looked at.
-			caps := probe.Privileges()
-			if cfg.Datapath != model.DatapathNone {
+			// kernel's features: only its privileges are looked at; the tc datapath's plan
+			// looks at the tc and BPF features only.
+			var caps probe.Result
+			switch cfg.Datapath {
+			case model.DatapathNone:
+				caps = probe.Privileges()
+			case model.DatapathTC:
+				caps = probe.ForTC(ctx)
+			default:
 				caps = probe.Run(ctx)
 			}
 			o, err := agent.Apply(ctx, cfg, agent.Inputs{Links: links, Strict: true, Caps: caps, LB: lb.Apply, Mgrs: m})
