@@ -72,6 +72,9 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].interface: only dsr and stateless-dnat services attach to an interface`, func(s *Service) { s.Interface = "eth0" }},
 		{`services[0].flowTimeout: only dsr and stateless-dnat services keep their own flow table`, func(s *Service) { s.FlowTimeout = D(time.Minute) }},
 		{`services[0].interface: "eth0/1" is not a valid interface name`, func(s *Service) { s.Topology, s.Interface = StatelessDNAT, "eth0/1" }},
+		{`services[0].backendInterface: "\\1\\" is not a valid interface name`, func(s *Service) {
+			s.Topology, s.Interface, s.BackendInterface = StatelessDNAT, "eth0", `\1\`
+		}},
 		{`services[0].vips: a stateless-dnat service has at most one VIP per family`, func(s *Service) {
 			s.Topology, s.Interface, s.VIPs = StatelessDNAT, "eth0", []string{"192.0.2.10", "192.0.2.11", "2001:db8::10"}
 		}},

@@ -169,7 +169,17 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 
 func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
 
-// ValidInterfaceName follows the kernel's dev_valid_name.
+// ValidInterfaceName follows the kernel's dev_valid_name, and what nft carries in a quoted
+// string: printable ASCII without '"' and '\' (Linux allows those in a name, but nft cannot
+// name such a device: a quote ends its string, and backslashes do not come back as written).
 func ValidInterfaceName(n string) bool {
-	return n != "" && len(n) < 16 && n != "." && n != ".." && !strings.ContainsAny(n, "/: \t\n")
+	if n == "" || len(n) >= 16 || n == "." || n == ".." || strings.ContainsAny(n, "/: \"\\") {
+		return false
+	}
+	for i := 0; i < len(n); i++ {
+		if n[i] <= ' ' || n[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
 }
