@@ -110,9 +110,12 @@ const seedNode = `node:
 const seedLB = "datapath: none\nloadBalancer:\n  services:\n"
 
 var fuzzSeedYAML = map[string]string{
-	"minimal":            seedNode + "classes: {pod-to-pod: true}\n",
-	"json":               `{"node":{"gateways":["gw"],"transports":"auto","localPodCIDRs":["10.0.0.0/8"]},"classes":{"pod-to-pod":true}}`,
-	"transports-auto":    strings.Replace(seedNode, "[eth0]", "auto", 1) + "exclude: [10.244.1.9]\n",
+	"minimal":         seedNode + "classes: {pod-to-pod: true}\n",
+	"json":            `{"node":{"gateways":["gw"],"transports":"auto","localPodCIDRs":["10.0.0.0/8"]},"classes":{"pod-to-pod":true}}`,
+	"transports-auto": strings.Replace(seedNode, "[eth0]", "auto", 1) + "exclude: [10.244.1.9]\n",
+	// interface names Linux allows that nft parses only quoted (the flowtable's devices), and
+	// that a table's name cannot carry as they are (the load balancer's netdev tables)
+	"odd-names":          "node:\n  gateways: [\"gw<\", 1gw]\n  transports: [\"eth+1\"]\n  localPodCIDRs: [10.244.1.0/24]\n  peerPodCIDRs: [10.244.2.0/24]\nclasses: {pod-to-pod: true, pod-to-service: true}\nloadBalancer:\n  services:\n  - {name: 1web, vips: [192.0.2.10], port: 80, topology: stateless-dnat, interface: \"eth<\", backendInterface: 1eth, backends: [{address: 10.1.0.11, port: 8080}]}\n  - {name: web, vips: [192.0.2.11], port: 80, topology: dsr, interface: \"eth+1\", backends: [{address: 10.1.0.12}]}\n",
 	"all-classes":        seedNode + "classes: {pod-to-pod: true, pod-to-service: true, external-to-nodeport: true, external-to-loadbalancer: true, external-to-service: true, node-to-remote-pod: true}\n",
 	"tc":                 seedNode + "datapath: tc\nclasses: {pod-to-pod: true, node-to-remote-pod: true}\ntc: {natCheck: toward-pods}\n",
 	"auto":               seedNode + "datapath: auto\nclasses: {pod-to-pod: true, pod-to-service: true}\ntc: {natCheck: off}\n",
