@@ -640,6 +640,7 @@ struct flow {
 	__u32 gen;
 	__u32 role; /* the ingress device's */
 	__u8 v6;
+	__u8 keep; /* the pair has no valid entry (kept_pair): keep what the full way decides */
 	__u8 hops;
 	__u8 opens;     /* a connection's first packet: UDP (no way to tell), or a TCP SYN */
 	__u16 tcpflags; /* TCP: the header's flags; TCP_FLAGS_UNKNOWN where out of reach or not TCP */
@@ -1053,6 +1054,8 @@ static __always_inline void keep_pair(struct __sk_buff *skb, struct flow *f, int
 	__u64 bit, *word;
 	__u32 h;
 
+	if (!f->keep)
+		return;
 	p.nh.generation = f->gen;
 	if (f->v6) {
 		__builtin_memcpy(k6.src, f->src.addr, 16);
@@ -1102,22 +1105,26 @@ static __always_inline struct pair *kept_pair(struct __sk_buff *skb, struct sett
 		__builtin_memcpy(k6.src, f->src.addr, 16);
 		__builtin_memcpy(k6.dst, f->dst.addr, 16);
 		if (!(word = pair_bit(pair_hash((__u32 *)&k6, sizeof(k6) / 4), &bit)) || !(*word & bit))
-			return NULL;
+			goto none;
 		p = bpf_map_lookup_elem(&pairs6, &k6);
 	} else {
 		__builtin_memcpy(k4.src, f->src.addr, 4);
 		__builtin_memcpy(k4.dst, f->dst.addr, 4);
 		if (!(word = pair_bit(pair_hash((__u32 *)&k4, sizeof(k4) / 4), &bit)) || !(*word & bit))
-			return NULL;
+			goto none;
 		p = bpf_map_lookup_elem(&pairs4, &k4);
 	}
-	if (!p || p->nh.generation != f->gen || p->class >= NUM_CLASSES || !(cfg->classes & (1U << p->class)))
-		return NULL;
-	if (bpf_ktime_get_coarse_ns() > p->nh.expires || !usable(skb, cfg, &p->nh, tot_len))
+	if (!p || p->nh.generation != f->gen || bpf_ktime_get_coarse_ns() > p->nh.expires)
+		goto none;
+	/* A valid pair that does not answer this packet stays as it is. */
+	if (p->class >= NUM_CLASSES || !(cfg->classes & (1U << p->class)) || !usable(skb, cfg, &p->nh, tot_len))
 		return NULL;
 	if (nat_checked(cfg, p->role, p->dflags) && was_handed(&f->dst))
 		return NULL;
 	return p;
+none:
+	f->keep = 1;
+	return NULL;
 }
 
 /* by_pair sends a packet as its pair says. */
