@@ -93,11 +93,8 @@ func (r Result) WriteTable(w io.Writer) {
 // cannot run reports its feature as unavailable, with the reason in Detail. Without a
 // deadline on ctx, Run gives up after 30 seconds.
 func Run(ctx context.Context) Result {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-	}
+	ctx, cancel := bounded(ctx)
+	defer cancel()
 	r := Privileges()
 	r.Features = append(r.Features, probeNFT(ctx)...)
 	r.Features = append(r.Features, probeTC(ctx)...)
@@ -111,15 +108,20 @@ func Run(ctx context.Context) Result {
 // runs) and the sockmap's are left out: ~0.2 s of `apply`, whatever the config's size. The
 // features left out are absent (Has: false), so what shows every feature uses Run.
 func ForTC(ctx context.Context) Result {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-	}
+	ctx, cancel := bounded(ctx)
+	defer cancel()
 	r := Privileges()
 	r.Features = append(r.Features, probeTC(ctx)...)
 	r.Features = append(r.Features, probeBPF()...)
 	return r
+}
+
+// bounded gives ctx a deadline 30 seconds on if it has none.
+func bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, 30*time.Second)
 }
 
 // Privileges is Run without probing the kernel: the kernel's release and the capabilities
