@@ -74,16 +74,18 @@
 // destination alone), a FIB answer is kept per destination and ingress device for up to a
 // second (nexthops), and what was decided for a redirected packet (its class, the
 // destination's roles, the device's role and the next hop) per pair of addresses and ingress
-// device (pairs, LRU). A packet that finds its pair, of the generation it read at its start,
+// device (pairs4, pairs6: LRU). A packet that finds its pair, of the generation it read at its start,
 // unexpired, skips the device's, both addresses' and the next hop's lookups for that one;
 // its TTL, its size against the device's MTU, its class being on and the NAT check
 // (a reply to a handed end takes the full way) are checked every packet. A bit per hash of the
 // pair (pair_bits) is set when a pair is kept: packets without a pair (all those handed to the
 // stack) skip the lookup for an inlined array read. The agent bumps the generation before it
 // writes the maps and again after (so that what a packet decided from half-written maps is
-// void too), and then clears the bits. Measured: the program's cost per redirected packet
-// about halved (BenchmarkProgram), per packet 0.71 -> 0.81 of the direct link in the VM
-// (docs/benchmarks/2026-11-26-064c045-pairs.md).
+// void too), and then clears the bits. The two maps hold 65,536 pairs each, preallocated:
+// 19.5 MiB of kernel memory (memlock: pairs4 8.9, pairs6 10.5 MiB; the set's other maps
+// 37 MiB, most of it handed, nat_flows and nexthops). Measured: the program's cost per
+// redirected packet about halved (BenchmarkProgram), per packet 0.71 -> 0.81 of the direct
+// link in the VM (docs/benchmarks/2026-11-26-064c045-pairs.md).
 //
 // "Pass" is TC_ACT_UNSPEC, not TC_ACT_OK: the next tcx program or tc filter still runs (with
 // tcx, TC_ACT_OK would skip them), then the stack.
