@@ -51,7 +51,7 @@ func TestSmoke(t *testing.T) {
 		switch {
 		case v.Direct:
 			traffic = []Traffic{DirectLink}
-		case !v.LocalOnly:
+		case !v.LocalOnly && !v.PktgenOnly:
 			traffic = Traffics
 		}
 		if _, ok := localSetups[name]; ok {
