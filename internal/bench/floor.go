@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hostaccel/hostaccel/internal/probe"
+	"github.com/hostaccel/hostaccel/internal/tc"
 )
 
 // VariantFloor is the least a tc hop can do per packet: the bench's own program at tc
@@ -54,11 +55,8 @@ func setupFloor(ctx context.Context, n *Node) error {
 			if err != nil {
 				return err
 			}
-			// bpf_redirect_peer where the tc datapath uses it: a veth whose peer lives in
-			// another namespace
-			_, veth := hop.out.(*netlink.Veth)
-			peer := veth && hop.out.Attrs().NetNsID >= 0
-			prog, err := floorProgram(hop.out.Attrs().Index, dst, hop.out.Attrs().HardwareAddr, peer)
+			// bpf_redirect_peer where the tc datapath uses it
+			prog, err := floorProgram(hop.out.Attrs().Index, dst, hop.out.Attrs().HardwareAddr, tc.PeerElsewhere(hop.out))
 			if err != nil {
 				return err
 			}

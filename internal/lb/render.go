@@ -10,7 +10,6 @@ import (
 	"maps"
 	"net"
 	"net/netip"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -253,23 +252,20 @@ func deref[T any](p *T) any {
 	return *p
 }
 
-// plainChars are the characters of an interface name that a table's name carries as they are.
-var plainChars = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
-
 // IngressTable is the name of the netdev table of device dev: IngressTablePrefix and the
 // device's name, where that has only letters, digits, '_', '.' and '-'. Linux allows more in a
 // name (eth<, eth+1); such a name's other characters become '_' and a '/' and a hash of the
 // name follow (nft allows '/' inside a name, no interface name holds one: no two devices share
 // a table).
 func IngressTable(dev string) string {
-	if plainChars.MatchString(dev) {
-		return IngressTablePrefix + dev
-	}
-	b := []byte(dev)
+	b, plain := []byte(dev), dev != ""
 	for i, c := range b {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
-			b[i] = '_'
+			b[i], plain = '_', false
 		}
+	}
+	if plain {
+		return IngressTablePrefix + dev
 	}
 	return IngressTablePrefix + string(b) + "/" + shortHash(dev)
 }

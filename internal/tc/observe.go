@@ -134,12 +134,18 @@ func (o *observed) flags() map[uint32]uint32 {
 // usePeer is off only in tests of the bpf_redirect path.
 var usePeer = true
 
+// PeerElsewhere reports whether l is a veth whose peer lives in another network namespace (a
+// Pod's): packets for it go there with bpf_redirect_peer.
+func PeerElsewhere(l netlink.Link) bool {
+	_, veth := l.(*netlink.Veth)
+	return veth && l.Attrs().NetNsID >= 0
+}
+
 // netState reads what want needs from the namespace.
 func (o *observed) netState() (netState, error) {
 	n := netState{links: map[string]device{}, keep: o.flags(), addrs: map[string][]netip.Addr{}}
 	for name, l := range o.links {
-		_, veth := l.(*netlink.Veth)
-		n.links[name] = device{index: uint32(l.Attrs().Index), mtu: uint32(l.Attrs().MTU), peer: veth && l.Attrs().NetNsID >= 0}
+		n.links[name] = device{index: uint32(l.Attrs().Index), mtu: uint32(l.Attrs().MTU), peer: PeerElsewhere(l)}
 	}
 	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {

@@ -156,17 +156,14 @@ func (s *progSet) setHandedBit(e fastpathEndpoint) error {
 	return s.maps.HandedBits.Put(idx, w|bit)
 }
 
-// pairBitsWords is PAIR_BITS_WORDS in bpf/fastpath.c.
-const pairBitsWords = 16384
-
 // clearPairBits clears the program's filter of kept pairs (pair_bits): after a new generation
 // every pair is void, and a pair kept again sets its bit again. One batch write.
 func (s *progSet) clearPairBits() error {
-	keys := make([]uint32, pairBitsWords)
+	keys := make([]uint32, s.maps.PairBits.MaxEntries())
 	for i := range keys {
 		keys[i] = uint32(i)
 	}
-	_, err := s.maps.PairBits.BatchUpdate(keys, make([]uint64, pairBitsWords), nil)
+	_, err := s.maps.PairBits.BatchUpdate(keys, make([]uint64, len(keys)), nil)
 	return err
 }
 
