@@ -20,6 +20,7 @@ TARGETS=(
 	"./internal/nftjson FuzzParse"
 	"./internal/conntrack FuzzParseFlow"
 	"./internal/k8s FuzzDerive"
+	"./internal/model FuzzFastJSON"
 )
 failed=0
 printf "%-20s %-18s %9s %7s %10s  %s\n" package target committed corpus execs result
