@@ -103,7 +103,10 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	}
 	drift := m.detachedBehindUs(o, w)
 
-	ct := haveConntrackKfuncs()
+	// An attached set of the build that calls conntrack's kfuncs answers the probe (which reads
+	// the kernel's BTF, ~30 ms of every apply): its program holds nf_conntrack's module, so the
+	// kfuncs are still there.
+	ct := o.current(buildID(true)) != nil || haveConntrackKfuncs()
 	res.NATCheck = ct && w.settings.NatCheck != 0
 	set := o.current(buildID(ct))
 	fresh := set == nil

@@ -1,11 +1,17 @@
 package tc
 
 import (
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"slices"
 	"testing"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
 func TestEgress(t *testing.T) {
@@ -194,5 +200,37 @@ func TestOneChangedCIDRIsTwoMapOperations(t *testing.T) {
 	put, del := diff(before.addrs, after.addrs)
 	if len(put) != 1 || len(del) != 1 || put[peer(10000)] != (fastpathAddr{Flags: addrPeerPod, Egress: 7}) || del[0] != peer(5000) {
 		t.Errorf("put %v, delete %v; want %s in, %s out", put, del, peer(10000), peer(5000))
+	}
+}
+
+// readAll reads every entry of a trie larger than one batch, as iterating it one by one does,
+// whichever way the kernel offers.
+func TestReadAllTrie(t *testing.T) {
+	testbed.RequireRoot(t)
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.LPMTrie, KeySize: 8, ValueSize: 4, MaxEntries: 5000, Flags: unix.BPF_F_NO_PREALLOC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	want := map[fastpathLpm4]uint32{}
+	for i := range 2500 {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 16+i%9)
+		k := lpmKey(p.Masked()).(fastpathLpm4)
+		if err := m.Put(k, uint32(i)); err != nil {
+			t.Fatal(err)
+		}
+		want[k] = uint32(i)
+	}
+	got := map[fastpathLpm4]uint32{}
+	if err := readAll(m, func(k fastpathLpm4, v uint32) {
+		if _, dup := got[k]; dup {
+			t.Errorf("%v read twice", k)
+		}
+		got[k] = v
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("read %d entries, want %d", len(got), len(want))
 	}
 }

@@ -2,11 +2,14 @@ package tc
 
 import (
 	"fmt"
-	"net"
+	"iter"
+
 	"net/netip"
 	"slices"
+	"unsafe"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -66,22 +69,117 @@ func (ix routeIndex) egress(p netip.Prefix) uint32 {
 }
 
 // mainRoutes lists the main table's routes of both families, and whether one of them has
-// an MTU of its own.
+// an MTU of its own. It reads the netlink dump for the destination, the device and the MTU
+// alone: the netlink library's decoding of every route took ~30 ms of an apply at 10,000
+// routes (TestMainRoutesAsTheLibrary compares the two).
 func mainRoutes() ([]route, bool, error) {
 	var out []route
 	mtu := false
-	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
+		req := nl.NewNetlinkRequest(unix.RTM_GETROUTE, unix.NLM_F_DUMP)
+		req.AddData(&nl.RtMsg{RtMsg: unix.RtMsg{Family: fam}})
+		err := req.ExecuteIter(unix.NETLINK_ROUTE, unix.RTM_NEWROUTE, func(m []byte) bool {
+			if r, hasMTU, ok := parseRoute(m, fam); ok {
+				out = append(out, r)
+				mtu = mtu || hasMTU
+			}
+			return true
+		})
 		if err != nil {
 			return nil, false, fmt.Errorf("listing routes: %w", err)
-		}
-		for _, r := range rs {
-			out = append(out, route{dst: prefixOf(r.Dst, fam), ifindex: routeDevice(r)})
-			mtu = mtu || r.MTU != 0
 		}
 	}
 	return out, mtu, nil
 }
+
+// parseRoute reads an RTM_NEWROUTE message of family fam: ok is false for a route of another
+// table or family, a cloned one, or a message too short.
+func parseRoute(m []byte, fam uint8) (r route, mtu, ok bool) {
+	if len(m) < unix.SizeofRtMsg {
+		return r, false, false
+	}
+	msg := nl.DeserializeRtMsg(m)
+	if msg.Family != fam || msg.Flags&unix.RTM_F_CLONED != 0 {
+		return r, false, false
+	}
+	table := uint32(msg.Table)
+	var dst []byte
+	var oif uint32
+	single, nexthops := true, 0
+	for a := range attrs(m[unix.SizeofRtMsg:]) {
+		switch a.typ {
+		case unix.RTA_TABLE:
+			if len(a.val) >= 4 {
+				table = native.Uint32(a.val)
+			}
+		case unix.RTA_DST:
+			dst = a.val
+		case unix.RTA_OIF:
+			if len(a.val) >= 4 {
+				oif = native.Uint32(a.val)
+			}
+		case unix.RTA_METRICS:
+			for x := range attrs(a.val) {
+				mtu = mtu || x.typ == unix.RTAX_MTU && len(x.val) >= 4 && native.Uint32(x.val) != 0
+			}
+		case unix.RTA_MULTIPATH:
+			for b := a.val; len(b) >= unix.SizeofRtNexthop; {
+				nh := (*unix.RtNexthop)(unsafe.Pointer(&b[0]))
+				if nexthops == 0 {
+					oif = uint32(nh.Ifindex)
+				} else if uint32(nh.Ifindex) != oif {
+					single = false
+				}
+				nexthops++
+				n := rtaAlign(int(nh.Len))
+				if nh.Len < unix.SizeofRtNexthop || n > len(b) {
+					break
+				}
+				b = b[n:]
+			}
+		}
+	}
+	if table != unix.RT_TABLE_MAIN {
+		return r, false, false
+	}
+	a, okAddr := netip.AddrFromSlice(dst)
+	switch {
+	case !okAddr && fam == unix.AF_INET:
+		a = netip.IPv4Unspecified()
+	case !okAddr:
+		a = netip.IPv6Unspecified()
+	}
+	r.dst = netip.PrefixFrom(a, int(msg.Dst_len))
+	if msg.Type == unix.RTN_UNICAST && single {
+		r.ifindex = oif
+	}
+	return r, mtu, true
+}
+
+type rtAttr struct {
+	typ uint16
+	val []byte
+}
+
+// attrs yields the netlink attributes in b (the nested flag bits cleared from their types).
+func attrs(b []byte) iter.Seq[rtAttr] {
+	return func(yield func(rtAttr) bool) {
+		for len(b) >= unix.SizeofRtAttr {
+			l := int(native.Uint16(b))
+			if l < unix.SizeofRtAttr || l > len(b) {
+				return
+			}
+			if !yield(rtAttr{native.Uint16(b[2:]) &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER), b[unix.SizeofRtAttr:l]}) {
+				return
+			}
+			b = b[min(rtaAlign(l), len(b)):]
+		}
+	}
+}
+
+func rtaAlign(n int) int { return (n + unix.RTA_ALIGNTO - 1) &^ (unix.RTA_ALIGNTO - 1) }
+
+var native = nl.NativeEndian()
 
 // destinationRouting reports whether the FIB's answers here depend on the destination alone:
 // no routing rules but the kernel's own (local, main, default) and no route with an MTU of its
@@ -106,36 +204,4 @@ func destinationRouting(routeMTU bool) (bool, error) {
 		}
 	}
 	return true, nil
-}
-
-// routeDevice is the single device a unicast route leaves through, or 0.
-func routeDevice(r netlink.Route) uint32 {
-	if r.Type != unix.RTN_UNICAST {
-		return 0
-	}
-	if len(r.MultiPath) == 0 {
-		return uint32(r.LinkIndex)
-	}
-	idx := r.MultiPath[0].LinkIndex
-	for _, nh := range r.MultiPath {
-		if nh.LinkIndex != idx {
-			return 0
-		}
-	}
-	return uint32(idx)
-}
-
-func prefixOf(n *net.IPNet, fam int) netip.Prefix {
-	if n == nil {
-		if fam == netlink.FAMILY_V4 {
-			return netip.PrefixFrom(netip.IPv4Unspecified(), 0)
-		}
-		return netip.PrefixFrom(netip.IPv6Unspecified(), 0)
-	}
-	a, _ := netip.AddrFromSlice(n.IP)
-	if fam == netlink.FAMILY_V4 {
-		a = a.Unmap()
-	}
-	bits, _ := n.Mask.Size()
-	return netip.PrefixFrom(a, bits)
 }

@@ -1,0 +1,120 @@
+package tc
+
+import (
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/hostaccel/hostaccel/internal/testbed"
+)
+
+// mainRoutes reads from its own dump what the netlink library decodes: every route of the
+// main table of both families with its single device (0 for multipath over several devices,
+// a blackhole, a route in another table is left out), and whether one has an MTU.
+func TestMainRoutesAsTheLibrary(t *testing.T) {
+	testbed.RequireRoot(t)
+	ns, err := testbed.NewNS("routes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	for _, cmd := range []string{
+		"link add ra type veth peer name ra-peer", "link add rb type veth peer name rb-peer", "link set ra up", "link set rb up",
+		"addr add 192.0.2.1/24 dev ra", "addr add 198.51.100.1/24 dev rb",
+		"addr add 2001:db8::1/64 dev ra nodad", "addr add 2001:db8:1::1/64 dev rb nodad",
+		"route add 10.1.0.0/16 via 192.0.2.2", "route add 10.2.0.0/26 dev rb",
+		"route add 10.3.0.0/24 nexthop via 192.0.2.2 nexthop via 192.0.2.3",
+		"route add 10.4.0.0/24 nexthop via 192.0.2.2 nexthop via 198.51.100.2",
+		"route add blackhole 10.5.0.0/24", "route add 10.6.0.0/24 via 192.0.2.2 table 100",
+		"route add default via 192.0.2.254",
+		"route add fd00::/64 via 2001:db8::2", "route add fd01::/48 dev rb",
+		"route add fd02::/64 nexthop via 2001:db8::2 nexthop via 2001:db8:1::2",
+		"route add unreachable fd03::/64",
+	} {
+		if out, err := ns.Exec(append([]string{"ip"}, strings.Fields(cmd)...)...); err != nil {
+			t.Fatalf("ip %s: %v %s", cmd, err, out)
+		}
+	}
+	for _, withMTU := range []bool{false, true} {
+		if withMTU {
+			if out, err := ns.Exec("ip", "route", "add", "10.7.0.0/24", "via", "192.0.2.2", "mtu", "1400"); err != nil {
+				t.Fatal(err, out)
+			}
+		}
+		var got, want []route
+		var gotMTU, wantMTU bool
+		if err := ns.Do(func() error {
+			var err error
+			if got, gotMTU, err = mainRoutes(); err != nil {
+				return err
+			}
+			want, wantMTU, err = libraryRoutes()
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if len(want) < 12 {
+			t.Fatalf("the library listed %d routes: %v", len(want), want)
+		}
+		order := func(a, b route) int { return strings.Compare(a.dst.String(), b.dst.String()) }
+		slices.SortFunc(got, order)
+		slices.SortFunc(want, order)
+		if !slices.Equal(got, want) || gotMTU != wantMTU || gotMTU != withMTU {
+			t.Errorf("mainRoutes: %v (mtu %v)\nlibrary:    %v (mtu %v)", got, gotMTU, want, wantMTU)
+		}
+	}
+}
+
+// libraryRoutes is mainRoutes by the netlink library's decoding.
+func libraryRoutes() ([]route, bool, error) {
+	var out []route
+	mtu := false
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return nil, false, err
+		}
+		for _, r := range rs {
+			out = append(out, route{dst: prefixOf(r.Dst, fam), ifindex: routeDevice(r)})
+			mtu = mtu || r.MTU != 0
+		}
+	}
+	return out, mtu, nil
+}
+
+// routeDevice is the single device a unicast route leaves through, or 0.
+func routeDevice(r netlink.Route) uint32 {
+	if r.Type != unix.RTN_UNICAST {
+		return 0
+	}
+	if len(r.MultiPath) == 0 {
+		return uint32(r.LinkIndex)
+	}
+	idx := r.MultiPath[0].LinkIndex
+	for _, nh := range r.MultiPath {
+		if nh.LinkIndex != idx {
+			return 0
+		}
+	}
+	return uint32(idx)
+}
+
+func prefixOf(n *net.IPNet, fam int) netip.Prefix {
+	if n == nil {
+		if fam == netlink.FAMILY_V4 {
+			return netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+		}
+		return netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+	}
+	a, _ := netip.AddrFromSlice(n.IP)
+	if fam == netlink.FAMILY_V4 {
+		a = a.Unmap()
+	}
+	bits, _ := n.Mask.Size()
+	return netip.PrefixFrom(a, bits)
+}
