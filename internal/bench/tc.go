@@ -99,11 +99,7 @@ func applyPlan(ctx context.Context, n *Node, s model.State) (datapath.Plan, erro
 	err := n.NS.Do(func() error {
 		m := &datapath.Managers{TC: tc.NewManager()}
 		if plan.Flowtable != nil || s.Datapath == model.DatapathAuto && n.Caps.Has(probe.Flowtable) {
-			ft, err := flowtable.NewManager()
-			if err != nil {
-				return err
-			}
-			m.Flowtable = ft
+			m.Flowtable = flowtable.NewManager()
 		}
 		_, err := m.Apply(ctx, plan, n.Caps)
 		return err
@@ -116,11 +112,7 @@ func removeAll(ctx context.Context, n *Node) error {
 	return n.NS.Do(func() error {
 		errs := []error{tc.NewManager().Remove(ctx)}
 		if n.Caps.Has(probe.Flowtable) {
-			ft, err := flowtable.NewManager()
-			if err == nil {
-				err = ft.Remove(ctx)
-			}
-			errs = append(errs, err)
+			errs = append(errs, flowtable.NewManager().Remove(ctx))
 		}
 		return errors.Join(errs...)
 	})

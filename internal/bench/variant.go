@@ -208,11 +208,7 @@ func applyFlowtable(ctx context.Context, n *Node, datapath string) error {
 // applyFlowtableRuleset applies a rendered flowtable ruleset in namespace ns.
 func applyFlowtableRuleset(ctx context.Context, ns *testbed.NS, r *flowtable.Ruleset) error {
 	return ns.Do(func() error {
-		m, err := flowtable.NewManager()
-		if err != nil {
-			return err
-		}
-		_, err = m.Apply(ctx, r)
+		_, err := flowtable.NewManager().Apply(ctx, r)
 		return err
 	})
 }
@@ -222,11 +218,7 @@ func removeFlowtable(ctx context.Context, n *Node) error { return removeFlowtabl
 // removeFlowtableIn removes the flowtable datapath from namespace ns.
 func removeFlowtableIn(ctx context.Context, ns *testbed.NS) error {
 	return ns.Do(func() error {
-		m, err := flowtable.NewManager()
-		if err != nil {
-			return err
-		}
-		return m.Remove(ctx)
+		return flowtable.NewManager().Remove(ctx)
 	})
 }
 

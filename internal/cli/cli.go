@@ -185,13 +185,10 @@ func renderCmd() *cobra.Command {
 }
 
 func managers() (*datapath.Managers, error) {
-	ft, err := flowtable.NewManager() // runs nft --check, which needs CAP_NET_ADMIN
-	if perr := probe.CheckPrivilege(probe.PartNFT); err != nil && perr != nil {
-		return nil, fmt.Errorf("%w: %v", perr, err)
-	} else if err != nil {
+	if err := probe.CheckPrivilege(probe.PartNFT); err != nil { // every datapath changes the kernel's network state
 		return nil, err
 	}
-	return &datapath.Managers{Flowtable: ft, TC: tc.NewManager(), Sockmap: sockmap.NewManager()}, nil
+	return &datapath.Managers{Flowtable: flowtable.NewManager(), TC: tc.NewManager(), Sockmap: sockmap.NewManager()}, nil
 }
 
 // addLockFlag adds --lock-file to a command that changes the kernel.

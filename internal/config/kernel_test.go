@@ -90,10 +90,7 @@ func TestFuzzCorpusKernelAccepts(t *testing.T) {
 			err = ns.Do(func() error {
 				ctx := context.Background()
 				if ft != nil {
-					m, err := flowtable.NewManager()
-					if err != nil {
-						return err
-					}
+					m := flowtable.NewManager()
 					if _, err := m.Apply(ctx, ft); err != nil {
 						return fmt.Errorf("flowtable: %w", err)
 					}

@@ -28,14 +28,24 @@ type Manager struct {
 	lastDevices []string // its flowtable's devices
 }
 
-// NewManager returns a Manager on the real nft binary.
-func NewManager() (*Manager, error) {
-	nft, err := knftables.New(Family, TableName)
-	if err != nil {
-		return nil, err
-	}
+// NewManager returns a Manager on the real nft binary, which it runs first when it has a
+// transaction to run: knftables.New runs nft twice (~20 ms), and an apply without a flowtable
+// (datapath tc or none, nothing to remove) need not pay it.
+func NewManager() *Manager {
 	exists := func(ctx context.Context) (bool, error) { return nftlist.Has(ctx, Family, TableName) }
-	return &Manager{NFT: nft, List: nftjson.NFT, Exists: exists}, nil
+	return &Manager{List: nftjson.NFT, Exists: exists}
+}
+
+// nft returns m.NFT, made on first use.
+func (m *Manager) nft() (knftables.Interface, error) {
+	if m.NFT == nil {
+		nft, err := knftables.New(Family, TableName)
+		if err != nil {
+			return nil, err
+		}
+		m.NFT = nft
+	}
+	return m.NFT, nil
 }
 
 // Result says what one Apply changed.
@@ -70,7 +80,11 @@ func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	tx := m.NFT.NewTransaction()
+	nft, err := m.nft()
+	if err != nil {
+		return Result{}, err
+	}
+	tx := nft.NewTransaction()
 	res := Result{}
 	switch reason := m.rebuildReason(cur, r); reason {
 	case "":
@@ -83,7 +97,7 @@ func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
 	}
 	res.Operations = tx.NumOperations()
 	if res.Operations > 0 {
-		if err := m.NFT.Run(ctx, tx); err != nil {
+		if err := nft.Run(ctx, tx); err != nil {
 			return res, fmt.Errorf("nft transaction (nothing was changed): %w", err)
 		}
 	}
@@ -230,9 +244,13 @@ func (m *Manager) Remove(ctx context.Context) error {
 			return nil
 		}
 	}
-	tx := m.NFT.NewTransaction()
+	nft, err := m.nft()
+	if err != nil {
+		return err
+	}
+	tx := nft.NewTransaction()
 	tx.Add(&knftables.Table{})
 	tx.Delete(&knftables.Table{})
 	m.last = ""
-	return m.NFT.Run(ctx, tx)
+	return nft.Run(ctx, tx)
 }

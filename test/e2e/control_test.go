@@ -131,10 +131,7 @@ func TestFailedTransactionKeepsPreviousState(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		m, err := flowtable.NewManager()
-		if err != nil {
-			return err
-		}
+		m := flowtable.NewManager()
 		if out, err := exec.Command("ip", "link", "del", "vanish0").CombinedOutput(); err != nil {
 			return fmt.Errorf("%v: %s", err, out)
 		}
