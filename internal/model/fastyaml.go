@@ -456,9 +456,9 @@ func plain(s string, flow bool) (v, rest string, ok bool) {
 				v = strings.TrimRight(s[:i], " ")
 				return v, s[len(v):], true
 			}
-		case ',', ']', '}', '[', '{':
+		case ',', ']', '}', '[', '{', '?':
 			if flow {
-				if s[i] == '[' || s[i] == '{' {
+				if s[i] == '[' || s[i] == '{' || s[i] == '?' { // "[0?]": the library ends a scalar at '?' too
 					return "", "", false
 				}
 				return strings.TrimRight(s[:i], " "), s[i:], true

@@ -71,6 +71,19 @@ func TestFastJSON(t *testing.T) {
 			t.Errorf("taken the fast way, but is not a shape it knows for sure:\n%q", in)
 		}
 	}
+	// What sigs.k8s.io/yaml writes (the load balancer's state file, `hostaccel lb get`) is too.
+	written, err := yaml.Marshal(map[string]any{"services": []map[string]any{{
+		"name": "web", "vips": []string{"10.0.0.1", "fd00::1"}, "port": 80, "every": Duration{5e9}, "empty": nil,
+		"backends": []map[string]any{{"address": "10.1.0.1", "port": 8080, "state": "drain"}, {"address": "fd00::2"}},
+		"labels":   map[string]string{"a": "b", "yes": "80"},
+		"weird":    []string{"", "yes", "80", "a: b", "#x", "x y", "- z", "1.5", "'q'"},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sameAsLibrary(t, string(written)) {
+		t.Errorf("what the YAML library writes is not taken the fast way:\n%s", written)
+	}
 	// Every example config is of the fast shape.
 	paths, _ := filepath.Glob("../../examples/*.yaml")
 	if len(paths) == 0 {
