@@ -413,6 +413,7 @@ func (m *Manager) StartSettle() *Settling {
 
 // Read lists the chains (a table with more than two of them whole).
 func (s *Settling) Read(ctx context.Context) error {
+	ctx = background(ctx)
 	for ref, chains := range s.want {
 		s.got[ref] = map[string]*kernelTable{}
 		if len(chains) > 2 {
@@ -874,6 +875,7 @@ func (m *Manager) StartFullRead() *FullRead {
 
 // Read lists our tables whole (nft); anywhere.
 func (f *FullRead) Read(ctx context.Context) error {
+	ctx = background(ctx)
 	refs, err := f.ours(ctx)
 	if err != nil {
 		return err
