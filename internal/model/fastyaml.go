@@ -241,36 +241,34 @@ func (p *fastParser) inline(s string, flow bool, t target) (string, bool) {
 	return rest, true
 }
 
-func (p *fastParser) flowSeq(s string, t target) (string, bool) {
-	et := t.elem()
+// flow writes a flow collection: s is what follows its opening bracket open, item writes one
+// item (an element, a key and its value); it returns what follows the closing bracket.
+func (p *fastParser) flow(s string, open, close byte, item func(string) (string, bool)) (string, bool) {
 	if !p.enter() {
 		return "", false
 	}
 	defer func() { p.depth-- }()
-	p.out = append(p.out, '[')
+	p.out = append(p.out, open)
 	s = strings.TrimLeft(s, " ")
-	if strings.HasPrefix(s, "]") {
-		p.out = append(p.out, ']')
+	if s != "" && s[0] == close {
+		p.out = append(p.out, close)
 		return s[1:], true
 	}
 	for {
-		if s == "" || s[0] == ',' || s[0] == ']' || s[0] == '#' {
-			return "", false
-		}
-		rest, ok := p.inline(s, true, et)
+		rest, ok := item(s)
 		if !ok {
 			return "", false
 		}
 		s = strings.TrimLeft(rest, " ")
 		switch {
-		case strings.HasPrefix(s, ","):
+		case s != "" && s[0] == ',':
 			p.out = append(p.out, ',')
 			s = strings.TrimLeft(s[1:], " ")
-			if strings.HasPrefix(s, "]") { // a trailing comma
+			if s != "" && s[0] == close { // a trailing comma
 				return "", false
 			}
-		case strings.HasPrefix(s, "]"):
-			p.out = append(p.out, ']')
+		case s != "" && s[0] == close:
+			p.out = append(p.out, close)
 			return s[1:], true
 		default: // "[a: b]", a comment, the line's end
 			return "", false
@@ -278,19 +276,19 @@ func (p *fastParser) flowSeq(s string, t target) (string, bool) {
 	}
 }
 
+func (p *fastParser) flowSeq(s string, t target) (string, bool) {
+	et := t.elem()
+	return p.flow(s, '[', ']', func(s string) (string, bool) {
+		if s == "" || s[0] == ',' || s[0] == ']' || s[0] == '#' {
+			return "", false
+		}
+		return p.inline(s, true, et)
+	})
+}
+
 func (p *fastParser) flowMap(s string, t target) (string, bool) {
-	if !p.enter() {
-		return "", false
-	}
-	defer func() { p.depth-- }()
-	p.out = append(p.out, '{')
-	s = strings.TrimLeft(s, " ")
-	if strings.HasPrefix(s, "}") {
-		p.out = append(p.out, '}')
-		return s[1:], true
-	}
 	var keys fastKeys
-	for {
+	return p.flow(s, '{', '}', func(s string) (string, bool) {
 		key, rest, ok := splitFlowKey(s)
 		if !ok || !keys.add(key) {
 			return "", false
@@ -305,24 +303,8 @@ func (p *fastParser) flowMap(s string, t target) (string, bool) {
 		if !ok {
 			return "", false
 		}
-		if rest, ok = p.inline(s, true, ft); !ok {
-			return "", false
-		}
-		s = strings.TrimLeft(rest, " ")
-		switch {
-		case strings.HasPrefix(s, ","):
-			p.out = append(p.out, ',')
-			s = strings.TrimLeft(s[1:], " ")
-			if strings.HasPrefix(s, "}") {
-				return "", false
-			}
-		case strings.HasPrefix(s, "}"):
-			p.out = append(p.out, '}')
-			return s[1:], true
-		default:
-			return "", false
-		}
-	}
+		return p.inline(s, true, ft)
+	})
 }
 
 // fastKeys refuses a mapping's key that equals another but for case: YAML keeps both,
