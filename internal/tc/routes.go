@@ -1,9 +1,9 @@
 package tc
 
 import (
+	"errors"
 	"fmt"
 	"iter"
-
 	"net/netip"
 	"slices"
 	"unsafe"
@@ -72,19 +72,29 @@ func (ix routeIndex) egress(p netip.Prefix) uint32 {
 // an MTU of its own. It reads the netlink dump for the destination, the device and the MTU
 // alone: the netlink library's decoding of every route took ~30 ms of an apply at 10,000
 // routes (TestMainRoutesAsTheLibrary compares the two).
+// A dump the kernel marks interrupted (the table changed under it) is read again, up to three
+// times.
 func mainRoutes() ([]route, bool, error) {
 	var out []route
 	mtu := false
 	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
-		req := nl.NewNetlinkRequest(unix.RTM_GETROUTE, unix.NLM_F_DUMP)
-		req.AddData(&nl.RtMsg{RtMsg: unix.RtMsg{Family: fam}})
-		err := req.ExecuteIter(unix.NETLINK_ROUTE, unix.RTM_NEWROUTE, func(m []byte) bool {
-			if r, hasMTU, ok := parseRoute(m, fam); ok {
-				out = append(out, r)
-				mtu = mtu || hasMTU
+		start, mtuBefore := len(out), mtu
+		var err error
+		for try := 0; try < 3; try++ {
+			out, mtu = out[:start], mtuBefore
+			req := nl.NewNetlinkRequest(unix.RTM_GETROUTE, unix.NLM_F_DUMP)
+			req.AddData(&nl.RtMsg{RtMsg: unix.RtMsg{Family: fam}})
+			err = req.ExecuteIter(unix.NETLINK_ROUTE, unix.RTM_NEWROUTE, func(m []byte) bool {
+				if r, hasMTU, ok := parseRoute(m, fam); ok {
+					out = append(out, r)
+					mtu = mtu || hasMTU
+				}
+				return true
+			})
+			if !errors.Is(err, nl.ErrDumpInterrupted) {
+				break
 			}
-			return true
-		})
+		}
 		if err != nil {
 			return nil, false, fmt.Errorf("listing routes: %w", err)
 		}
