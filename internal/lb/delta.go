@@ -201,7 +201,7 @@ func (m *Manager) scopes(tables []*Table, existing []TableRef) ([]*partScope, bo
 
 // applyScopes is apply for tables whose scopes are known (the cache is trusted).
 func (m *Manager) applyScopes(ctx context.Context, scopes []*partScope, tables []*Table, res Result) (Result, error) {
-	tx := newTxn(m.NFT)
+	tx := newTxn()
 	rewritten := make([][]string, len(scopes))
 	for i, s := range scopes {
 		if err := m.readLost(ctx, s.sub, s.ksub); err != nil {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"os/exec"
 	"regexp"
 	"slices"
 	"strings"
@@ -68,17 +69,31 @@ type Manager struct {
 // DefaultFullEvery is how often Apply reads the tables back whole (drift repair).
 const DefaultFullEvery = 25 * time.Second
 
-// NewManager returns a Manager on the real nft binary.
+// NewManager returns a Manager on the real nft binary. It makes its knftables interface
+// (knftables.New runs nft --version and nft --check, ~15-20 ms) when a transaction first goes
+// to nft, not for the changes the netlink lane carries (a one-shot apply of a backend change
+// runs no nft at all).
 func NewManager() (*Manager, error) {
-	nft, err := knftables.New("", "")
-	if err != nil {
-		return nil, err
+	if _, err := exec.LookPath("nft"); err != nil {
+		return nil, fmt.Errorf("could not find nftables binary: %w", err)
 	}
-	m := &Manager{NFT: nft, List: NFTList, Tables: ListTables, ReadCounter: NetlinkCounters, FullEvery: DefaultFullEvery}
+	m := &Manager{List: NFTList, Tables: ListTables, ReadCounter: NetlinkCounters, FullEvery: DefaultFullEvery}
 	if os.Getenv(EnvNFTOnly) == "" {
 		m.Netlink = NetlinkLane
 	}
 	return m, nil
+}
+
+// nft returns m.NFT, made on first use.
+func (m *Manager) nft() (knftables.Interface, error) {
+	if m.NFT == nil {
+		nft, err := knftables.New("", "")
+		if err != nil {
+			return nil, err
+		}
+		m.NFT = nft
+	}
+	return m.NFT, nil
 }
 
 // EnvNFTOnly, set to anything, makes every transaction nft's (no netlink lane).
@@ -98,7 +113,11 @@ func (m *Manager) run(ctx context.Context, tx *txn, tables []*Table, res *Result
 			m.Log.Warn("netlink batch refused; running the transaction with nft", "err", err)
 		}
 	}
-	if err := m.NFT.Run(ctx, tx.Transaction); err != nil {
+	nft, err := m.nft()
+	if err != nil {
+		return err
+	}
+	if err := nft.Run(ctx, tx.Transaction); err != nil {
 		return fmt.Errorf("nft transaction (nothing was changed): %w", err)
 	}
 	m.lastTx = tx.Transaction
@@ -233,7 +252,7 @@ func (m *Manager) apply(ctx context.Context, r *Ruleset, full, trust bool, fresh
 			return m.applyScopes(ctx, scopes, r.Tables, res)
 		}
 	}
-	tx := newTxn(m.NFT)
+	tx := newTxn()
 	removeUnwanted(tx, existing, r.Tables, &res)
 	plans := make([]tablePlan, len(r.Tables))
 	for i, t := range r.Tables {
@@ -820,13 +839,17 @@ func (m *Manager) Remove(ctx context.Context) ([]TableRef, error) {
 	if err != nil || len(refs) == 0 {
 		return nil, err
 	}
-	tx := m.NFT.NewTransaction()
+	nft, err := m.nft()
+	if err != nil {
+		return nil, err
+	}
+	tx := nft.NewTransaction()
 	for _, ref := range refs {
 		tx.Delete(&knftables.Table{Family: ref.Family, Name: ref.Name})
 	}
 	m.applies++
 	m.cache.forget()
-	return refs, m.NFT.Run(ctx, tx)
+	return refs, nft.Run(ctx, tx)
 }
 
 // Observe lists the load balancer's tables as the kernel has them (for status: counters).

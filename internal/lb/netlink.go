@@ -51,7 +51,13 @@ type txOp struct {
 	obj  knftables.Object
 }
 
-func newTxn(nft knftables.Interface) *txn { return &txn{Transaction: nft.NewTransaction()} }
+// newTxn starts a transaction. Its knftables context is a family-less interface's on a kernel
+// with object comments, which is what knftables.New("", "") gives wherever the load balancer
+// works (its tables' comments carry their layout), so it needs no nft run to build: the lane
+// may carry it, and nft runs it as its own.
+func newTxn() *txn { return &txn{Transaction: txContext.NewTransaction()} }
+
+var txContext = knftables.NewFake("", "")
 
 func (t *txn) Add(o knftables.Object) {
 	t.Transaction.Add(o)

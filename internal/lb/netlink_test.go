@@ -103,6 +103,25 @@ func TestNetlinkLaneMatchesNFT(t *testing.T) {
 			t.Errorf("step %d (change %d): the kernel differs, lane:\n%s\nnft:\n%s", step, change, got[0], got[1])
 		}
 	}
+	// A new Manager (a one-shot apply) whose change the lane carries runs no nft transaction,
+	// so it never makes its knftables interface (nft --version and --check).
+	err := sides[0].ns.Do(func() error {
+		m, err := NewManager()
+		if err != nil {
+			return err
+		}
+		res, err := m.ApplyChanges(ctx, rr.Render(rv.Resolve(laneServices(0), nil, testEnv)))
+		if err != nil {
+			return err
+		}
+		if !res.Netlink || m.NFT != nil {
+			t.Errorf("a change the lane carries: netlink %v, knftables made %v (result %+v)", res.Netlink, m.NFT != nil, res)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 var (
@@ -156,9 +175,8 @@ func TestLaneCarriesOnly(t *testing.T) {
 		&knftables.Element{Family: fam, Table: tab, Map: "slots", Key: []string{"0"}, Value: []string{"fd00::1", "80"}},
 		&knftables.Element{Family: fam, Table: tab, Map: "services", Key: []string{"198.18.0.1", "icmp", "80"}, Value: []string{"goto svc-web-v4"}},
 	}
-	nft := knftables.NewFake("", "")
 	build := func(objs ...knftables.Object) *txn {
-		tx := newTxn(nft)
+		tx := newTxn()
 		tx.Flush(&knftables.Chain{Family: fam, Table: tab, Name: "svc-web-v4"})
 		for _, o := range objs {
 			tx.Add(o)
