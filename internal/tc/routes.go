@@ -1,13 +1,14 @@
 package tc
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
-	"iter"
 	"net/netip"
 	"slices"
 	"unsafe"
 
+	mnl "github.com/mdlayher/netlink"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -84,13 +85,17 @@ func mainRoutes() ([]route, bool, error) {
 			out, mtu = out[:start], mtuBefore
 			req := nl.NewNetlinkRequest(unix.RTM_GETROUTE, unix.NLM_F_DUMP)
 			req.AddData(&nl.RtMsg{RtMsg: unix.RtMsg{Family: fam}})
+			var perr error
 			err = req.ExecuteIter(unix.NETLINK_ROUTE, unix.RTM_NEWROUTE, func(m []byte) bool {
-				if r, hasMTU, ok := parseRoute(m, fam); ok {
+				r, hasMTU, ok, e := parseRoute(m, fam)
+				if ok {
 					out = append(out, r)
 					mtu = mtu || hasMTU
 				}
-				return true
+				perr = e
+				return e == nil
 			})
+			err = cmp.Or(perr, err)
 			if !errors.Is(err, nl.ErrDumpInterrupted) {
 				break
 			}
@@ -104,53 +109,62 @@ func mainRoutes() ([]route, bool, error) {
 
 // parseRoute reads an RTM_NEWROUTE message of family fam: ok is false for a route of another
 // table or family, a cloned one, or a message too short.
-func parseRoute(m []byte, fam uint8) (r route, mtu, ok bool) {
+func parseRoute(m []byte, fam uint8) (r route, mtu, ok bool, err error) {
 	if len(m) < unix.SizeofRtMsg {
-		return r, false, false
+		return r, false, false, nil
 	}
 	msg := nl.DeserializeRtMsg(m)
 	if msg.Family != fam || msg.Flags&unix.RTM_F_CLONED != 0 {
-		return r, false, false
+		return r, false, false, nil
+	}
+	ad, err := mnl.NewAttributeDecoder(m[unix.SizeofRtMsg:])
+	if err != nil {
+		return r, false, false, err
 	}
 	table := uint32(msg.Table)
 	var dst []byte
 	var oif uint32
 	single, nexthops := true, 0
-	for a := range attrs(m[unix.SizeofRtMsg:]) {
-		switch a.typ {
+	for ad.Next() {
+		switch ad.Type() {
 		case unix.RTA_TABLE:
-			if len(a.val) >= 4 {
-				table = native.Uint32(a.val)
-			}
+			table = ad.Uint32()
 		case unix.RTA_DST:
-			dst = a.val
+			dst = ad.Bytes()
 		case unix.RTA_OIF:
-			if len(a.val) >= 4 {
-				oif = native.Uint32(a.val)
-			}
+			oif = ad.Uint32()
 		case unix.RTA_METRICS:
-			for x := range attrs(a.val) {
-				mtu = mtu || x.typ == unix.RTAX_MTU && len(x.val) >= 4 && native.Uint32(x.val) != 0
-			}
+			ad.Nested(func(nad *mnl.AttributeDecoder) error {
+				for nad.Next() {
+					mtu = mtu || nad.Type() == unix.RTAX_MTU && nad.Uint32() != 0
+				}
+				return nil
+			})
 		case unix.RTA_MULTIPATH:
-			for b := a.val; len(b) >= unix.SizeofRtNexthop; {
-				nh := (*unix.RtNexthop)(unsafe.Pointer(&b[0]))
-				if nexthops == 0 {
-					oif = uint32(nh.Ifindex)
-				} else if uint32(nh.Ifindex) != oif {
-					single = false
+			ad.Do(func(b []byte) error {
+				for len(b) >= unix.SizeofRtNexthop {
+					nh := (*unix.RtNexthop)(unsafe.Pointer(&b[0]))
+					if nexthops == 0 {
+						oif = uint32(nh.Ifindex)
+					} else if uint32(nh.Ifindex) != oif {
+						single = false
+					}
+					nexthops++
+					n := (int(nh.Len) + unix.RTA_ALIGNTO - 1) &^ (unix.RTA_ALIGNTO - 1)
+					if nh.Len < unix.SizeofRtNexthop || n > len(b) {
+						break
+					}
+					b = b[n:]
 				}
-				nexthops++
-				n := rtaAlign(int(nh.Len))
-				if nh.Len < unix.SizeofRtNexthop || n > len(b) {
-					break
-				}
-				b = b[n:]
-			}
+				return nil
+			})
 		}
 	}
+	if err := ad.Err(); err != nil {
+		return r, false, false, err
+	}
 	if table != unix.RT_TABLE_MAIN {
-		return r, false, false
+		return r, false, false, nil
 	}
 	a, okAddr := netip.AddrFromSlice(dst)
 	switch {
@@ -163,33 +177,8 @@ func parseRoute(m []byte, fam uint8) (r route, mtu, ok bool) {
 	if msg.Type == unix.RTN_UNICAST && single {
 		r.ifindex = oif
 	}
-	return r, mtu, true
+	return r, mtu, true, nil
 }
-
-type rtAttr struct {
-	typ uint16
-	val []byte
-}
-
-// attrs yields the netlink attributes in b (the nested flag bits cleared from their types).
-func attrs(b []byte) iter.Seq[rtAttr] {
-	return func(yield func(rtAttr) bool) {
-		for len(b) >= unix.SizeofRtAttr {
-			l := int(native.Uint16(b))
-			if l < unix.SizeofRtAttr || l > len(b) {
-				return
-			}
-			if !yield(rtAttr{native.Uint16(b[2:]) &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER), b[unix.SizeofRtAttr:l]}) {
-				return
-			}
-			b = b[min(rtaAlign(l), len(b)):]
-		}
-	}
-}
-
-func rtaAlign(n int) int { return (n + unix.RTA_ALIGNTO - 1) &^ (unix.RTA_ALIGNTO - 1) }
-
-var native = nl.NativeEndian()
 
 // destinationRouting reports whether the FIB's answers here depend on the destination alone:
 // no routing rules but the kernel's own (local, main, default) and no route with an MTU of its
