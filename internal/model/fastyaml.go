@@ -62,15 +62,15 @@ func (p *fastParser) split(b []byte) bool {
 	s := string(b)
 	p.lines = make([]fastLine, 0, strings.Count(s, "\n")+1)
 	for line := range strings.SplitSeq(s, "\n") {
-		text := strings.TrimLeft(line, " ")
-		text = strings.TrimRight(text, " ")
+		indented := strings.TrimLeft(line, " ")
+		text := strings.TrimRight(indented, " ")
 		if text == "" || text[0] == '#' {
 			continue
 		}
 		if text[0] == '%' || strings.HasPrefix(text, "---") || strings.HasPrefix(text, "...") {
 			return false
 		}
-		p.lines = append(p.lines, fastLine{indent: len(line) - len(strings.TrimLeft(line, " ")), text: text})
+		p.lines = append(p.lines, fastLine{indent: len(line) - len(indented), text: text})
 	}
 	return true
 }
@@ -100,7 +100,7 @@ func (p *fastParser) mapping(n int, t target) bool {
 	var keys fastKeys
 	for first := true; p.i < len(p.lines); first = false {
 		l := p.lines[p.i]
-		if l.indent < n || l.indent == n && isSeqItem(l.text) && !first {
+		if l.indent < n || l.indent == n && isSeqItem(l.text) { // a dash after a key's inline value ends the mapping: the caller refuses it
 			break
 		}
 		if l.indent != n {
