@@ -131,6 +131,46 @@ type fastpathSettings struct {
 	Flags      uint32
 	Generation uint32
 	Build      uint64
+	TickNs     uint32
+	Pad        uint32
+}
+
+type fastpathSlot4 struct {
+	_   structs.HostLayout
+	K   fastpathPairKey4
+	Pad uint32
+	W   struct {
+		_          structs.HostLayout
+		Until      uint64
+		Generation uint32
+		Ifindex    uint32
+		Mtu        uint32
+		Stat       uint16
+		Flags      uint8
+		Pad        uint8
+		Dmac       [6]uint8
+		Smac       [6]uint8
+		_          [4]byte
+	}
+}
+
+type fastpathSlot6 struct {
+	_   structs.HostLayout
+	K   fastpathPairKey6
+	Pad uint32
+	W   struct {
+		_          structs.HostLayout
+		Until      uint64
+		Generation uint32
+		Ifindex    uint32
+		Mtu        uint32
+		Stat       uint16
+		Flags      uint8
+		Pad        uint8
+		Dmac       [6]uint8
+		Smac       [6]uint8
+		_          [4]byte
+	}
 }
 
 // Names of all BPF objects in the ELF.
@@ -148,6 +188,8 @@ const (
 	fastpathMapPairBits        = "pair_bits"
 	fastpathMapPairs4          = "pairs4"
 	fastpathMapPairs6          = "pairs6"
+	fastpathMapSlots4          = "slots4"
+	fastpathMapSlots6          = "slots6"
 	fastpathMapStats           = "stats"
 	fastpathProgHostaccelFp    = "hostaccel_fp"
 	fastpathVarConntrackKfuncs = "conntrack_kfuncs"
@@ -213,6 +255,8 @@ type fastpathMapSpecs struct {
 	PairBits   *ebpf.MapSpec `ebpf:"pair_bits"`
 	Pairs4     *ebpf.MapSpec `ebpf:"pairs4"`
 	Pairs6     *ebpf.MapSpec `ebpf:"pairs6"`
+	Slots4     *ebpf.MapSpec `ebpf:"slots4"`
+	Slots6     *ebpf.MapSpec `ebpf:"slots6"`
 	Stats      *ebpf.MapSpec `ebpf:"stats"`
 }
 
@@ -254,6 +298,8 @@ type fastpathMaps struct {
 	PairBits   *ebpf.Map `ebpf:"pair_bits"`
 	Pairs4     *ebpf.Map `ebpf:"pairs4"`
 	Pairs6     *ebpf.Map `ebpf:"pairs6"`
+	Slots4     *ebpf.Map `ebpf:"slots4"`
+	Slots6     *ebpf.Map `ebpf:"slots6"`
 	Stats      *ebpf.Map `ebpf:"stats"`
 }
 
@@ -270,6 +316,8 @@ func (m *fastpathMaps) Close() error {
 		m.PairBits,
 		m.Pairs4,
 		m.Pairs6,
+		m.Slots4,
+		m.Slots6,
 		m.Stats,
 	)
 }

@@ -6,6 +6,9 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"slices"
+	"sync"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/hostaccel/hostaccel/internal/model"
 )
@@ -114,7 +117,7 @@ func want(d *Desired, n netState) (contents, []string) {
 	c := contents{
 		ifaces:   map[uint32]fastpathIface{},
 		addrs:    map[netip.Prefix]fastpathAddr{},
-		settings: fastpathSettings{Classes: classBits(d.Classes), NatCheck: natCheckBits(d.NATCheck)},
+		settings: fastpathSettings{Classes: classBits(d.Classes), NatCheck: natCheckBits(d.NATCheck), TickNs: tickNS()},
 	}
 	if n.destOnly {
 		c.settings.Flags |= settingsNexthopCache
@@ -212,3 +215,14 @@ func buildID(withConntrack bool) uint64 {
 	}
 	return objectHash &^ 1
 }
+
+// tickNS is a jiffy in nanoseconds, the resolution of the coarse clocks (1e9 / CONFIG_HZ):
+// the express lane's slots expire in jiffies, the cheapest clock a program reads. 0 where the
+// kernel does not say: the program then keeps no slot.
+var tickNS = sync.OnceValue(func() uint32 {
+	var ts unix.Timespec
+	if unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &ts) != nil || ts.Sec != 0 || ts.Nsec <= 0 {
+		return 0
+	}
+	return uint32(ts.Nsec)
+})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -80,7 +81,7 @@ func (s *progSet) fields() map[string]**ebpf.Map {
 		fastpathMapIfaces: &m.Ifaces, fastpathMapAddrs4: &m.Addrs4, fastpathMapAddrs6: &m.Addrs6,
 		fastpathMapConfig: &m.Config, fastpathMapStats: &m.Stats, fastpathMapHanded: &m.Handed,
 		fastpathMapHandedBits: &m.HandedBits, fastpathMapNexthops: &m.Nexthops, fastpathMapPairs4: &m.Pairs4, fastpathMapPairs6: &m.Pairs6,
-		fastpathMapPairBits: &m.PairBits,
+		fastpathMapPairBits: &m.PairBits, fastpathMapSlots4: &m.Slots4, fastpathMapSlots6: &m.Slots6,
 	}
 }
 
@@ -276,7 +277,7 @@ func (s *progSet) deleteIface(idx uint32) error {
 
 // counters reads the per-CPU stats, summed over CPUs, by index (enum stat).
 func (s *progSet) counters() ([]Counter, error) {
-	out := make([]Counter, numStats)
+	out := make([]Counter, numStats+len(Supported)*2)
 	for i := range out {
 		var per []fastpathCounter
 		if err := s.maps.Stats.Lookup(uint32(i), &per); err != nil {
@@ -287,5 +288,14 @@ func (s *progSet) counters() ([]Counter, error) {
 			out[i].Bytes += p.Bytes
 		}
 	}
-	return out, nil
+	// The express lane counts a packet it moves into a Pod's namespace once, in
+	// STAT_PEER_CLASS + class*2 + family: in its class, and in peer.
+	peer := len(Supported)*2 + slices.IndexFunc(stats, func(s statName) bool { return s.name == ViaPeer })
+	for i, c := range out[numStats:] {
+		out[i].Packets += c.Packets
+		out[i].Bytes += c.Bytes
+		out[peer].Packets += c.Packets
+		out[peer].Bytes += c.Bytes
+	}
+	return out[:numStats], nil
 }

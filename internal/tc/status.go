@@ -54,10 +54,7 @@ const (
 
 // stat indices after the class counters (enum stat in bpf/fastpath.c), and whether the
 // counter is one of Passed (else Via).
-var stats = []struct {
-	name   string
-	passed bool
-}{
+var stats = []statName{
 	{PassExcluded, true},
 	{PassTTL, true},
 	{ViaNeigh, false},
@@ -70,6 +67,11 @@ var stats = []struct {
 }
 
 var numStats = len(Supported)*2 + len(stats)
+
+type statName struct {
+	name   string
+	passed bool
+}
 
 // Status is the datapath as the kernel has it.
 type Status struct {

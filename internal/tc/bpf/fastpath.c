@@ -83,7 +83,11 @@ enum stat {
 	STAT_NAT,            /* conntrack knows the flow as NATed by this node: the stack un-NATs it */
 	STAT_PEER,           /* of the redirected: moved into a Pod's namespace with bpf_redirect_peer */
 	STAT_NAT_CARRIED,    /* redirected, NAT-ed as conntrack says: a flow the flowtable offloaded */
-	NUM_STATS,
+	/* class*2 + family again: the express lane's packets moved into a Pod's namespace, counted
+	 * once where the other ways count them in their class and in STAT_PEER (the agent adds them
+	 * to both) */
+	STAT_PEER_CLASS,
+	NUM_STATS = STAT_PEER_CLASS + NUM_CLASSES * 2,
 };
 
 struct iface {
@@ -124,6 +128,8 @@ struct settings {
 	__u32 flags;      /* enum settings_flag */
 	__u32 generation; /* bumped by every agent update: next-hop answers of older ones are void */
 	__u64 build;      /* hash of the object this program set was loaded from (agent bookkeeping) */
+	__u32 tick_ns;    /* a jiffy (the coarse clocks' resolution); 0: no express lane */
+	__u32 pad;
 };
 
 struct counter {
@@ -242,6 +248,58 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } pair_bits SEC(".maps");
+
+/* The express lane: per CPU, the pairs this CPU forwarded lately, direct-mapped by the pair's
+ * hash (the pair maps' key), each with all a packet needs to be sent as its pair says. A packet
+ * that finds its slot (same addresses and device, of the current generation, unexpired) is
+ * checked for its size, its hops and the NAT check as a kept pair's are, then redirected: one
+ * inlined hash, one per-CPU lookup, one counter, no struct flow built. Anything else (a slot
+ * that holds another pair, an old one, any doubt) takes the pair maps' way, which fills the slot
+ * where the pair holds. Per CPU, so that no other CPU writes a slot while it is read; the agent
+ * never writes slots: its generation voids them. A slot's expiry is in jiffies, the cheapest
+ * clock a program reads (bpf_ktime_get_coarse_ns costs a tenth of the packet's way here). */
+#define SLOT_PEER 1        /* bpf_redirect_peer into a Pod's namespace */
+#define SLOT_NAT_CHECKED 2 /* nat_checked: a packet to an end handed to the stack goes the pair's way */
+
+struct slot_way {
+	__u64 until;      /* bpf_jiffies64(): used while below */
+	__u32 generation; /* settings.generation of the pair */
+	__u32 ifindex;    /* output device */
+	__u32 mtu;
+	__u16 stat;       /* the stats index its packets count in */
+	__u8 flags;       /* SLOT_* */
+	__u8 pad;
+	__u8 dmac[ETH_ALEN];
+	__u8 smac[ETH_ALEN];
+};
+
+struct slot4 {
+	struct pair_key4 k;
+	__u32 pad;
+	struct slot_way w;
+};
+
+struct slot6 {
+	struct pair_key6 k;
+	__u32 pad;
+	struct slot_way w;
+};
+
+#define SLOTS 4096
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SLOTS);
+	__type(key, __u32);
+	__type(value, struct slot4);
+} slots4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SLOTS);
+	__type(key, __u32);
+	__type(value, struct slot6);
+} slots6 SEC(".maps");
 
 /* One end of a connection: an address (IPv4 in the first 4 bytes), a port, a protocol. */
 struct endpoint {
@@ -518,17 +576,26 @@ static __always_inline bool fits(struct __sk_buff *skb, __u32 out)
 	return bpf_check_mtu(skb, out, &mtu, 0, BPF_MTU_CHK_SEGS) == BPF_MTU_CHK_RET_SUCCESS;
 }
 
-/* emit sends a routed packet with its MACs into the Pod's namespace (bpf_redirect_peer) or
- * out of the device. The caller has decremented the TTL. */
-static __always_inline int emit(struct __sk_buff *skb, __u8 *dmac, __u8 *smac, __u32 ifindex, __u32 flags)
+/* emit_to writes a routed packet's MACs: 0, or TC_ACT_SHOT where the frame is out of reach
+ * (it cannot be: its headers were read from this buffer). */
+static __always_inline int emit_to(struct __sk_buff *skb, __u8 *dmac, __u8 *smac)
 {
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 
 	if ((void *)(eth + 1) > end)
-		return TC_ACT_SHOT; /* cannot happen: the headers were read from this buffer */
+		return TC_ACT_SHOT;
 	__builtin_memcpy(eth->h_dest, dmac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, smac, ETH_ALEN);
+	return 0;
+}
+
+/* emit sends a routed packet with its MACs into the Pod's namespace (bpf_redirect_peer) or
+ * out of the device. The caller has decremented the TTL. */
+static __always_inline int emit(struct __sk_buff *skb, __u8 *dmac, __u8 *smac, __u32 ifindex, __u32 flags)
+{
+	if (emit_to(skb, dmac, smac))
+		return TC_ACT_SHOT;
 	if (flags & IFACE_PEER) {
 		count(STAT_PEER, skb);
 		return bpf_redirect_peer(ifindex, 0);
@@ -1043,10 +1110,59 @@ static __always_inline __u64 *pair_bit(__u32 h, __u64 *bit)
 	return bpf_map_lookup_elem(&pair_bits, &i);
 }
 
+/* slot_way fills w with pair p's way for a packet of flow f: false where it cannot be kept
+ * (no jiffy known, or its next hop is about to expire). */
+static __always_inline bool slot_way(struct slot_way *w, struct settings *cfg, struct flow *f,
+				     struct pair *p)
+{
+	__u64 now = bpf_ktime_get_coarse_ns();
+	__u32 tick = cfg->tick_ns;
+
+	if (!tick || p->nh.expires <= now || p->class >= NUM_CLASSES)
+		return false;
+	/* valid while jiffies < until: at most the next hop's time left */
+	w->until = bpf_jiffies64() + (p->nh.expires - now) / tick;
+	w->generation = f->gen;
+	w->ifindex = p->nh.ifindex;
+	w->mtu = p->nh.mtu;
+	w->stat = p->class * 2 + f->v6;
+	w->flags = 0;
+	if (p->nh.flags & IFACE_PEER) {
+		w->stat += STAT_PEER_CLASS;
+		w->flags |= SLOT_PEER;
+	}
+	if (nat_checked(cfg, p->role, p->dflags))
+		w->flags |= SLOT_NAT_CHECKED;
+	__builtin_memcpy(w->dmac, p->nh.dmac, ETH_ALEN);
+	__builtin_memcpy(w->smac, p->nh.smac, ETH_ALEN);
+	return true;
+}
+
+/* fill4 and fill6 put pair p of key k (hash h) in this CPU's express lane. */
+static __always_inline void fill4(struct settings *cfg, struct flow *f, struct pair *p,
+				  struct pair_key4 *k, __u32 h)
+{
+	__u32 i = h & (SLOTS - 1);
+	struct slot4 *s = bpf_map_lookup_elem(&slots4, &i);
+
+	if (s && slot_way(&s->w, cfg, f, p))
+		s->k = *k;
+}
+
+static __always_inline void fill6(struct settings *cfg, struct flow *f, struct pair *p,
+				  struct pair_key6 *k, __u32 h)
+{
+	__u32 i = h & (SLOTS - 1);
+	struct slot6 *s = bpf_map_lookup_elem(&slots6, &i);
+
+	if (s && slot_way(&s->w, cfg, f, p))
+		s->k = *k;
+}
+
 /* keep_pair keeps what was decided for the packet's pair of addresses on its device, with the
  * next hop nh, as of the packet's generation. */
-static __always_inline void keep_pair(struct __sk_buff *skb, struct flow *f, int class, __u32 dflags,
-				      struct nexthop *nh)
+static __always_inline void keep_pair(struct __sk_buff *skb, struct settings *cfg, struct flow *f,
+				      int class, __u32 dflags, struct nexthop *nh)
 {
 	struct pair p = {.nh = *nh, .class = class, .dflags = dflags, .role = f->role};
 	struct pair_key4 k4 = {.ingress = skb->ingress_ifindex};
@@ -1063,12 +1179,14 @@ static __always_inline void keep_pair(struct __sk_buff *skb, struct flow *f, int
 		if (bpf_map_update_elem(&pairs6, &k6, &p, BPF_ANY))
 			return;
 		h = pair_hash((__u32 *)&k6, sizeof(k6) / 4);
+		fill6(cfg, f, &p, &k6, h);
 	} else {
 		__builtin_memcpy(k4.src, f->src.addr, 4);
 		__builtin_memcpy(k4.dst, f->dst.addr, 4);
 		if (bpf_map_update_elem(&pairs4, &k4, &p, BPF_ANY))
 			return;
 		h = pair_hash((__u32 *)&k4, sizeof(k4) / 4);
+		fill4(cfg, f, &p, &k4, h);
 	}
 	if ((word = pair_bit(h, &bit)) && !(*word & bit))
 		__sync_fetch_and_or(word, bit);
@@ -1085,7 +1203,7 @@ static __always_inline void keep(struct __sk_buff *skb, struct settings *cfg, st
 		return;
 	answer(&nh, cfg, fib, out);
 	bpf_map_update_elem(&nexthops, k, &nh, BPF_ANY);
-	keep_pair(skb, f, class, dflags, &nh);
+	keep_pair(skb, cfg, f, class, dflags, &nh);
 }
 
 /* kept_pair returns the packet's pair if it holds: of the packet's generation, unexpired, its
@@ -1098,19 +1216,22 @@ static __always_inline struct pair *kept_pair(struct __sk_buff *skb, struct sett
 	struct pair_key6 k6 = {.ingress = skb->ingress_ifindex};
 	__u64 bit, *word;
 	struct pair *p;
+	__u32 h;
 
 	if (!(cfg->flags & SETTINGS_NEXTHOP_CACHE) || f->hops <= 1)
 		return NULL;
 	if (f->v6) {
 		__builtin_memcpy(k6.src, f->src.addr, 16);
 		__builtin_memcpy(k6.dst, f->dst.addr, 16);
-		if (!(word = pair_bit(pair_hash((__u32 *)&k6, sizeof(k6) / 4), &bit)) || !(*word & bit))
+		h = pair_hash((__u32 *)&k6, sizeof(k6) / 4);
+		if (!(word = pair_bit(h, &bit)) || !(*word & bit))
 			goto none;
 		p = bpf_map_lookup_elem(&pairs6, &k6);
 	} else {
 		__builtin_memcpy(k4.src, f->src.addr, 4);
 		__builtin_memcpy(k4.dst, f->dst.addr, 4);
-		if (!(word = pair_bit(pair_hash((__u32 *)&k4, sizeof(k4) / 4), &bit)) || !(*word & bit))
+		h = pair_hash((__u32 *)&k4, sizeof(k4) / 4);
+		if (!(word = pair_bit(h, &bit)) || !(*word & bit))
 			goto none;
 		p = bpf_map_lookup_elem(&pairs4, &k4);
 	}
@@ -1121,6 +1242,11 @@ static __always_inline struct pair *kept_pair(struct __sk_buff *skb, struct sett
 		return NULL;
 	if (nat_checked(cfg, p->role, p->dflags) && was_handed(&f->dst))
 		return NULL;
+	/* this CPU's next packets of the pair take the express lane */
+	if (f->v6)
+		fill6(cfg, f, p, &k6, h);
+	else
+		fill4(cfg, f, p, &k4, h);
 	return p;
 none:
 	f->keep = 1;
@@ -1162,7 +1288,7 @@ static __always_inline int forward(struct __sk_buff *skb, struct settings *cfg, 
 			return PASS;
 		count(class == CARRY ? STAT_NAT_CARRIED : class * 2 + f->v6, skb);
 		if (class != CARRY)
-			keep_pair(skb, f, class, dflags, nh);
+			keep_pair(skb, cfg, f, class, dflags, nh);
 		return emit(skb, nh->dmac, nh->smac, nh->ifindex, nh->flags);
 	}
 	if (!(out = route(skb, fib, egress, &how)))
@@ -1280,11 +1406,124 @@ static __always_inline int forward6(struct __sk_buff *skb, struct settings *cfg)
 	return forward(skb, cfg, &f, class, dflags, &fib, egress, n);
 }
 
+/* EXPRESS_MISS: the express lane cannot send the packet; it is untouched. */
+#define EXPRESS_MISS (-100)
+
+/* express sends a packet its slot's way w allows (the caller checked it as kept_pair checks a
+ * kept pair: the generation, the expiry, the hops, the size, the NAT check). */
+static __always_inline int express(struct __sk_buff *skb, struct slot_way *w, bool v6)
+{
+	if (!hop(skb, v6))
+		return EXPRESS_MISS;
+	count(w->stat, skb);
+	if (w->flags & SLOT_PEER)
+		return emit_to(skb, w->dmac, w->smac) ?: bpf_redirect_peer(w->ifindex, 0);
+	return emit_to(skb, w->dmac, w->smac) ?: bpf_redirect(w->ifindex, 0);
+}
+
+/* handed4 reports whether the bit of handed_bits for the IPv4 end addr:port/proto is set (or
+ * out of reach): handed_bit() of that end without building it, its three zero words folded
+ * into one multiplication. */
+static __always_inline bool handed4(__be32 addr, __be16 port, __u8 proto)
+{
+	__u32 h = (0x9e3779b9 ^ addr) * 0x01000193, i;
+	__u64 *word;
+
+	h *= 0x01000193U * 0x01000193U * 0x01000193U;
+	h = (h ^ (port | (__u32)proto << 16)) * 0x01000193;
+	h ^= h >> 15;
+	i = (h >> 6) & (HANDED_BITS_WORDS - 1);
+	word = bpf_map_lookup_elem(&handed_bits, &i);
+	return !word || (*word & (1ULL << (h & 63)));
+}
+
+/* same_key6 compares two IPv6 pair keys word by word. */
+static __always_inline bool same_key6(struct pair_key6 *a, struct pair_key6 *b)
+{
+	__u32 *x = (__u32 *)a, *y = (__u32 *)b, diff = 0;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < sizeof(*a) / 4; i++)
+		diff |= x[i] ^ y[i];
+	return !diff;
+}
+
+static __always_inline int express4(struct __sk_buff *skb, struct settings *cfg)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + ETH_HLEN;
+	__be16 *ports = (void *)(ip + 1);
+	__u32 saddr, daddr, ingress, i;
+	struct slot4 *s;
+
+	if ((void *)(ports + 2) > end || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)))
+		return EXPRESS_MISS;
+	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+		return EXPRESS_MISS;
+	saddr = ip->saddr;
+	daddr = ip->daddr;
+	ingress = skb->ingress_ifindex;
+	/* pair_hash of the pair's key (struct pair_key4: src, dst, ingress), from registers */
+	i = (((0x9e3779b9 ^ saddr) * 0x01000193 ^ daddr) * 0x01000193 ^ ingress) * 0x01000193;
+	i = (i ^ (i >> 15)) & (SLOTS - 1);
+	if (!(s = bpf_map_lookup_elem(&slots4, &i)) || *(__u32 *)s->k.src != saddr ||
+	    *(__u32 *)s->k.dst != daddr || s->k.ingress != ingress)
+		return EXPRESS_MISS;
+	if (s->w.generation != *(volatile __u32 *)&cfg->generation || bpf_jiffies64() >= s->w.until ||
+	    ip->ttl <= 1)
+		return EXPRESS_MISS;
+	if (bpf_ntohs(ip->tot_len) - 1 >= s->w.mtu && (!skb->gso_size || !fits(skb, s->w.ifindex)))
+		return EXPRESS_MISS;
+	if ((s->w.flags & SLOT_NAT_CHECKED) && handed4(daddr, ports[1], ip->protocol))
+		return EXPRESS_MISS;
+	return express(skb, &s->w, false);
+}
+
+static __always_inline int express6(struct __sk_buff *skb, struct settings *cfg)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip6 = data + ETH_HLEN;
+	__be16 *ports = (void *)(ip6 + 1);
+	struct endpoint dst = {};
+	struct pair_key6 k;
+	__u64 bit, *word;
+	struct slot6 *s;
+	__u32 i;
+
+	if ((void *)(ports + 2) > end)
+		return EXPRESS_MISS;
+	if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP)
+		return EXPRESS_MISS;
+	__builtin_memcpy(k.src, &ip6->saddr, 16);
+	__builtin_memcpy(k.dst, &ip6->daddr, 16);
+	k.ingress = skb->ingress_ifindex;
+	i = pair_hash((__u32 *)&k, sizeof(k) / 4) & (SLOTS - 1);
+	if (!(s = bpf_map_lookup_elem(&slots6, &i)) || !same_key6(&s->k, &k))
+		return EXPRESS_MISS;
+	if (s->w.generation != *(volatile __u32 *)&cfg->generation || bpf_jiffies64() >= s->w.until ||
+	    ip6->hop_limit <= 1)
+		return EXPRESS_MISS;
+	/* payload_len 0: a jumbogram (its length in a hop-by-hop option) */
+	if ((!ip6->payload_len || sizeof(*ip6) + bpf_ntohs(ip6->payload_len) > s->w.mtu) &&
+	    (!skb->gso_size || !fits(skb, s->w.ifindex)))
+		return EXPRESS_MISS;
+	if (s->w.flags & SLOT_NAT_CHECKED) {
+		__builtin_memcpy(dst.addr, &ip6->daddr, 16);
+		dst.port = ports[1];
+		dst.proto = ip6->nexthdr;
+		if (!(word = handed_bit(&dst, &bit)) || (*word & bit))
+			return EXPRESS_MISS;
+	}
+	return express(skb, &s->w, true);
+}
+
 SEC("tc")
 int hostaccel_fp(struct __sk_buff *skb)
 {
 	struct settings *cfg;
 	__u32 key = 0;
+	int ret;
 
 	/* Only frames addressed to this device, and not VLAN-tagged ones (they belong to a VLAN
 	 * device on top of it). The device's role is looked up after the packet's pair (which
@@ -1293,10 +1532,16 @@ int hostaccel_fp(struct __sk_buff *skb)
 		return PASS;
 	if (!(cfg = bpf_map_lookup_elem(&config, &key)) || !cfg->classes)
 		return PASS;
-	if (skb->protocol == bpf_htons(ETH_P_IP))
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		if ((ret = express4(skb, cfg)) != EXPRESS_MISS)
+			return ret;
 		return forward4(skb, cfg);
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+	}
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		if ((ret = express6(skb, cfg)) != EXPRESS_MISS)
+			return ret;
 		return forward6(skb, cfg);
+	}
 	return PASS;
 }
 
