@@ -107,7 +107,7 @@
 // class and to peer). Kernel memory: 544 KiB per CPU (56-byte IPv4 and 80-byte IPv6 slots).
 // Measured: BenchmarkProgram in the VM under icount, where a nanosecond is an instruction
 // (vmtest/run-in-vm.sh -i): 711 -> 330 instructions per redirected packet, against 83 for a
-// program that only writes the MACs and redirects (docs/benchmarks/2026-11-26-EXPRESS.md).
+// program that only writes the MACs and redirects (docs/benchmarks/2026-11-26-a1debbe-express.md).
 //
 // "Pass" is TC_ACT_UNSPEC, not TC_ACT_OK: the next tcx program or tc filter still runs (with
 // tcx, TC_ACT_OK would skip them), then the stack.

@@ -1159,33 +1159,44 @@ static __always_inline void fill6(struct settings *cfg, struct flow *f, struct p
 		s->k = *k;
 }
 
+/* pair_keys fills the pair key of the packet's family (k4 or k6) and returns its hash. */
+static __always_inline __u32 pair_keys(struct __sk_buff *skb, struct flow *f, struct pair_key4 *k4,
+				       struct pair_key6 *k6)
+{
+	if (f->v6) {
+		__builtin_memcpy(k6->src, f->src.addr, 16);
+		__builtin_memcpy(k6->dst, f->dst.addr, 16);
+		k6->ingress = skb->ingress_ifindex;
+		return pair_hash((__u32 *)k6, sizeof(*k6) / 4);
+	}
+	__builtin_memcpy(k4->src, f->src.addr, 4);
+	__builtin_memcpy(k4->dst, f->dst.addr, 4);
+	k4->ingress = skb->ingress_ifindex;
+	return pair_hash((__u32 *)k4, sizeof(*k4) / 4);
+}
+
 /* keep_pair keeps what was decided for the packet's pair of addresses on its device, with the
  * next hop nh, as of the packet's generation. */
 static __always_inline void keep_pair(struct __sk_buff *skb, struct settings *cfg, struct flow *f,
 				      int class, __u32 dflags, struct nexthop *nh)
 {
 	struct pair p = {.nh = *nh, .class = class, .dflags = dflags, .role = f->role};
-	struct pair_key4 k4 = {.ingress = skb->ingress_ifindex};
-	struct pair_key6 k6 = {.ingress = skb->ingress_ifindex};
+	struct pair_key4 k4 = {};
+	struct pair_key6 k6 = {};
 	__u64 bit, *word;
 	__u32 h;
 
 	if (!f->keep)
 		return;
 	p.nh.generation = f->gen;
+	h = pair_keys(skb, f, &k4, &k6);
 	if (f->v6) {
-		__builtin_memcpy(k6.src, f->src.addr, 16);
-		__builtin_memcpy(k6.dst, f->dst.addr, 16);
 		if (bpf_map_update_elem(&pairs6, &k6, &p, BPF_ANY))
 			return;
-		h = pair_hash((__u32 *)&k6, sizeof(k6) / 4);
 		fill6(cfg, f, &p, &k6, h);
 	} else {
-		__builtin_memcpy(k4.src, f->src.addr, 4);
-		__builtin_memcpy(k4.dst, f->dst.addr, 4);
 		if (bpf_map_update_elem(&pairs4, &k4, &p, BPF_ANY))
 			return;
-		h = pair_hash((__u32 *)&k4, sizeof(k4) / 4);
 		fill4(cfg, f, &p, &k4, h);
 	}
 	if ((word = pair_bit(h, &bit)) && !(*word & bit))
@@ -1212,29 +1223,18 @@ static __always_inline void keep(struct __sk_buff *skb, struct settings *cfg, st
 static __always_inline struct pair *kept_pair(struct __sk_buff *skb, struct settings *cfg,
 					      struct flow *f, __u16 tot_len)
 {
-	struct pair_key4 k4 = {.ingress = skb->ingress_ifindex};
-	struct pair_key6 k6 = {.ingress = skb->ingress_ifindex};
+	struct pair_key4 k4 = {};
+	struct pair_key6 k6 = {};
 	__u64 bit, *word;
 	struct pair *p;
 	__u32 h;
 
 	if (!(cfg->flags & SETTINGS_NEXTHOP_CACHE) || f->hops <= 1)
 		return NULL;
-	if (f->v6) {
-		__builtin_memcpy(k6.src, f->src.addr, 16);
-		__builtin_memcpy(k6.dst, f->dst.addr, 16);
-		h = pair_hash((__u32 *)&k6, sizeof(k6) / 4);
-		if (!(word = pair_bit(h, &bit)) || !(*word & bit))
-			goto none;
-		p = bpf_map_lookup_elem(&pairs6, &k6);
-	} else {
-		__builtin_memcpy(k4.src, f->src.addr, 4);
-		__builtin_memcpy(k4.dst, f->dst.addr, 4);
-		h = pair_hash((__u32 *)&k4, sizeof(k4) / 4);
-		if (!(word = pair_bit(h, &bit)) || !(*word & bit))
-			goto none;
-		p = bpf_map_lookup_elem(&pairs4, &k4);
-	}
+	h = pair_keys(skb, f, &k4, &k6);
+	if (!(word = pair_bit(h, &bit)) || !(*word & bit))
+		goto none;
+	p = f->v6 ? bpf_map_lookup_elem(&pairs6, &k6) : bpf_map_lookup_elem(&pairs4, &k4);
 	if (!p || p->nh.generation != f->gen || bpf_ktime_get_coarse_ns() > p->nh.expires)
 		goto none;
 	/* A valid pair that does not answer this packet stays as it is. */
