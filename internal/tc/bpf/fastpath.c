@@ -1411,14 +1411,14 @@ static __always_inline int forward6(struct __sk_buff *skb, struct settings *cfg)
 
 /* express sends a packet its slot's way w allows (the caller checked it as kept_pair checks a
  * kept pair: the generation, the expiry, the hops, the size, the NAT check). */
-static __always_inline int express(struct __sk_buff *skb, struct slot_way *w, bool v6)
+static __always_inline int express(struct __sk_buff *skb, struct slot_way *w, struct ethhdr *eth)
 {
-	if (!hop(skb, v6))
-		return EXPRESS_MISS;
 	count(w->stat, skb);
+	__builtin_memcpy(eth->h_dest, w->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, w->smac, ETH_ALEN);
 	if (w->flags & SLOT_PEER)
-		return emit_to(skb, w->dmac, w->smac) ?: bpf_redirect_peer(w->ifindex, 0);
-	return emit_to(skb, w->dmac, w->smac) ?: bpf_redirect(w->ifindex, 0);
+		return bpf_redirect_peer(w->ifindex, 0);
+	return bpf_redirect(w->ifindex, 0);
 }
 
 /* handed4 reports whether the bit of handed_bits for the IPv4 end addr:port/proto is set (or
@@ -1454,7 +1454,7 @@ static __always_inline int express4(struct __sk_buff *skb, struct settings *cfg)
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
 	struct iphdr *ip = data + ETH_HLEN;
 	__be16 *ports = (void *)(ip + 1);
-	__u32 saddr, daddr, ingress, i;
+	__u32 saddr, daddr, ingress, i, sum;
 	struct slot4 *s;
 
 	if ((void *)(ports + 2) > end || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)))
@@ -1477,7 +1477,11 @@ static __always_inline int express4(struct __sk_buff *skb, struct settings *cfg)
 		return EXPRESS_MISS;
 	if ((s->w.flags & SLOT_NAT_CHECKED) && handed4(daddr, ports[1], ip->protocol))
 		return EXPRESS_MISS;
-	return express(skb, &s->w, false);
+	/* the TTL, as hop() does, on the header read above */
+	sum = ip->check + bpf_htons(0x0100);
+	ip->check = (__u16)(sum + (sum >= 0xffff));
+	ip->ttl--;
+	return express(skb, &s->w, data);
 }
 
 static __always_inline int express6(struct __sk_buff *skb, struct settings *cfg)
@@ -1515,7 +1519,8 @@ static __always_inline int express6(struct __sk_buff *skb, struct settings *cfg)
 		if (!(word = handed_bit(&dst, &bit)) || (*word & bit))
 			return EXPRESS_MISS;
 	}
-	return express(skb, &s->w, true);
+	ip6->hop_limit--;
+	return express(skb, &s->w, data);
 }
 
 SEC("tc")
