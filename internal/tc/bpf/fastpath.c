@@ -1138,25 +1138,21 @@ static __always_inline bool slot_way(struct slot_way *w, struct settings *cfg, s
 	return true;
 }
 
-/* fill4 and fill6 put pair p of key k (hash h) in this CPU's express lane. */
-static __always_inline void fill4(struct settings *cfg, struct flow *f, struct pair *p,
-				  struct pair_key4 *k, __u32 h)
+/* fill_slot puts pair p, of key k4 or k6 (the packet's family's, pair_keys) and hash h, in this
+ * CPU's express lane. */
+static __always_inline void fill_slot(struct settings *cfg, struct flow *f, struct pair *p,
+				      struct pair_key4 *k4, struct pair_key6 *k6, __u32 h)
 {
 	__u32 i = h & (SLOTS - 1);
-	struct slot4 *s = bpf_map_lookup_elem(&slots4, &i);
+	struct slot4 *s4;
+	struct slot6 *s6;
 
-	if (s && slot_way(&s->w, cfg, f, p))
-		s->k = *k;
-}
-
-static __always_inline void fill6(struct settings *cfg, struct flow *f, struct pair *p,
-				  struct pair_key6 *k, __u32 h)
-{
-	__u32 i = h & (SLOTS - 1);
-	struct slot6 *s = bpf_map_lookup_elem(&slots6, &i);
-
-	if (s && slot_way(&s->w, cfg, f, p))
-		s->k = *k;
+	if (f->v6) {
+		if ((s6 = bpf_map_lookup_elem(&slots6, &i)) && slot_way(&s6->w, cfg, f, p))
+			s6->k = *k6;
+	} else if ((s4 = bpf_map_lookup_elem(&slots4, &i)) && slot_way(&s4->w, cfg, f, p)) {
+		s4->k = *k4;
+	}
 }
 
 /* pair_keys fills the pair key of the packet's family (k4 or k6) and returns its hash. */
@@ -1190,15 +1186,9 @@ static __always_inline void keep_pair(struct __sk_buff *skb, struct settings *cf
 		return;
 	p.nh.generation = f->gen;
 	h = pair_keys(skb, f, &k4, &k6);
-	if (f->v6) {
-		if (bpf_map_update_elem(&pairs6, &k6, &p, BPF_ANY))
-			return;
-		fill6(cfg, f, &p, &k6, h);
-	} else {
-		if (bpf_map_update_elem(&pairs4, &k4, &p, BPF_ANY))
-			return;
-		fill4(cfg, f, &p, &k4, h);
-	}
+	if (f->v6 ? bpf_map_update_elem(&pairs6, &k6, &p, BPF_ANY) : bpf_map_update_elem(&pairs4, &k4, &p, BPF_ANY))
+		return;
+	fill_slot(cfg, f, &p, &k4, &k6, h);
 	if ((word = pair_bit(h, &bit)) && !(*word & bit))
 		__sync_fetch_and_or(word, bit);
 }
@@ -1243,10 +1233,7 @@ static __always_inline struct pair *kept_pair(struct __sk_buff *skb, struct sett
 	if (nat_checked(cfg, p->role, p->dflags) && was_handed(&f->dst))
 		return NULL;
 	/* this CPU's next packets of the pair take the express lane */
-	if (f->v6)
-		fill6(cfg, f, p, &k6, h);
-	else
-		fill4(cfg, f, p, &k4, h);
+	fill_slot(cfg, f, p, &k4, &k6, h);
 	return p;
 none:
 	f->keep = 1;
