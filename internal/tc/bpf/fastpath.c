@@ -576,26 +576,17 @@ static __always_inline bool fits(struct __sk_buff *skb, __u32 out)
 	return bpf_check_mtu(skb, out, &mtu, 0, BPF_MTU_CHK_SEGS) == BPF_MTU_CHK_RET_SUCCESS;
 }
 
-/* emit_to writes a routed packet's MACs: 0, or TC_ACT_SHOT where the frame is out of reach
- * (it cannot be: its headers were read from this buffer). */
-static __always_inline int emit_to(struct __sk_buff *skb, __u8 *dmac, __u8 *smac)
+/* emit sends a routed packet with its MACs into the Pod's namespace (bpf_redirect_peer) or
+ * out of the device. The caller has decremented the TTL. */
+static __always_inline int emit(struct __sk_buff *skb, __u8 *dmac, __u8 *smac, __u32 ifindex, __u32 flags)
 {
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 
 	if ((void *)(eth + 1) > end)
-		return TC_ACT_SHOT;
+		return TC_ACT_SHOT; /* cannot happen: the headers were read from this buffer */
 	__builtin_memcpy(eth->h_dest, dmac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, smac, ETH_ALEN);
-	return 0;
-}
-
-/* emit sends a routed packet with its MACs into the Pod's namespace (bpf_redirect_peer) or
- * out of the device. The caller has decremented the TTL. */
-static __always_inline int emit(struct __sk_buff *skb, __u8 *dmac, __u8 *smac, __u32 ifindex, __u32 flags)
-{
-	if (emit_to(skb, dmac, smac))
-		return TC_ACT_SHOT;
 	if (flags & IFACE_PEER) {
 		count(STAT_PEER, skb);
 		return bpf_redirect_peer(ifindex, 0);
@@ -1495,7 +1486,7 @@ static __always_inline int express6(struct __sk_buff *skb, struct settings *cfg)
 	if (s->w.generation != *(volatile __u32 *)&cfg->generation || bpf_jiffies64() >= s->w.until ||
 	    ip6->hop_limit <= 1)
 		return EXPRESS_MISS;
-	/* payload_len 0: a jumbogram (its length in a hop-by-hop option) */
+	/* payload_len 0: a BIG TCP packet (its length is the buffer's): GSO segments that fit */
 	if ((!ip6->payload_len || sizeof(*ip6) + bpf_ntohs(ip6->payload_len) > s->w.mtu) &&
 	    (!skb->gso_size || !fits(skb, s->w.ifindex)))
 		return EXPRESS_MISS;
