@@ -102,9 +102,11 @@
 // writes a slot: a new generation voids them all. Expiry is in jiffies (bpf_jiffies64) because
 // bpf_ktime_get_coarse_ns cost 56 instructions per packet on the VM's 6.1 kernel; the agent
 // gives the program a jiffy's length (settings.tick_ns, the coarse clocks' resolution) and a
-// slot lasts no longer than its next hop's answer. A slot's packets count once, in
-// STAT_PEER_CLASS + class where they go into a Pod's namespace (the agent adds those to the
-// class and to peer). Kernel memory: 544 KiB per CPU (56-byte IPv4 and 80-byte IPv6 slots).
+// slot lasts no longer than its next hop's answer. A slot's packets count once, in a block of
+// their own (STAT_EXPRESS_CLASS: by class and family, then again for those that go into a Pod's
+// namespace); the agent adds them to their class, to peer where they went into a Pod, and to
+// `via express` in `hostaccel status` and the metrics, the share of the redirected packets
+// that took the lane. Kernel memory: 544 KiB per CPU (56-byte IPv4 and 80-byte IPv6 slots).
 // Measured: BenchmarkProgram in the VM under icount, where a nanosecond is an instruction
 // (vmtest/run-in-vm.sh -i): 711 -> 330 instructions per redirected packet, against 83 for a
 // program that only writes the MACs and redirects (docs/benchmarks/2026-11-26-a1debbe-express.md).

@@ -165,20 +165,18 @@ func (p *progEnv) run(f []byte) (uint32, []byte) {
 	return ret, out[:len(f)]
 }
 
+// cpus is the number of values of a per-CPU map's element.
+func (p *progEnv) cpus() int {
+	n, err := ebpf.PossibleCPU()
+	p.must(err)
+	return n
+}
+
 func (p *progEnv) counters() []Counter {
 	p.t.Helper()
 	n, err := p.set.counters()
 	p.must(err)
 	return n
-}
-
-func stat(name string) int {
-	for i, s := range stats {
-		if s.name == name {
-			return len(Supported)*2 + i
-		}
-	}
-	panic(name)
 }
 
 func TestProgramDecisions(t *testing.T) {
@@ -485,10 +483,9 @@ func TestProgramPairs(t *testing.T) {
 	}
 }
 
-// TestProgramExpress checks the express lane: a pair's third packet on this CPU (the first
-// takes the full way and keeps the pair, the second finds the pair and fills the CPU's slot)
-// is sent by the slot alone, with the pair and the roles gone; counted once, in its class and
-// (toward a Pod's namespace) in peer; voided by a new generation; not taken for a packet out of
+// TestProgramExpress checks the express lane: a pair's next packet on this CPU (the first takes
+// the full way, which keeps the pair and fills the CPU's slot) is sent by the slot alone, with the pair and the roles gone; counted once, in its class,
+// express and (toward a Pod's namespace) peer; voided by a new generation; not taken for a packet out of
 // hops; and not kept at all where the agent gave no jiffy.
 func TestProgramExpress(t *testing.T) {
 	p := newProgEnv(t)
@@ -515,10 +512,21 @@ func TestProgramExpress(t *testing.T) {
 		p.cfg.TickNs = tick
 		p.bump()
 		for _, c := range []struct{ src, dst netip.Addr }{{pod, remote}, {pod6, remote6}} {
-			for i := range 2 {
-				if ret, _ := p.run(frame(c.src, c.dst, 64)); ret != actRedirect {
-					t.Fatalf("%s -> %s, packet %d: return %d, want TC_ACT_REDIRECT", c.src, c.dst, i+1, int32(ret))
-				}
+			first := p.counters()[stat(ViaExpress)]
+			if ret, _ := p.run(frame(c.src, c.dst, 64)); ret != actRedirect {
+				t.Fatalf("%s -> %s, first packet: return %d, want TC_ACT_REDIRECT", c.src, c.dst, int32(ret))
+			}
+			if n := p.counters()[stat(ViaExpress)].Packets - first.Packets; n != 0 {
+				t.Errorf("%s -> %s: the first packet by the express lane, want the full way", c.src, c.dst)
+			}
+			// The slots emptied (as if other pairs had taken them): the next packet goes by
+			// its pair, which fills the slot again for the one after.
+			for i := range p.set.maps.Slots4.MaxEntries() {
+				p.must(p.set.maps.Slots4.Put(i, make([]fastpathSlot4, p.cpus())))
+				p.must(p.set.maps.Slots6.Put(i, make([]fastpathSlot6, p.cpus())))
+			}
+			if ret, _ := p.run(frame(c.src, c.dst, 64)); ret != actRedirect || p.counters()[stat(ViaExpress)] != first {
+				t.Errorf("%s -> %s, its slot emptied: return %d, express +%d; want TC_ACT_REDIRECT by its pair", c.src, c.dst, int32(ret), p.counters()[stat(ViaExpress)].Packets-first.Packets)
 			}
 			forget()
 			before := p.counters()
@@ -535,8 +543,9 @@ func TestProgramExpress(t *testing.T) {
 				t.Errorf("%s -> %s, by its slot: return %d, MACs %x -> %x; want TC_ACT_REDIRECT, the next hop's MACs and one hop less", c.src, c.dst, int32(ret), out[6:12], out[0:6])
 			}
 			fam, peer := btoi(c.dst.Is6()), uint64(btoi(c.dst.Is6()))
-			if d, dp := after[fam].Packets-before[fam].Packets, after[stat(ViaPeer)].Packets-before[stat(ViaPeer)].Packets; d != 1 || dp != peer {
-				t.Errorf("%s -> %s, by its slot: pod-to-pod +%d, peer +%d; want +1, +%d", c.src, c.dst, d, dp, peer)
+			d, dp, de := after[fam].Packets-before[fam].Packets, after[stat(ViaPeer)].Packets-before[stat(ViaPeer)].Packets, after[stat(ViaExpress)].Packets-before[stat(ViaExpress)].Packets
+			if d != 1 || dp != peer || de != 1 {
+				t.Errorf("%s -> %s, by its slot: pod-to-pod +%d, peer +%d, express +%d; want +1, +%d, +1", c.src, c.dst, d, dp, de, peer)
 			}
 			if after[fam].Bytes-before[fam].Bytes != uint64(len(frame(c.src, c.dst, 64))) {
 				t.Errorf("%s -> %s, by its slot: pod-to-pod +%d bytes, want the frame's %d", c.src, c.dst, after[fam].Bytes-before[fam].Bytes, len(frame(c.src, c.dst, 64)))

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -277,7 +276,8 @@ func (s *progSet) deleteIface(idx uint32) error {
 
 // counters reads the per-CPU stats, summed over CPUs, by index (enum stat).
 func (s *progSet) counters() ([]Counter, error) {
-	out := make([]Counter, numStats+len(Supported)*2)
+	classes := len(Supported) * 2
+	out := make([]Counter, numStats+classes*2)
 	for i := range out {
 		var per []fastpathCounter
 		if err := s.maps.Stats.Lookup(uint32(i), &per); err != nil {
@@ -288,14 +288,15 @@ func (s *progSet) counters() ([]Counter, error) {
 			out[i].Bytes += p.Bytes
 		}
 	}
-	// The express lane counts a packet it moves into a Pod's namespace once, in
-	// STAT_PEER_CLASS + class*2 + family: in its class, and in peer.
-	peer := len(Supported)*2 + slices.IndexFunc(stats, func(s statName) bool { return s.name == ViaPeer })
+	// The express lane counts a packet once, in STAT_EXPRESS_CLASS + class*2 + family (plus
+	// classes where it went into a Pod's namespace): it belongs to its class, express, and peer.
+	add := func(to *Counter, c Counter) { to.Packets += c.Packets; to.Bytes += c.Bytes }
 	for i, c := range out[numStats:] {
-		out[i].Packets += c.Packets
-		out[i].Bytes += c.Bytes
-		out[peer].Packets += c.Packets
-		out[peer].Bytes += c.Bytes
+		add(&out[i%classes], c)
+		add(&out[stat(ViaExpress)], c)
+		if i >= classes {
+			add(&out[stat(ViaPeer)], c)
+		}
 	}
 	return out[:numStats], nil
 }

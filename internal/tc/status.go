@@ -50,11 +50,17 @@ const (
 	// ViaNATCarried: translated as conntrack says and redirected, packets of a NAT-ed TCP flow
 	// the flowtable offloaded (Desired.NATCarry); in no class counter.
 	ViaNATCarried = "nat-carried"
+	// ViaExpress: by the express lane, a CPU's slot for the pair (internal/tc doc.go): the
+	// share of the redirected packets that cost the least.
+	ViaExpress = "express"
 )
 
 // stat indices after the class counters (enum stat in bpf/fastpath.c), and whether the
 // counter is one of Passed (else Via).
-var stats = []statName{
+var stats = []struct {
+	name   string
+	passed bool
+}{
 	{PassExcluded, true},
 	{PassTTL, true},
 	{ViaNeigh, false},
@@ -64,13 +70,19 @@ var stats = []statName{
 	{PassNAT, true},
 	{ViaPeer, false},
 	{ViaNATCarried, false},
+	{ViaExpress, false},
 }
 
 var numStats = len(Supported)*2 + len(stats)
 
-type statName struct {
-	name   string
-	passed bool
+// stat is the index of the counter name (one of stats) in the program's stats.
+func stat(name string) int {
+	for i, s := range stats {
+		if s.name == name {
+			return len(Supported)*2 + i
+		}
+	}
+	panic(name)
 }
 
 // Status is the datapath as the kernel has it.

@@ -83,11 +83,12 @@ enum stat {
 	STAT_NAT,            /* conntrack knows the flow as NATed by this node: the stack un-NATs it */
 	STAT_PEER,           /* of the redirected: moved into a Pod's namespace with bpf_redirect_peer */
 	STAT_NAT_CARRIED,    /* redirected, NAT-ed as conntrack says: a flow the flowtable offloaded */
-	/* class*2 + family again: the express lane's packets moved into a Pod's namespace, counted
-	 * once where the other ways count them in their class and in STAT_PEER (the agent adds them
-	 * to both) */
-	STAT_PEER_CLASS,
-	NUM_STATS = STAT_PEER_CLASS + NUM_CLASSES * 2,
+	STAT_EXPRESS,        /* of the redirected: by the express lane (the agent sums the block below) */
+	/* The express lane's packets, counted once: class*2 + family, then the same again for
+	 * those moved into a Pod's namespace (the agent adds each to its class, the second block to
+	 * STAT_PEER, both to STAT_EXPRESS). */
+	STAT_EXPRESS_CLASS,
+	NUM_STATS = STAT_EXPRESS_CLASS + NUM_CLASSES * 4,
 };
 
 struct iface {
@@ -1116,10 +1117,10 @@ static __always_inline bool slot_way(struct slot_way *w, struct settings *cfg, s
 	w->generation = f->gen;
 	w->ifindex = p->nh.ifindex;
 	w->mtu = p->nh.mtu;
-	w->stat = p->class * 2 + f->v6;
+	w->stat = STAT_EXPRESS_CLASS + p->class * 2 + f->v6;
 	w->flags = 0;
 	if (p->nh.flags & IFACE_PEER) {
-		w->stat += STAT_PEER_CLASS;
+		w->stat += NUM_CLASSES * 2;
 		w->flags |= SLOT_PEER;
 	}
 	if (nat_checked(cfg, p->role, p->dflags))
