@@ -106,7 +106,10 @@
 // their own (STAT_EXPRESS_CLASS: by class and family, then again for those that go into a Pod's
 // namespace); the agent adds them to their class, to peer where they went into a Pod, and to
 // `via express` in `hostaccel status` and the metrics, the share of the redirected packets
-// that took the lane. Kernel memory: 544 KiB per CPU (56-byte IPv4 and 80-byte IPv6 slots).
+// that took the lane. Kernel memory: 136 bytes per slot and CPU (a 56-byte IPv4 and an 80-byte
+// IPv6 slot): 4,096 slots per CPU (544 KiB) up to 56 CPUs; on larger machines the agent loads
+// fewer (a power of two, at least 256: slotsPerCPU) so that both maps stay within 32 MiB, and
+// sets the program's slot_mask to match (a load-time constant: 3-4 instructions per packet).
 // Measured: BenchmarkProgram in the VM under icount, where a nanosecond is an instruction
 // (vmtest/run-in-vm.sh -i): 711 -> 330 instructions per redirected packet, against 83 for a
 // program that only writes the MACs and redirects (docs/benchmarks/2026-11-26-a1debbe-express.md).

@@ -193,6 +193,7 @@ const (
 	fastpathMapStats           = "stats"
 	fastpathProgHostaccelFp    = "hostaccel_fp"
 	fastpathVarConntrackKfuncs = "conntrack_kfuncs"
+	fastpathVarSlotMask        = "slot_mask"
 )
 
 // loadFastpath returns the embedded CollectionSpec for fastpath.
@@ -265,6 +266,7 @@ type fastpathMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type fastpathVariableSpecs struct {
 	ConntrackKfuncs *ebpf.VariableSpec `ebpf:"conntrack_kfuncs"`
+	SlotMask        *ebpf.VariableSpec `ebpf:"slot_mask"`
 }
 
 // fastpathObjects contains all objects after they have been loaded into the kernel.
@@ -327,6 +329,7 @@ func (m *fastpathMaps) Close() error {
 // It can be passed to loadFastpathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fastpathVariables struct {
 	ConntrackKfuncs *ebpf.Variable `ebpf:"conntrack_kfuncs"`
+	SlotMask        *ebpf.Variable `ebpf:"slot_mask"`
 }
 
 // fastpathPrograms contains all programs after they have been loaded into the kernel.

@@ -562,6 +562,38 @@ func TestProgramExpress(t *testing.T) {
 	}
 }
 
+// TestExpressLaneSize checks the slots' size: within the budget, a power of two, and a set
+// loaded with fewer slots (a large machine's) still sends a pair by its slot: the program's
+// mask follows the maps' size.
+func TestExpressLaneSize(t *testing.T) {
+	for _, c := range []struct {
+		cpus int
+		want uint32
+	}{{1, 4096}, {2, 4096}, {56, 4096}, {64, 2048}, {128, 1024}, {256, 512}, {512, 256}, {4096, 256}} {
+		if got := slotsPerCPU(c.cpus); got != c.want {
+			t.Errorf("slotsPerCPU(%d) = %d, want %d", c.cpus, got, c.want)
+		}
+	}
+	defer func(f func(int) uint32) { slotsFor = f }(slotsFor)
+	slotsFor = func(int) uint32 { return 256 }
+	p := newProgEnv(t)
+	if n := p.set.maps.Slots4.MaxEntries(); n != 256 {
+		t.Fatalf("slots4 holds %d slots, want 256", n)
+	}
+	// Pairs whose hash falls beyond the first 256 slots: the mask must bring them in.
+	for i := range 4 {
+		src, dst := netip.AddrFrom4([4]byte{10, 244, 1, byte(2 + i)}), netip.AddrFrom4([4]byte{10, 244, 2, byte(2 + i)})
+		p.route(dst, 0)
+		if ret, _ := p.run(frame(src, dst, 64)); ret != actRedirect {
+			t.Fatalf("%s -> %s: return %d, want TC_ACT_REDIRECT", src, dst, int32(ret))
+		}
+		before := p.counters()[stat(ViaExpress)]
+		if ret, _ := p.run(frame(src, dst, 64)); ret != actRedirect || p.counters()[stat(ViaExpress)].Packets != before.Packets+1 {
+			t.Errorf("%s -> %s, 256 slots: return %d, want TC_ACT_REDIRECT by the express lane", src, dst, int32(ret))
+		}
+	}
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1

@@ -42,6 +42,15 @@ func loadSet(withConntrack bool) (*progSet, error) {
 	if err := spec.Variables[fastpathVarConntrackKfuncs].Set(ct); err != nil {
 		return nil, err
 	}
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, err
+	}
+	slots := slotsFor(cpus)
+	spec.Maps[fastpathMapSlots4].MaxEntries, spec.Maps[fastpathMapSlots6].MaxEntries = slots, slots
+	if err := spec.Variables[fastpathVarSlotMask].Set(slots - 1); err != nil {
+		return nil, err
+	}
 	var objs fastpathObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		return nil, fmt.Errorf("loading the tc program: %w", err)
@@ -51,6 +60,24 @@ func loadSet(withConntrack bool) (*progSet, error) {
 		s.id, _ = info.ID()
 	}
 	return s, nil
+}
+
+// slotsFor is slotsPerCPU (tests make it smaller).
+var slotsFor = slotsPerCPU
+
+// slotBudget bounds the express lane's slots over all CPUs (both families).
+const slotBudget = 32 << 20
+
+// slotsPerCPU is the express lane's slots per CPU for a machine of cpus (possible) CPUs: 4,096
+// where the budget allows (544 KiB per CPU), else the largest power of two within it, never
+// fewer than 256. A pair whose slot another pair holds takes the pair maps' way.
+func slotsPerCPU(cpus int) uint32 {
+	per := binary.Size(fastpathSlot4{}) + binary.Size(fastpathSlot6{})
+	n := uint32(4096)
+	for n > 256 && int(n)*per*max(cpus, 1) > slotBudget {
+		n /= 2
+	}
+	return n
 }
 
 // openSet opens a program by ID and, if it is hostaccel's, its maps; nil if it is not ours.

@@ -286,7 +286,11 @@ struct slot6 {
 	struct slot_way w;
 };
 
+/* The slots per CPU (max_entries of both maps): the agent sets them at load time from the number
+ * of CPUs (internal/tc slotsPerCPU: at most 4,096, fewer on large machines), a power of two, and
+ * slot_mask to one less. */
 #define SLOTS 4096
+volatile const __u32 slot_mask = SLOTS - 1;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -1135,7 +1139,7 @@ static __always_inline bool slot_way(struct slot_way *w, struct settings *cfg, s
 static __always_inline void fill_slot(struct settings *cfg, struct flow *f, struct pair *p,
 				      struct pair_key4 *k4, struct pair_key6 *k6, __u32 h)
 {
-	__u32 i = h & (SLOTS - 1);
+	__u32 i = h & slot_mask;
 	struct slot4 *s4;
 	struct slot6 *s6;
 
@@ -1445,7 +1449,7 @@ static __always_inline int express4(struct __sk_buff *skb, struct settings *cfg)
 	ingress = skb->ingress_ifindex;
 	/* pair_hash of the pair's key (struct pair_key4: src, dst, ingress), from registers */
 	i = (((0x9e3779b9 ^ saddr) * 0x01000193 ^ daddr) * 0x01000193 ^ ingress) * 0x01000193;
-	i = (i ^ (i >> 15)) & (SLOTS - 1);
+	i = (i ^ (i >> 15)) & slot_mask;
 	if (!(s = bpf_map_lookup_elem(&slots4, &i)) || *(__u32 *)s->k.src != saddr ||
 	    *(__u32 *)s->k.dst != daddr || s->k.ingress != ingress)
 		return EXPRESS_MISS;
@@ -1481,7 +1485,7 @@ static __always_inline int express6(struct __sk_buff *skb, struct settings *cfg)
 	__builtin_memcpy(k.src, &ip6->saddr, 16);
 	__builtin_memcpy(k.dst, &ip6->daddr, 16);
 	k.ingress = skb->ingress_ifindex;
-	i = pair_hash((__u32 *)&k, sizeof(k) / 4) & (SLOTS - 1);
+	i = pair_hash((__u32 *)&k, sizeof(k) / 4) & slot_mask;
 	if (!(s = bpf_map_lookup_elem(&slots6, &i)) || !same_key6(&s->k, &k))
 		return EXPRESS_MISS;
 	if (s->w.generation != *(volatile __u32 *)&cfg->generation || bpf_jiffies64() >= s->w.until ||
