@@ -165,6 +165,29 @@ func (p *progEnv) run(f []byte) (uint32, []byte) {
 	return ret, out[:len(f)]
 }
 
+// oneCPU keeps the calling goroutine on one CPU until the test ends: the express lane's slots
+// are per CPU, and BPF_PROG_RUN runs the program where its caller runs.
+func oneCPU(t testing.TB) {
+	runtime.LockOSThread()
+	var old, one unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 1024 {
+		if old.IsSet(i) {
+			one.Set(i)
+			break
+		}
+	}
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = unix.SchedSetaffinity(0, &old)
+		runtime.UnlockOSThread()
+	})
+}
+
 // cpus is the number of values of a per-CPU map's element.
 func (p *progEnv) cpus() int {
 	n, err := ebpf.PossibleCPU()
@@ -489,6 +512,7 @@ func TestProgramPairs(t *testing.T) {
 // hops; and not kept at all where the agent gave no jiffy.
 func TestProgramExpress(t *testing.T) {
 	p := newProgEnv(t)
+	oneCPU(t)
 	pod, remote := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.2.2")
 	pod6, remote6 := netip.MustParseAddr("fd00:10:244:1::2"), netip.MustParseAddr("fd00:10:244:2::2")
 	p.route(remote, 0)
@@ -577,6 +601,7 @@ func TestExpressLaneSize(t *testing.T) {
 	defer func(f func(int) uint32) { slotsFor = f }(slotsFor)
 	slotsFor = func(int) uint32 { return 256 }
 	p := newProgEnv(t)
+	oneCPU(t)
 	if n := p.set.maps.Slots4.MaxEntries(); n != 256 {
 		t.Fatalf("slots4 holds %d slots, want 256", n)
 	}
