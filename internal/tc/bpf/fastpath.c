@@ -524,20 +524,53 @@ static __always_inline bool check_nat(struct settings *cfg, __u32 role)
 	return cfg->nat_check & (role == ROLE_GATEWAY ? NAT_CHECK_FROM_PODS : NAT_CHECK_TOWARD_PODS);
 }
 
-/* handed_bit returns the word of handed_bits for e and its bit in *bit: a hash of the
- * endpoint's 20 bytes (internal/tc handedBit computes the same). */
+/* The program's one hash of words (the pair maps' keys, the handed ends; internal/tc
+ * handedBit computes the same): from HASH_SEED, hash_step per word, then hash_end. */
+#define HASH_SEED 0x9e3779b9
+
+static __always_inline __u32 hash_step(__u32 h, __u32 w)
+{
+	return (h ^ w) * 0x01000193;
+}
+
+static __always_inline __u32 hash_end(__u32 h)
+{
+	return h ^ (h >> 15);
+}
+
+/* words_hash hashes n words. */
+static __always_inline __u32 words_hash(__u32 *w, int n)
+{
+	__u32 h = HASH_SEED;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < n; i++)
+		h = hash_step(h, w[i]);
+	return hash_end(h);
+}
+
+/* handed_word returns the word of handed_bits for an end of hash h and its bit in *bit. */
+static __always_inline __u64 *handed_word(__u32 h, __u64 *bit)
+{
+	__u32 i = (h >> 6) & (HANDED_BITS_WORDS - 1);
+
+	*bit = 1ULL << (h & 63);
+	return bpf_map_lookup_elem(&handed_bits, &i);
+}
+
+/* handed_bit returns the word of handed_bits for e and its bit in *bit: by the hash of the
+ * endpoint's 20 bytes (words_hash's loop, written out: through words_hash clang builds this
+ * copy of the words worse, +35 instructions per packet handed to the stack in the VM). */
 static __always_inline __u64 *handed_bit(struct endpoint *e, __u64 *bit)
 {
-	__u32 w[5], h = 0x9e3779b9, i;
+	__u32 w[5], h = HASH_SEED, i;
 
 	__builtin_memcpy(w, e, sizeof(w));
 #pragma unroll
 	for (i = 0; i < 5; i++)
-		h = (h ^ w[i]) * 0x01000193;
-	h ^= h >> 15;
-	*bit = 1ULL << (h & 63);
-	i = (h >> 6) & (HANDED_BITS_WORDS - 1);
-	return bpf_map_lookup_elem(&handed_bits, &i);
+		h = hash_step(h, w[i]);
+	return handed_word(hash_end(h), bit);
 }
 
 /* remember records the sending end of a packet handed to the stack from the Pods' side. A TCP
@@ -1023,14 +1056,23 @@ static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struc
 	return class;
 }
 
-/* hop decrements the TTL (IPv4, with its checksum changed by the difference: RFC 1624) or the
- * hop limit, as a router does; false if the headers are out of reach. */
+/* hop4 decrements an IPv4 header's TTL, with its checksum changed by the difference (RFC
+ * 1624). */
+static __always_inline void hop4(struct iphdr *ip)
+{
+	__u32 sum = ip->check + bpf_htons(0x0100);
+
+	ip->check = (__u16)(sum + (sum >= 0xffff));
+	ip->ttl--;
+}
+
+/* hop decrements the TTL (hop4) or the hop limit, as a router does; false if the headers are
+ * out of reach. */
 static __always_inline bool hop(struct __sk_buff *skb, bool v6)
 {
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
 	struct ipv6hdr *ip6 = data + ETH_HLEN;
 	struct iphdr *ip = data + ETH_HLEN;
-	__u32 sum;
 
 	if (v6) {
 		if ((void *)(ip6 + 1) > end)
@@ -1040,9 +1082,7 @@ static __always_inline bool hop(struct __sk_buff *skb, bool v6)
 	}
 	if ((void *)(ip + 1) > end)
 		return false;
-	sum = ip->check + bpf_htons(0x0100);
-	ip->check = (__u16)(sum + (sum >= 0xffff));
-	ip->ttl--;
+	hop4(ip);
 	return true;
 }
 
@@ -1083,18 +1123,6 @@ static __always_inline int translate(struct __sk_buff *skb, struct flow *f, stru
 	if ((n->changes & NAT_PORTS) && bpf_l4_csum_replace(skb, l4 + TCP_CSUM_OFF, 0, n->port_diff, 0))
 		return -1;
 	return 0;
-}
-
-/* pair_hash hashes n words of a pair key. */
-static __always_inline __u32 pair_hash(__u32 *w, int n)
-{
-	__u32 h = 0x9e3779b9;
-	int i;
-
-#pragma unroll
-	for (i = 0; i < n; i++)
-		h = (h ^ w[i]) * 0x01000193;
-	return h ^ (h >> 15);
 }
 
 /* pair_bit returns the word of pair_bits for hash h and its bit in *bit. */
@@ -1159,12 +1187,12 @@ static __always_inline __u32 pair_keys(struct __sk_buff *skb, struct flow *f, st
 		__builtin_memcpy(k6->src, f->src.addr, 16);
 		__builtin_memcpy(k6->dst, f->dst.addr, 16);
 		k6->ingress = skb->ingress_ifindex;
-		return pair_hash((__u32 *)k6, sizeof(*k6) / 4);
+		return words_hash((__u32 *)k6, sizeof(*k6) / 4);
 	}
 	__builtin_memcpy(k4->src, f->src.addr, 4);
 	__builtin_memcpy(k4->dst, f->dst.addr, 4);
 	k4->ingress = skb->ingress_ifindex;
-	return pair_hash((__u32 *)k4, sizeof(*k4) / 4);
+	return words_hash((__u32 *)k4, sizeof(*k4) / 4);
 }
 
 /* keep_pair keeps what was decided for the packet's pair of addresses on its device, with the
@@ -1405,19 +1433,14 @@ static __always_inline int express(struct __sk_buff *skb, struct slot_way *w, st
 }
 
 /* handed4 reports whether the bit of handed_bits for the IPv4 end addr:port/proto is set (or
- * out of reach): handed_bit() of that end without building it, its three zero words folded
- * into one multiplication. */
+ * out of reach): handed_bit() of that end without building it (its words: the address, three
+ * zero words, the port and protocol). */
 static __always_inline bool handed4(__be32 addr, __be16 port, __u8 proto)
 {
-	__u32 h = (0x9e3779b9 ^ addr) * 0x01000193, i;
-	__u64 *word;
+	__u32 h = hash_step(hash_step(hash_step(hash_step(HASH_SEED, addr), 0), 0), 0);
+	__u64 bit, *word = handed_word(hash_end(hash_step(h, port | (__u32)proto << 16)), &bit);
 
-	h *= 0x01000193U * 0x01000193U * 0x01000193U;
-	h = (h ^ (port | (__u32)proto << 16)) * 0x01000193;
-	h ^= h >> 15;
-	i = (h >> 6) & (HANDED_BITS_WORDS - 1);
-	word = bpf_map_lookup_elem(&handed_bits, &i);
-	return !word || (*word & (1ULL << (h & 63)));
+	return !word || (*word & bit);
 }
 
 /* same_key6 compares two IPv6 pair keys word by word. */
@@ -1437,7 +1460,7 @@ static __always_inline int express4(struct __sk_buff *skb, struct settings *cfg)
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
 	struct iphdr *ip = data + ETH_HLEN;
 	__be16 *ports = (void *)(ip + 1);
-	__u32 saddr, daddr, ingress, i, sum;
+	__u32 saddr, daddr, ingress, i;
 	struct slot4 *s;
 
 	if ((void *)(ports + 2) > end || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)))
@@ -1447,9 +1470,8 @@ static __always_inline int express4(struct __sk_buff *skb, struct settings *cfg)
 	saddr = ip->saddr;
 	daddr = ip->daddr;
 	ingress = skb->ingress_ifindex;
-	/* pair_hash of the pair's key (struct pair_key4: src, dst, ingress), from registers */
-	i = (((0x9e3779b9 ^ saddr) * 0x01000193 ^ daddr) * 0x01000193 ^ ingress) * 0x01000193;
-	i = (i ^ (i >> 15)) & slot_mask;
+	/* words_hash of the pair's key (struct pair_key4: src, dst, ingress), from registers */
+	i = hash_end(hash_step(hash_step(hash_step(HASH_SEED, saddr), daddr), ingress)) & slot_mask;
 	if (!(s = bpf_map_lookup_elem(&slots4, &i)) || *(__u32 *)s->k.src != saddr ||
 	    *(__u32 *)s->k.dst != daddr || s->k.ingress != ingress)
 		return EXPRESS_MISS;
@@ -1460,10 +1482,7 @@ static __always_inline int express4(struct __sk_buff *skb, struct settings *cfg)
 		return EXPRESS_MISS;
 	if ((s->w.flags & SLOT_NAT_CHECKED) && handed4(daddr, ports[1], ip->protocol))
 		return EXPRESS_MISS;
-	/* the TTL, as hop() does, on the header read above */
-	sum = ip->check + bpf_htons(0x0100);
-	ip->check = (__u16)(sum + (sum >= 0xffff));
-	ip->ttl--;
+	hop4(ip); /* on the header read above */
 	return express(skb, &s->w, data);
 }
 
@@ -1485,7 +1504,7 @@ static __always_inline int express6(struct __sk_buff *skb, struct settings *cfg)
 	__builtin_memcpy(k.src, &ip6->saddr, 16);
 	__builtin_memcpy(k.dst, &ip6->daddr, 16);
 	k.ingress = skb->ingress_ifindex;
-	i = pair_hash((__u32 *)&k, sizeof(k) / 4) & slot_mask;
+	i = words_hash((__u32 *)&k, sizeof(k) / 4) & slot_mask;
 	if (!(s = bpf_map_lookup_elem(&slots6, &i)) || !same_key6(&s->k, &k))
 		return EXPRESS_MISS;
 	if (s->w.generation != *(volatile __u32 *)&cfg->generation || bpf_jiffies64() >= s->w.until ||
