@@ -1432,6 +1432,18 @@ static __always_inline int express(struct __sk_buff *skb, struct slot_way *w, st
 	return bpf_redirect(w->ifindex, 0);
 }
 
+/* slot_holds reports whether slot way w may send a packet of IP length len (0 where the header
+ * does not say: BIG TCP), as kept_pair checks a kept pair: of the current generation,
+ * unexpired, and it fits: a packet whose length fits, or GSO segments that do. (The callers
+ * check the hops first: passed in, they cost 10 instructions more per packet.) */
+static __always_inline bool slot_holds(struct __sk_buff *skb, struct settings *cfg,
+				       struct slot_way *w, __u32 len)
+{
+	if (w->generation != *(volatile __u32 *)&cfg->generation || bpf_jiffies64() >= w->until)
+		return false;
+	return len - 1 < w->mtu || (skb->gso_size && fits(skb, w->ifindex));
+}
+
 /* handed4 reports whether the bit of handed_bits for the IPv4 end addr:port/proto is set (or
  * out of reach): handed_bit() of that end without building it (its words: the address, three
  * zero words, the port and protocol). */
@@ -1475,10 +1487,7 @@ static __always_inline int express4(struct __sk_buff *skb, struct settings *cfg)
 	if (!(s = bpf_map_lookup_elem(&slots4, &i)) || *(__u32 *)s->k.src != saddr ||
 	    *(__u32 *)s->k.dst != daddr || s->k.ingress != ingress)
 		return EXPRESS_MISS;
-	if (s->w.generation != *(volatile __u32 *)&cfg->generation || bpf_jiffies64() >= s->w.until ||
-	    ip->ttl <= 1)
-		return EXPRESS_MISS;
-	if (bpf_ntohs(ip->tot_len) - 1 >= s->w.mtu && (!skb->gso_size || !fits(skb, s->w.ifindex)))
+	if (ip->ttl <= 1 || !slot_holds(skb, cfg, &s->w, bpf_ntohs(ip->tot_len)))
 		return EXPRESS_MISS;
 	if ((s->w.flags & SLOT_NAT_CHECKED) && handed4(daddr, ports[1], ip->protocol))
 		return EXPRESS_MISS;
@@ -1507,12 +1516,9 @@ static __always_inline int express6(struct __sk_buff *skb, struct settings *cfg)
 	i = words_hash((__u32 *)&k, sizeof(k) / 4) & slot_mask;
 	if (!(s = bpf_map_lookup_elem(&slots6, &i)) || !same_key6(&s->k, &k))
 		return EXPRESS_MISS;
-	if (s->w.generation != *(volatile __u32 *)&cfg->generation || bpf_jiffies64() >= s->w.until ||
-	    ip6->hop_limit <= 1)
-		return EXPRESS_MISS;
-	/* payload_len 0: a BIG TCP packet (its length is the buffer's): GSO segments that fit */
-	if ((!ip6->payload_len || sizeof(*ip6) + bpf_ntohs(ip6->payload_len) > s->w.mtu) &&
-	    (!skb->gso_size || !fits(skb, s->w.ifindex)))
+	/* payload_len 0: a BIG TCP packet, whose length is the buffer's */
+	if (ip6->hop_limit <= 1 ||
+	    !slot_holds(skb, cfg, &s->w, ip6->payload_len ? sizeof(*ip6) + bpf_ntohs(ip6->payload_len) : 0))
 		return EXPRESS_MISS;
 	if (s->w.flags & SLOT_NAT_CHECKED) {
 		__builtin_memcpy(dst.addr, &ip6->daddr, 16);
