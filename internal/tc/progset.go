@@ -318,11 +318,12 @@ func (s *progSet) counters() ([]Counter, error) {
 	// The express lane counts a packet once, in STAT_EXPRESS_CLASS + class*2 + family (plus
 	// classes where it went into a Pod's namespace): it belongs to its class, express, and peer.
 	add := func(to *Counter, c Counter) { to.Packets += c.Packets; to.Bytes += c.Bytes }
+	express, peer := &out[stat(ViaExpress)], &out[stat(ViaPeer)]
 	for i, c := range out[numStats:] {
 		add(&out[i%classes], c)
-		add(&out[stat(ViaExpress)], c)
+		add(express, c)
 		if i >= classes {
-			add(&out[stat(ViaPeer)], c)
+			add(peer, c)
 		}
 	}
 	return out[:numStats], nil
