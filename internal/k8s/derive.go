@@ -95,6 +95,7 @@ func (dr *deriver) derive(base *config.Config, snap Snapshot, p Params) (*Derive
 	if p.ProxyName == "" {
 		p.ProxyName = DefaultProxyName
 	}
+	dr.gen++
 	sum := Summary{NodeName: p.NodeName, PeerPolicy: p.Peers}
 	warn := func(format string, a ...any) { sum.Warnings = append(sum.Warnings, fmt.Sprintf(format, a...)) }
 
@@ -140,7 +141,7 @@ func (dr *deriver) derive(base *config.Config, snap Snapshot, p Params) (*Derive
 	if err != nil {
 		return nil, err
 	}
-	svcs := lbServices(c.LoadBalancer.Services, fronts, warn, dr.validateAlone)
+	svcs, memos := dr.lbServices(c.LoadBalancer.Services, fronts, warn)
 	sum.Balanced = fronts
 	c.Node.LocalPodCIDRs = union(c.Node.LocalPodCIDRs, sum.LocalPodCIDRs)
 	c.Node.PeerPodCIDRs = union(c.Node.PeerPodCIDRs, peerCIDRs)
@@ -149,8 +150,9 @@ func (dr *deriver) derive(base *config.Config, snap Snapshot, p Params) (*Derive
 	c.Node.LoadBalancerIPs = union(c.Node.LoadBalancerIPs, hostPrefixes(lbIPs))
 	c.LoadBalancer.Services = append(c.LoadBalancer.Services, svcs...)
 
+	defer dr.endDerivation(len(c.LoadBalancer.Services))
 	if !dr.slow {
-		if parsed, j, ok := dr.finish(c); ok {
+		if parsed, j, ok := dr.finish(c, memos); ok {
 			return &Derived{Config: parsed, JSON: j, Summary: sum}, nil
 		}
 	}

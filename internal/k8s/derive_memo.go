@@ -22,12 +22,22 @@ import (
 // the base's settings: a few, or one per Node) are written and read back as before. Whatever
 // fails the cheap way is derived again the way it always was, for the same result and errors.
 type deriver struct {
-	// memos: the last derivation's services by name; next: this one's.
-	memos, next map[string]*svcMemo
+	// memos: load balancer services by name, each with the number of the last derivation
+	// that had it (used); finish drops those that no derivation had for a while.
+	memos map[string]*svcMemo
+	// gen counts derivations.
+	gen uint64
 	// names, nextNames: lbName of a front's name.
 	names, nextNames map[string]string
 	// fronts, nextFronts: balance's fronts of a Service (see frontsOf).
 	fronts, nextFronts map[*corev1.Service]*frontMemo
+	// refs: where each front balance gave in this derivation is kept (its frontMemo and its
+	// index there), for the memo of its load balancer service (frontService).
+	refs []frontRef
+	// sorted: the last derivation's Services in balance's order, and the set of them.
+	sorted      []*corev1.Service
+	sortedSet   map[*corev1.Service]uint64 // (each with the last sortedStamp that saw it)
+	sortedStamp uint64
 	// was: the services of the last config derived the cheap way, which passed validation
 	// (the memos' own copies, never handed out): the next is checked against them with
 	// lb.ValidateChange.
@@ -39,36 +49,72 @@ type deriver struct {
 // svcMemo is what a derivation found for one load balancer service.
 type svcMemo struct {
 	src       lb.Service // as lbServices made it (the memo's own copy)
+	used      uint64     // the last derivation (deriver.gen) that had it
 	alone     []error    // lb.ValidateServices of it alone
 	aloneDone bool
+	keys      []svcKey // its VIP keys (lbServices' duplicate check)
+	keysDone  bool
 	json      []byte     // as marshalConfig writes it in loadBalancer.services
 	parsed    lb.Service // json read back (the memo's own copy)
 }
 
-// memo returns the memo of s: this derivation's or the last's when their service is the same,
-// else a new one.
+// memo returns the memo of s: the one kept under its name when its service is the same, else
+// a new one.
 func (dr *deriver) memo(s *lb.Service) *svcMemo {
-	if dr.next == nil {
-		dr.next = make(map[string]*svcMemo, len(dr.memos))
+	if dr.memos == nil {
+		dr.memos = make(map[string]*svcMemo)
 	}
-	for _, m := range []*svcMemo{dr.next[s.Name], dr.memos[s.Name]} {
-		if m != nil && sameService(&m.src, s) {
-			dr.next[s.Name] = m
-			return m
-		}
+	m := dr.memos[s.Name]
+	if m == nil || !sameService(&m.src, s) {
+		m = &svcMemo{src: s.Clone()}
+		dr.memos[s.Name] = m
 	}
-	m := &svcMemo{src: s.Clone()}
-	dr.next[s.Name] = m
+	m.used = dr.gen
 	return m
 }
 
-// validateAlone is lb.ValidateServices of s alone (lbServices asks it of every front).
-func (dr *deriver) validateAlone(s lb.Service) []error {
-	m := dr.memo(&s)
+// aloneErrs is lb.ValidateServices of the memo's service alone (lbServices asks it of every
+// front).
+func (m *svcMemo) aloneErrs() []error {
 	if !m.aloneDone {
-		m.alone, m.aloneDone = lb.ValidateServices([]lb.Service{s}, func(int) string { return "service" }), true
+		m.alone, m.aloneDone = lb.ValidateServices([]lb.Service{m.src}, func(int) string { return "service" }), true
 	}
 	return m.alone
+}
+
+// vipKeys are the memo's service's VIP keys.
+func (m *svcMemo) vipKeys() []svcKey {
+	if !m.keysDone {
+		m.keys, m.keysDone = vipKeys(&m.src), true
+	}
+	return m.keys
+}
+
+// frontRef is where a front is kept: the frontMemo of its Service and its index there.
+type frontRef struct {
+	m *frontMemo
+	i int
+}
+
+// frontService returns the memo of the load balancer service made of this derivation's front
+// i (f), kept with the front: a front that is the same as last time gives the same service.
+func (dr *deriver) frontService(i int, f *LBFront) *svcMemo {
+	var r frontRef
+	if i < len(dr.refs) {
+		r = dr.refs[i]
+	}
+	if r.m != nil {
+		if m := r.m.svcs[r.i]; m != nil {
+			m.used = dr.gen
+			return m
+		}
+	}
+	s := frontService(f)
+	m := dr.memo(&s)
+	if r.m != nil {
+		r.m.svcs[r.i] = m
+	}
+	return m
 }
 
 // frontMemo is what balance made of one Service.
@@ -76,16 +122,23 @@ type frontMemo struct {
 	slices   []*discoveryv1.EndpointSlice
 	selfName string
 	nodeIPs  []string
+	policy   ServicePolicy
+	proxy    string
 	fronts   []LBFront
 	warned   []string
+	// svcs: the memo of each front's load balancer service, once lbServices asked for it.
+	svcs []*svcMemo
 }
 
 // frontsOf returns the fronts (and says the warnings) that balance made of s last time, when
 // its inputs are the same: the same objects (an informer's cache replaces an object that
-// changes, and never changes one in place), this node's name and IPs.
-func (dr *deriver) frontsOf(s *corev1.Service, eps []*discoveryv1.EndpointSlice, selfName string, nodeIPs []string, warn func(string, ...any)) ([]LBFront, bool) {
+// changes, and never changes one in place), this node's name and IPs, the service policy.
+// The fronts' lists are the memo's: read, never changed (balance's caller copies the fronts
+// it changes; Summary.Balanced shares them).
+func (dr *deriver) frontsOf(s *corev1.Service, eps []*discoveryv1.EndpointSlice, selfName string, nodeIPs []string, p Params, warn func(string, ...any)) ([]LBFront, bool) {
 	m := dr.fronts[s]
-	if m == nil || m.selfName != selfName || !slices.Equal(m.slices, eps) || !slices.Equal(m.nodeIPs, nodeIPs) {
+	if m == nil || m.selfName != selfName || m.policy != p.Services || m.proxy != p.ProxyName ||
+		!slices.Equal(m.slices, eps) || !slices.Equal(m.nodeIPs, nodeIPs) {
 		return nil, false
 	}
 	if dr.nextFronts == nil {
@@ -95,16 +148,24 @@ func (dr *deriver) frontsOf(s *corev1.Service, eps []*discoveryv1.EndpointSlice,
 	for _, w := range m.warned {
 		warn("%s", w)
 	}
-	return cloneFronts(m.fronts), true
+	for i := range m.fronts {
+		dr.refs = append(dr.refs, frontRef{m, i})
+	}
+	return m.fronts, true
 }
 
-// keepFronts remembers what balance made of s (a copy).
-func (dr *deriver) keepFronts(s *corev1.Service, eps []*discoveryv1.EndpointSlice, selfName string, nodeIPs []string, fronts []LBFront, warned []string) {
+// keepFronts remembers what balance made of s (a copy), or that s is not balanced (no fronts).
+func (dr *deriver) keepFronts(s *corev1.Service, eps []*discoveryv1.EndpointSlice, selfName string, nodeIPs []string, p Params, fronts []LBFront, warned []string) {
 	if dr.nextFronts == nil {
 		dr.nextFronts = make(map[*corev1.Service]*frontMemo, len(dr.fronts))
 	}
-	dr.nextFronts[s] = &frontMemo{slices: slices.Clone(eps), selfName: selfName, nodeIPs: slices.Clone(nodeIPs),
-		fronts: cloneFronts(fronts), warned: warned}
+	m := &frontMemo{slices: slices.Clone(eps), selfName: selfName, nodeIPs: slices.Clone(nodeIPs),
+		policy: p.Services, proxy: p.ProxyName, fronts: cloneFronts(fronts), warned: warned,
+		svcs: make([]*svcMemo, len(fronts))}
+	dr.nextFronts[s] = m
+	for i := range fronts {
+		dr.refs = append(dr.refs, frontRef{m, i})
+	}
 }
 
 func (dr *deriver) rotateFronts() { dr.fronts, dr.nextFronts = dr.nextFronts, nil }
@@ -116,6 +177,41 @@ func cloneFronts(fronts []LBFront) []LBFront {
 		out[i].VIPs, out[i].Backends = slices.Clone(out[i].VIPs), slices.Clone(out[i].Backends)
 	}
 	return out
+}
+
+// sortedServices is svcs in balance's order (namespace, name), kept from the last derivation
+// while the Services are the same objects.
+func (dr *deriver) sortedServices(svcs []*corev1.Service) []*corev1.Service {
+	dr.sortedStamp++
+	same := len(svcs) == len(dr.sorted)
+	for i := 0; same && i < len(svcs); i++ {
+		stamp, ok := dr.sortedSet[svcs[i]]
+		same = ok && stamp != dr.sortedStamp // (not there twice)
+		dr.sortedSet[svcs[i]] = dr.sortedStamp
+	}
+	if same {
+		return dr.sorted
+	}
+	dr.sorted = sortServices(svcs)
+	dr.sortedSet = make(map[*corev1.Service]uint64, len(svcs))
+	for _, s := range svcs {
+		dr.sortedSet[s] = 0
+	}
+	return dr.sorted
+}
+
+// endDerivation keeps this derivation's lbNames for the next, and drops the memos of services
+// that no derivation had for the last few, once they are as many as those in use.
+func (dr *deriver) endDerivation(inUse int) {
+	dr.names, dr.nextNames = dr.nextNames, nil
+	if len(dr.memos) <= 2*inUse+64 {
+		return
+	}
+	for name, m := range dr.memos {
+		if m.used+2 < dr.gen {
+			delete(dr.memos, name)
+		}
+	}
 }
 
 // lbName is lbName(full), kept from the last derivation.
@@ -135,16 +231,20 @@ func (dr *deriver) lbName(full string) string {
 
 // finish is marshalConfig(c) and config.ParseJSON of it, with the load balancer's services
 // taken from the memos; false when something fails (the caller then does it the usual way).
-func (dr *deriver) finish(c *config.Config) (*config.Config, []byte, bool) {
-	defer func() {
-		dr.memos, dr.next = dr.next, nil
-		dr.names, dr.nextNames = dr.nextNames, nil
-	}()
+// derived are the memos of c's last services (lbServices'); the others (the base's) are looked
+// up by name.
+func (dr *deriver) finish(c *config.Config, derived []*svcMemo) (*config.Config, []byte, bool) {
 	svcs := c.LoadBalancer.Services
+	static := len(svcs) - len(derived)
 	raw := make([][]byte, len(svcs))
 	parsed := make([]lb.Service, len(svcs))
 	for i := range svcs {
-		m := dr.memo(&svcs[i])
+		var m *svcMemo
+		if i < static {
+			m = dr.memo(&svcs[i])
+		} else {
+			m = derived[i-static]
+		}
 		if m.json == nil {
 			b, err := json.Marshal(&m.src)
 			if err != nil {

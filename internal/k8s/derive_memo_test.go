@@ -179,3 +179,86 @@ loadBalancer:
 	}
 	checkSame(t, &dr, base, snap, p, "after the caller changed the last config")
 }
+
+// TestDeriverKeepsUnchangedServices: an EndpointSlice change converts and writes only its
+// Service's load balancer service again; every other front keeps its memo (the same object),
+// and the Services' order is not sorted again while they are the same objects.
+func TestDeriverKeepsUnchangedServices(t *testing.T) {
+	base, err := ParseBase([]byte(baseYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Params{NodeName: "self"}
+	snap := scaleSnapshot(40)
+	var dr deriver
+	memos := func() map[string]*svcMemo {
+		out := map[string]*svcMemo{}
+		for _, r := range dr.refs {
+			if m := r.m.svcs[r.i]; m != nil {
+				out[m.src.Name] = m
+			}
+		}
+		return out
+	}
+	checkSame(t, &dr, base, snap, p, "first")
+	before, sorted := memos(), dr.sorted
+	if len(before) != 40 {
+		t.Fatalf("%d services kept with their fronts, want 40", len(before))
+	}
+
+	snap.EndpointSlices = slices.Clone(snap.EndpointSlices)
+	es := snap.EndpointSlices[5].DeepCopy()
+	no := false
+	es.Endpoints[0].Conditions.Ready = &no
+	snap.EndpointSlices[5] = es
+	slices.Reverse(snap.Services) // (the informer's list has no order)
+	checkSame(t, &dr, base, snap, p, "an endpoint not ready")
+	after := memos()
+	var changed []string
+	for name, m := range after {
+		if before[name] != m {
+			changed = append(changed, name)
+		}
+	}
+	if want := LBName("default", "svc-5", "http", FrontCluster); !slices.Equal(changed, []string{want}) {
+		t.Fatalf("services converted again: %v, want only %s", changed, want)
+	}
+	if &dr.sorted[0] != &sorted[0] {
+		t.Fatal("the same Services were sorted again")
+	}
+
+	// A Service listed twice in place of another (not what an informer gives; the order must
+	// not be taken from the last derivation).
+	snap.Services = slices.Clone(snap.Services)
+	snap.Services[3] = snap.Services[4]
+	checkSame(t, &dr, base, snap, p, "a Service twice")
+}
+
+// TestDeriverForgetsServices: memos of services no longer derived are dropped; they do not
+// pile up over changes.
+func TestDeriverForgetsServices(t *testing.T) {
+	base, err := ParseBase([]byte(baseYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Params{NodeName: "self"}
+	var dr deriver
+	for round := range 30 {
+		snap := scaleSnapshot(20)
+		for _, s := range snap.Services {
+			s.Name = fmt.Sprintf("%s-r%d", s.Name, round)
+		}
+		for _, es := range snap.EndpointSlices {
+			es.Labels[discoveryv1.LabelServiceName] += fmt.Sprintf("-r%d", round)
+		}
+		if _, err := dr.derive(base, snap, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(dr.memos) > 2*20+64 {
+		t.Fatalf("%d service memos kept after 30 rounds of 20 new services", len(dr.memos))
+	}
+	if len(dr.fronts) != 20 {
+		t.Fatalf("%d Services' fronts kept, want the last 20", len(dr.fronts))
+	}
+}

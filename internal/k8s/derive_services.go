@@ -130,32 +130,34 @@ func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn 
 		return nil
 	}
 	name := lbName
+	svcs := snap.Services
 	if dr != nil {
 		name = dr.lbName
 		defer dr.rotateFronts()
+		dr.refs = dr.refs[:0]
+		svcs = dr.sortedServices(svcs)
+	} else {
+		svcs = sortServices(svcs)
 	}
-	slicesOf := map[string][]*discoveryv1.EndpointSlice{} // namespace/service
+	type nsName struct{ namespace, name string }
+	slicesOf := make(map[nsName][]*discoveryv1.EndpointSlice, len(snap.EndpointSlices))
 	for _, es := range snap.EndpointSlices {
 		if name := es.Labels[discoveryv1.LabelServiceName]; name != "" {
-			k := es.Namespace + "/" + name
+			k := nsName{es.Namespace, name}
 			slicesOf[k] = append(slicesOf[k], es)
 		}
 	}
-	svcs := slices.Clone(snap.Services)
-	slices.SortFunc(svcs, func(a, b *corev1.Service) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-	})
 	out := make([]LBFront, 0, len(svcs))
 	for _, s := range svcs {
-		if !selected(s, p) || s.Spec.Type == corev1.ServiceTypeExternalName {
-			continue
-		}
-		eps := slicesOf[s.Namespace+"/"+s.Name]
+		eps := slicesOf[nsName{s.Namespace, s.Name}]
 		if dr != nil {
-			if fs, ok := dr.frontsOf(s, eps, self.Name, nodeIPs, warn); ok {
+			if fs, ok := dr.frontsOf(s, eps, self.Name, nodeIPs, p, warn); ok {
 				out = append(out, fs...)
 				continue
 			}
+		}
+		if !selected(s, p) || s.Spec.Type == corev1.ServiceTypeExternalName {
+			continue
 		}
 		first, warn := len(out), warn
 		var warned []string
@@ -241,12 +243,21 @@ func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn 
 			mk(FrontExternal, external, sp.Port, pick(externalLocal))
 		}
 		if dr != nil {
-			dr.keepFronts(s, eps, self.Name, nodeIPs, out[first:], warned)
+			dr.keepFronts(s, eps, self.Name, nodeIPs, p, out[first:], warned)
 		}
 	}
 	if len(out) == 0 {
 		return nil // (as before the capacity)
 	}
+	return out
+}
+
+// sortServices is svcs sorted by namespace and name (a copy).
+func sortServices(svcs []*corev1.Service) []*corev1.Service {
+	out := slices.Clone(svcs)
+	slices.SortFunc(out, func(a, b *corev1.Service) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
 	return out
 }
 

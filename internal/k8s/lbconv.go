@@ -19,69 +19,31 @@ import (
 // One Service must not break the whole derived config, which would keep this node's last good
 // config in force (peers and all) until someone fixes the Service.
 //
-// alone is lb.ValidateServices of one service (nil: that function).
-func lbServices(static []lb.Service, fronts []LBFront, warn func(string, ...any), alone func(lb.Service) []error) []lb.Service {
-	if alone == nil {
-		alone = func(s lb.Service) []error {
-			return lb.ValidateServices([]lb.Service{s}, func(int) string { return "service" })
-		}
-	}
-	type key struct {
-		vip   netip.Addr
-		proto string
-		port  int
-	}
-	used, names := make(map[key]string, len(static)+len(fronts)), make(map[string]bool, len(static)+len(fronts))
-	keys := func(s lb.Service) []key {
-		ports := s.Ports
-		if s.Port != 0 {
-			ports = []int{s.Port}
-		}
-		var ks []key
-		for _, v := range s.VIPs {
-			if a, err := netip.ParseAddr(v); err == nil {
-				for _, p := range ports {
-					ks = append(ks, key{a, cmp.Or(s.Protocol, "tcp"), p})
-				}
-			}
-		}
-		return ks
-	}
-	for _, s := range static {
+// It returns the services and their memos (dr.frontService: a front that is the same as last
+// time is not converted or checked alone again).
+func (dr *deriver) lbServices(static []lb.Service, fronts []LBFront, warn func(string, ...any)) ([]lb.Service, []*svcMemo) {
+	used, names := make(map[svcKey]string, len(static)+len(fronts)), make(map[string]bool, len(static)+len(fronts))
+	for i := range static {
+		s := &static[i]
 		names[s.Name] = true
-		for _, k := range keys(s) {
+		for _, k := range vipKeys(s) {
 			used[k] = s.Name
 		}
 	}
-	out := make([]lb.Service, 0, len(fronts))
+	out, memos := make([]lb.Service, 0, len(fronts)), make([]*svcMemo, 0, len(fronts))
 	for i := range fronts {
 		f := &fronts[i]
 		if f.Skipped != "" {
 			continue
 		}
-		s := lb.Service{
-			Name:      f.LBName,
-			VIPs:      f.VIPs,
-			Port:      int(f.VIPPort),
-			Protocol:  f.Protocol,
-			Topology:  f.Topology,
-			Scheduler: f.Scheduler,
-			// kube-proxy clears stale UDP conntrack entries; so does the load balancer when a
-			// backend goes down.
-			FlushConntrack: f.Protocol == "udp",
-		}
-		if f.Persistence > 0 {
-			s.Persistence = lb.D(f.Persistence)
-		}
-		for _, b := range f.Backends {
-			s.Backends = append(s.Backends, lb.Backend{Address: b.Address, Port: int(b.Port), State: b.State})
-		}
-		if errs := alone(s); len(errs) > 0 {
+		m := dr.frontService(i, f)
+		s := &m.src
+		if errs := m.aloneErrs(); len(errs) > 0 {
 			f.Skipped = "the load balancer rejects it: " + errs[0].Error()
 		} else if names[s.Name] {
 			f.Skipped = fmt.Sprintf("the name %s is already used", s.Name)
 		} else {
-			for _, k := range keys(s) {
+			for _, k := range m.vipKeys() {
 				if other, dup := used[k]; dup {
 					f.Skipped = fmt.Sprintf("%s %s/%d is already served by %s", k.vip, k.proto, k.port, other)
 					break
@@ -93,15 +55,63 @@ func lbServices(static []lb.Service, fronts []LBFront, warn func(string, ...any)
 			continue
 		}
 		names[s.Name] = true
-		for _, k := range keys(s) {
+		for _, k := range m.vipKeys() {
 			used[k] = s.Name
 		}
-		out = append(out, s)
+		// (The memo's lists, shared: the config they go into is read, and handed out only as
+		// finish's copies.)
+		out, memos = append(out, *s), append(memos, m)
 	}
 	if len(out) == 0 {
-		return nil // (as before the capacity)
+		return nil, nil // (as before the capacity)
 	}
-	return out
+	return out, memos
+}
+
+// frontService is the load balancer service of a front.
+func frontService(f *LBFront) lb.Service {
+	s := lb.Service{
+		Name:      f.LBName,
+		VIPs:      f.VIPs,
+		Port:      int(f.VIPPort),
+		Protocol:  f.Protocol,
+		Topology:  f.Topology,
+		Scheduler: f.Scheduler,
+		// kube-proxy clears stale UDP conntrack entries; so does the load balancer when a
+		// backend goes down.
+		FlushConntrack: f.Protocol == "udp",
+	}
+	if f.Persistence > 0 {
+		s.Persistence = lb.D(f.Persistence)
+	}
+	for _, b := range f.Backends {
+		s.Backends = append(s.Backends, lb.Backend{Address: b.Address, Port: int(b.Port), State: b.State})
+	}
+	return s
+}
+
+// svcKey is what no two load balancer services may share: a VIP, protocol and port.
+type svcKey struct {
+	vip   netip.Addr
+	proto string
+	port  int
+}
+
+// vipKeys are s's VIP keys.
+func vipKeys(s *lb.Service) []svcKey {
+	ports := s.Ports
+	if s.Port != 0 {
+		ports = []int{s.Port}
+	}
+	var ks []svcKey
+	for _, v := range s.VIPs {
+		if a, err := netip.ParseAddr(v); err == nil {
+			for _, p := range ports {
+				ks = append(ks, svcKey{a, cmp.Or(s.Protocol, "tcp"), p})
+			}
+		}
+	}
+	return ks
 }
 
 // lbName makes a load balancer service name (lower-case letters, digits and '-', at most 32)
