@@ -645,6 +645,11 @@ func ValidateChange(was, svcs []Service, field func(int) string) []error {
 		}
 		return false
 	}
+	// addrs: the changed services' addresses as netip writes them. An IPv4 address that
+	// netip.ParseAddr takes is written so already (no leading zeros, no zone), so an address
+	// without a colon that is not in addrs shares no key with them: the others' addresses are
+	// parsed only when they may (most of them are not).
+	addrs := map[string]bool{}
 	for _, i := range changed {
 		mine[svcs[i].Name] = true
 		keys(&svcs[i], func(vip bool, k key) bool {
@@ -653,14 +658,32 @@ func ValidateChange(was, svcs []Service, field func(int) string) []error {
 			} else {
 				backends[k] = true
 			}
+			addrs[k.addr.String()] = true
 			return false
 		})
+	}
+	mayShare := func(s *Service) bool {
+		may := func(a string) bool { return addrs[a] || strings.IndexByte(a, ':') >= 0 }
+		for _, v := range s.VIPs {
+			if may(v) {
+				return true
+			}
+		}
+		if s.topology() == DSR {
+			return false
+		}
+		for i := range s.Backends {
+			if may(s.Backends[i].Address) {
+				return true
+			}
+		}
+		return false
 	}
 	var idx []int
 	for i := range svcs {
 		s := &svcs[i]
 		if isChanged[i] || mine[s.Name] || names[s.Name] > 1 ||
-			keys(s, func(vip bool, k key) bool { return vip && vips[k] || !vip && backends[k] }) {
+			mayShare(s) && keys(s, func(vip bool, k key) bool { return vip && vips[k] || !vip && backends[k] }) {
 			idx = append(idx, i)
 		}
 	}

@@ -288,4 +288,19 @@ func TestValidateChangeEqualsValidateServices(t *testing.T) {
 			t.Errorf("%s: %v (the case is wrong)", c.what, want)
 		}
 	}
+
+	// The service that keeps its definition spells its VIP otherwise (ValidateChange parses
+	// the others' addresses only when they may share one: an IPv6 address always may).
+	was6 := append(slices.Clone(was), Service{Name: "v6", VIPs: []string{"2001:db8:0:0:0:0:0:99"}, Port: 80, Topology: DNAT,
+		Backends: []Backend{{Address: "2001:db8:1::1", Port: 8080}}})
+	if errs := ValidateServices(was6, fieldByName(was6)); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	svcs := slices.Clone(was6)
+	svcs[4].VIPs, svcs[4].Port = []string{"2001:db8::99"}, 80
+	svcs[4].Backends = []Backend{{Address: "2001:db8:1::2", Port: 8080}}
+	want, got := ValidateServices(svcs, fieldByName(svcs)), ValidateChange(was6, svcs, fieldByName(svcs))
+	if len(want) == 0 || fmt.Sprint(want) != fmt.Sprint(got) {
+		t.Errorf("a VIP taken, spelled otherwise by the service that kept it: ValidateChange %v, ValidateServices %v", got, want)
+	}
 }
