@@ -116,8 +116,22 @@ func parseTable(ref TableRef, out []byte) (*kernelTable, error) {
 	if err != nil {
 		return nil, err
 	}
-	doc, _ := json.Marshal(map[string]any{"nftables": objs})
-	tab, err := nftjson.Parse(doc)
+	// Rules' expressions and map values are kept as JSON text, compact (as the agent's known
+	// rules and rendered elements have them; nft 1.0.6 writes ", " and ": ").
+	var b bytes.Buffer
+	for _, o := range objs {
+		for kind, raw := range o {
+			if bytes.IndexByte(raw, ' ') < 0 && bytes.IndexByte(raw, '\n') < 0 {
+				continue
+			}
+			b.Reset()
+			if err := json.Compact(&b, raw); err != nil {
+				return nil, fmt.Errorf("parse nft json %s: %w", kind, err)
+			}
+			o[kind] = bytes.Clone(b.Bytes())
+		}
+	}
+	tab, err := nftjson.ParseObjects(objs)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -8,6 +9,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/knftables"
 )
 
 // scaleServices is the control-plane bench's shape (bench control-plane, lb-api): n dnat
@@ -78,6 +81,29 @@ func BenchmarkAPIDrainOneOf2000(b *testing.B) {
 	for i := range b.N {
 		state := []string{StateDrain, StateUp}[i%2]
 		if err := c.Do(ctx, http.MethodPatch, BackendPath("s7", "10.0.0.37:8080"), map[string]any{"state": state}, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkParseTable5000 reads back the table of 5,000 services of 2 backends as the agent's
+// periodic full read does (parseTable of nft's JSON, written with nft 1.0.6's spaces).
+func BenchmarkParseTable5000(b *testing.B) {
+	m, _ := NewFakeManager()
+	var rv Resolver
+	var rr Renderer
+	if _, err := m.Apply(context.Background(), rr.Render(rv.Resolve(scaleServices(5000, 2), nil, testEnv))); err != nil {
+		b.Fatal(err)
+	}
+	ref := TableRef{Family: knftables.InetFamily, Name: NATTable}
+	out, err := m.List(context.Background(), "list", "table", string(ref.Family), ref.Name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	out = bytes.ReplaceAll(bytes.ReplaceAll(out, []byte(`","`), []byte(`", "`)), []byte(`":`), []byte(`": `))
+	b.SetBytes(int64(len(out)))
+	for b.Loop() {
+		if _, err := parseTable(ref, out); err != nil {
 			b.Fatal(err)
 		}
 	}

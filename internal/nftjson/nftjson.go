@@ -127,9 +127,15 @@ func Parse(out []byte) (*Table, error) {
 	if err := json.Unmarshal(out, &doc); err != nil {
 		return nil, fmt.Errorf("parse nft json: %w", err)
 	}
+	return ParseObjects(doc.Nftables)
+}
+
+// ParseObjects is Parse of the objects of the output's "nftables" list, decoded already (a
+// caller that reads them itself need not write them out again for Parse).
+func ParseObjects(objs []map[string]json.RawMessage) (*Table, error) {
 	t := &Table{Flowtables: map[string]*Flowtable{}, Sets: map[string]*Set{}, Chains: map[string]*Chain{}}
 	var rules []jsonRule
-	for _, obj := range doc.Nftables {
+	for _, obj := range objs {
 		for kind, raw := range obj {
 			var err error
 			switch kind {
