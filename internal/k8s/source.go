@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -429,13 +430,22 @@ func (s *Source) derive(ctx context.Context) {
 	s.mu.Unlock()
 	if changed {
 		s.log.Info("config derived from the API", "localPodCIDRs", d.Config.Node.LocalPodCIDRs,
-			"peerPodCIDRs", d.Config.Node.PeerPodCIDRs, "loadBalancerIPs", d.Config.Node.LoadBalancerIPs,
+			"peerPodCIDRs", fewOrCount(d.Config.Node.PeerPodCIDRs), "loadBalancerIPs", fewOrCount(d.Config.Node.LoadBalancerIPs),
 			"balanced", len(d.Summary.Balanced))
 	}
 	s.readyOnce.Do(func() { close(s.ready) })
 	if changed || summaryChanged || prevErr != "" {
 		s.signal()
 	}
+}
+
+// fewOrCount is a list for a log line: the list while it is short, else how many (a cluster's
+// 5,000 peer CIDRs made every change's line 80 KB; status and `hostaccel k8s render` list them).
+func fewOrCount(l []string) any {
+	if len(l) <= 16 {
+		return l
+	}
+	return strconv.Itoa(len(l)) + " entries"
 }
 
 func summaryEqual(a, b Summary) bool {

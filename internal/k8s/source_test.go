@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -200,4 +201,16 @@ func metricValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	}
 	t.Fatalf("metric %s not found", name)
 	return 0
+}
+
+// A derivation's log line lists a few peer CIDRs, and counts many.
+func TestLogLineCountsLongLists(t *testing.T) {
+	few := []string{"10.1.0.0/24", "10.1.1.0/24"}
+	if got := fewOrCount(few); !reflect.DeepEqual(got, few) {
+		t.Fatalf("fewOrCount(%v) = %v", few, got)
+	}
+	many := make([]string, 5000)
+	if got := fewOrCount(many); got != "5000 entries" {
+		t.Fatalf("fewOrCount of 5,000 = %v", got)
+	}
 }
