@@ -21,6 +21,20 @@ import (
 // to the services that are not the same as last time. The config's other fields (node lists,
 // the base's settings: a few, or one per Node) are written and read back as before. Whatever
 // fails the cheap way is derived again the way it always was, for the same result and errors.
+//
+// What is kept, from the API objects down:
+//   - per Service object, the fronts balance made of it (frontMemo), while its EndpointSlices
+//     are the same objects and this node's name and IPs and the service policy are the same;
+//   - with each such front, the memo of its load balancer service (svcMemo): the service,
+//     its check alone, its VIP keys, its JSON and the service read back. A front kept from
+//     the last derivation is not converted, checked or written again: after one EndpointSlice
+//     change only that Service's are (TestDeriverKeepsUnchangedServices);
+//   - the Services in balance's order, while they are the same objects;
+//   - memos by service name, for a front made again that gives the same service (and for
+//     the base config's services).
+//
+// Every Service is still visited once per derivation (the config handed out is whole), at
+// the cost of a map lookup and a few comparisons each.
 type deriver struct {
 	// memos: load balancer services by name, each with the number of the last derivation
 	// that had it (used); finish drops those that no derivation had for a while.
