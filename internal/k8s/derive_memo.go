@@ -37,7 +37,7 @@ import (
 // the cost of a map lookup and a few comparisons each.
 type deriver struct {
 	// memos: load balancer services by name, each with the number of the last derivation
-	// that had it (used); finish drops those that no derivation had for a while.
+	// that had it (used); endDerivation drops those that no derivation had for a while.
 	memos map[string]*svcMemo
 	// gen counts derivations.
 	gen uint64

@@ -619,11 +619,19 @@ func ValidateChange(was, svcs []Service, field func(int) string) []error {
 		port  int
 	}
 	vips, backends, mine := map[key]bool{}, map[key]bool{}, map[string]bool{}
-	// keys calls fn with each VIP and backend key of s, as ValidateServices compares them.
-	keys := func(s *Service, fn func(vip bool, k key) bool) bool {
+	// keys calls fn with each VIP and backend key of s, as ValidateServices compares them;
+	// with may, only for the addresses that may says may match (the others are not parsed).
+	keys := func(s *Service, may func(string) bool, fn func(vip bool, k key) bool) bool {
+		parse := func(v string) (netip.Addr, bool) {
+			if may != nil && !may(v) {
+				return netip.Addr{}, false
+			}
+			a, err := netip.ParseAddr(v)
+			return a, err == nil
+		}
 		proto, ports := s.proto(), s.ports()
 		for _, v := range s.VIPs {
-			if a, err := netip.ParseAddr(v); err == nil {
+			if a, ok := parse(v); ok {
 				for _, p := range ports {
 					if fn(true, key{a, proto, p}) {
 						return true
@@ -635,7 +643,7 @@ func ValidateChange(was, svcs []Service, field func(int) string) []error {
 			return false
 		}
 		for _, b := range s.Backends {
-			if a, err := netip.ParseAddr(b.Address); err == nil {
+			if a, ok := parse(b.Address); ok {
 				for _, p := range ports {
 					if fn(false, key{a, proto, cmp.Or(b.Port, p)}) {
 						return true
@@ -652,7 +660,7 @@ func ValidateChange(was, svcs []Service, field func(int) string) []error {
 	addrs := map[string]bool{}
 	for _, i := range changed {
 		mine[svcs[i].Name] = true
-		keys(&svcs[i], func(vip bool, k key) bool {
+		keys(&svcs[i], nil, func(vip bool, k key) bool {
 			if vip {
 				vips[k] = true
 			} else {
@@ -662,28 +670,12 @@ func ValidateChange(was, svcs []Service, field func(int) string) []error {
 			return false
 		})
 	}
-	mayShare := func(s *Service) bool {
-		may := func(a string) bool { return addrs[a] || strings.IndexByte(a, ':') >= 0 }
-		for _, v := range s.VIPs {
-			if may(v) {
-				return true
-			}
-		}
-		if s.topology() == DSR {
-			return false
-		}
-		for i := range s.Backends {
-			if may(s.Backends[i].Address) {
-				return true
-			}
-		}
-		return false
-	}
+	may := func(a string) bool { return addrs[a] || strings.IndexByte(a, ':') >= 0 }
 	var idx []int
 	for i := range svcs {
 		s := &svcs[i]
 		if isChanged[i] || mine[s.Name] || names[s.Name] > 1 ||
-			mayShare(s) && keys(s, func(vip bool, k key) bool { return vip && vips[k] || !vip && backends[k] }) {
+			keys(s, may, func(vip bool, k key) bool { return vip && vips[k] || !vip && backends[k] }) {
 			idx = append(idx, i)
 		}
 	}
