@@ -184,11 +184,7 @@ loadBalancer:
 // Service's load balancer service again; every other front keeps its memo (the same object),
 // and the Services' order is not sorted again while they are the same objects.
 func TestDeriverKeepsUnchangedServices(t *testing.T) {
-	base, err := ParseBase([]byte(baseYAML))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := Params{NodeName: "self"}
+	base, p := mustBase(t, baseYAML), Params{NodeName: "self"}
 	snap := scaleSnapshot(40)
 	var dr deriver
 	memos := func() map[string]*svcMemo {
@@ -237,11 +233,7 @@ func TestDeriverKeepsUnchangedServices(t *testing.T) {
 // TestDeriverForgetsServices: memos of services no longer derived are dropped; they do not
 // pile up over changes.
 func TestDeriverForgetsServices(t *testing.T) {
-	base, err := ParseBase([]byte(baseYAML))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := Params{NodeName: "self"}
+	base, p := mustBase(t, baseYAML), Params{NodeName: "self"}
 	var dr deriver
 	for round := range 30 {
 		snap := scaleSnapshot(20)
