@@ -20,6 +20,13 @@ const watchSettle = 20 * time.Millisecond
 // a symlink (a watch on the file itself would miss both), and it still looks every interval,
 // for file systems without inotify (NFS) and for events the kernel dropped.
 func Watch(ctx context.Context, path string, interval time.Duration, changed func()) {
+	WatchFrom(ctx, path, interval, changed, nil)
+}
+
+// WatchFrom is Watch that calls started (when not nil) once it has taken its first look: a
+// change after that is reported, so a caller that reads the file only after started misses
+// none (one that reads it before may: the first look takes the changed file as its baseline).
+func WatchFrom(ctx context.Context, path string, interval time.Duration, changed, started func()) {
 	var last os.FileInfo
 	look := func() {
 		fi, err := os.Stat(path)
@@ -40,6 +47,9 @@ func Watch(ctx context.Context, path string, interval time.Duration, changed fun
 		}
 	}
 	look()
+	if started != nil {
+		started()
+	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var settle <-chan time.Time

@@ -211,7 +211,15 @@ func (s *Source) Run(ctx context.Context) {
 	defer wg.Wait()
 	wg.Go(func() { s.runProbe(ctx) })
 	if s.opts.BaseConfigPath != "" {
-		wg.Go(func() { s.watchBase(ctx) })
+		// The watch's first look comes before the first derivation reads the file: an edit
+		// in between would otherwise be the watch's baseline, never noticed.
+		looked := make(chan struct{})
+		wg.Go(func() { s.watchBase(ctx, func() { close(looked) }) })
+		select {
+		case <-looked:
+		case <-ctx.Done():
+			return
+		}
 	}
 	if cache.WaitForCacheSync(ctx.Done(), s.synced...) {
 		s.mu.Lock()
@@ -514,11 +522,11 @@ func (s *Source) localSubnets(snap Snapshot) []netip.Prefix {
 
 // watchBase polls the base config file (a ConfigMap volume is updated by swapping a symlink,
 // which polling sees and inotify on the file does not).
-func (s *Source) watchBase(ctx context.Context) {
-	config.Watch(ctx, s.opts.BaseConfigPath, s.opts.FilePollInterval, func() {
+func (s *Source) watchBase(ctx context.Context, started func()) {
+	config.WatchFrom(ctx, s.opts.BaseConfigPath, s.opts.FilePollInterval, func() {
 		s.log.Info("base config changed", "path", s.opts.BaseConfigPath)
 		s.markDirty()
-	})
+	}, started)
 }
 
 // runProbe asks the API server for this Node every ProbeInterval, and at once after a watch
