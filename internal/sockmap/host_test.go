@@ -236,8 +236,24 @@ func TestTraffic(t *testing.T) {
 					}
 					redirectedAtLeast := fn(t, c, s)
 					after := b.status()
-					if d := after.Redirected.Bytes - before.Redirected.Bytes; d < uint64(redirectedAtLeast) {
-						t.Errorf("redirected %d bytes, want >= %d; status %+v", d, redirectedAtLeast, after)
+					// With the bound on (the default), a reader descheduled on a
+					// loaded host can fall behind by it: that direction then takes TCP by
+					// design until the reader has read all (bounded, then resumed). What it
+					// passed then is not expected moved; any other pass is a failure.
+					want := uint64(redirectedAtLeast)
+					bn, rn := after.Bounded.Count-before.Bounded.Count, after.Resumed-before.Resumed
+					passed := after.Passed.Bytes - before.Passed.Bytes
+					if bn > 0 {
+						if bn > rn+2 {
+							t.Errorf("%d directions bounded, %d resumed: a bounded direction did not come back", bn, rn)
+						}
+						t.Logf("%d bounded / %d resumed while it ran: %d KiB took TCP by design", bn, rn, passed>>10)
+						want = max(want-min(want, passed), want/4)
+					} else if passed != 0 {
+						t.Errorf("%d bytes passed to TCP, none bounded: the peer was not found in the map", passed)
+					}
+					if d := after.Redirected.Bytes - before.Redirected.Bytes; d < want {
+						t.Errorf("redirected %d bytes, want >= %d; status %+v", d, want, after)
 					}
 					if d := after.Entered[family(v6)] - before.Entered[family(v6)]; d != 2 {
 						t.Errorf("entered %d %s sockets, want 2", d, family(v6))
