@@ -163,7 +163,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.opts.Source != nil {
 		go func() { defer wg.Done(); a.watchSource(ctx) }()
 	} else {
-		go func() { defer wg.Done(); a.watchFile(ctx) }()
+		// The first sync reads the file after the watch's first look: an edit in between
+		// would otherwise be the watch's baseline, unseen until the resync period.
+		looked := make(chan struct{})
+		go func() { defer wg.Done(); a.watchFile(ctx, func() { close(looked) }) }()
+		select {
+		case <-looked:
+		case <-ctx.Done():
+		}
 	}
 
 	var last time.Time
@@ -460,9 +467,10 @@ func (a *Agent) watchSignals(ctx context.Context) {
 	}
 }
 
-// watchFile watches the config file (config.Watch: inotify on its directory, and a look every second).
-func (a *Agent) watchFile(ctx context.Context) {
-	config.Watch(ctx, a.opts.ConfigPath, time.Second, a.Trigger)
+// watchFile watches the config file (config.WatchFrom: inotify on its directory, and a look
+// every second); started is called after its first look.
+func (a *Agent) watchFile(ctx context.Context, started func()) {
+	config.WatchFrom(ctx, a.opts.ConfigPath, time.Second, a.Trigger, started)
 }
 
 // watchSource triggers a sync whenever the config source says something changed.

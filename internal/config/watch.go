@@ -28,15 +28,17 @@ func Watch(ctx context.Context, path string, interval time.Duration, changed fun
 // none (one that reads it before may: the first look takes the changed file as its baseline).
 func WatchFrom(ctx context.Context, path string, interval time.Duration, changed, started func()) {
 	var last os.FileInfo
+	looked := false
 	look := func() {
 		fi, err := os.Stat(path)
 		if err != nil {
-			return
+			looked = true
+			return // a file that is gone is reported when it is back
 		}
-		if last != nil && (fi.ModTime() != last.ModTime() || fi.Size() != last.Size() || inode(fi) != inode(last)) {
+		if looked && (last == nil || fi.ModTime() != last.ModTime() || fi.Size() != last.Size() || inode(fi) != inode(last)) {
 			changed()
 		}
-		last = fi
+		last, looked = fi, true
 	}
 	var events <-chan fsnotify.Event
 	var errs <-chan error

@@ -76,3 +76,29 @@ func TestWatchSeesChangesAtOnce(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 }
+
+// TestWatchFromReportsAfterStarted: a change made right after started is reported, also of a
+// file that did not exist at the first look (it is created later).
+func TestWatchFromReportsAfterStarted(t *testing.T) {
+	for _, exists := range []bool{true, false} {
+		path := filepath.Join(t.TempDir(), "config.yaml")
+		if exists {
+			if err := os.WriteFile(path, []byte("datapath: none\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		changed, started := make(chan struct{}, 16), make(chan struct{})
+		go WatchFrom(ctx, path, time.Hour, func() { changed <- struct{}{} }, func() { close(started) })
+		<-started
+		if err := os.WriteFile(path, []byte("datapath: none\nagent: {resyncPeriod: 10s}\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-changed:
+		case <-time.After(5 * time.Second):
+			t.Errorf("existed at the first look %v: a change after started not seen", exists)
+		}
+		cancel()
+	}
+}
