@@ -76,21 +76,32 @@ func (m *Manager) knownPath(g nftlist.Generation) string {
 	return filepath.Join(m.KnownDir, fmt.Sprintf("lb-known-%d.json", g.NetNSInode))
 }
 
-// recall reads the ruleset's generation before the apply reads anything of the kernel, and
-// takes the cache from the file when the Manager knows nothing yet: trusted when the
-// generation is the file's, else only for the rule expressions (the tables are read whole,
-// and what changed since is Result.Drift). ok: the generation was read.
-func (m *Manager) recall(ctx context.Context) (g nftlist.Generation, ok bool) {
-	if m.KnownDir == "" || m.Generation == nil {
+// generation reads the ruleset's generation (ok false: the Manager has no Generation, or
+// the kernel does not tell the namespace or the boot, so a generation proves nothing).
+func (m *Manager) generation(ctx context.Context) (g nftlist.Generation, ok bool) {
+	if m.Generation == nil {
 		return g, false
 	}
 	g, err := m.Generation(ctx)
 	if err != nil || g.NetNS == 0 || g.Boot == "" {
-		slog.Debug("load balancer: no ruleset generation: the tables are read whole", "err", err)
+		slog.Debug("load balancer: no ruleset generation: the tables are read whole when due", "err", err)
 		return g, false
 	}
+	return g, true
+}
+
+// sameRuleset reports whether a and b are one ruleset at one generation.
+func sameRuleset(a, b nftlist.Generation) bool {
+	return a.ID == b.ID && a.NetNS == b.NetNS && a.NetNSInode == b.NetNSInode && a.Boot == b.Boot
+}
+
+// recall takes the cache from the file when the Manager knows nothing yet (g: the ruleset's
+// generation before the apply reads anything): trusted when the generation is the file's,
+// else only for the rule expressions (the tables are read whole, and what changed since is
+// Result.Drift).
+func (m *Manager) recall(g nftlist.Generation) {
 	if m.cache.known() {
-		return g, true
+		return
 	}
 	path := m.knownPath(g)
 	k, err := readKnown(path, g)
@@ -99,7 +110,6 @@ func (m *Manager) recall(ctx context.Context) (g nftlist.Generation, ok bool) {
 		if !errors.Is(err, os.ErrNotExist) {
 			slog.Debug("load balancer: ignoring the cache file", "path", path, "err", err)
 		}
-		return g, true
 	case k.Gen != g.ID:
 		slog.Debug("load balancer: the ruleset changed since the last apply: the tables are read whole",
 			"generation", g.ID, "cached", k.Gen)
@@ -109,31 +119,48 @@ func (m *Manager) recall(ctx context.Context) (g nftlist.Generation, ok bool) {
 	default:
 		slog.Debug("load balancer: the ruleset is as the last apply left it: diffing against its cache", "generation", g.ID)
 		m.cache = k.cache()
-		m.cache.lastFull = time.Now() // as good as a full read
 		m.expect = m.cache.tables
+		m.quiet = &g
 	}
-	return g, true
 }
 
-// keep writes the cache to the file after an apply that began at generation was (see
-// above), or removes the file when the generation does not prove the cache exact.
-func (m *Manager) keep(ctx context.Context, was nftlist.Generation, err error) {
+// prove sets quiet to the ruleset's generation after a successful apply that began at was,
+// when that proves no one else's transaction came between (see above).
+func (m *Manager) prove(ctx context.Context, was nftlist.Generation) {
+	now, ok := m.generation(ctx)
+	sure := surelyChanges(m.lastTx)
+	switch {
+	case !ok || now.NetNS != was.NetNS || now.NetNSInode != was.NetNSInode || now.Boot != was.Boot:
+	case !sure && now.ID == was.ID || sure && now.ID == was.Next().ID:
+		m.quiet = &now
+	default:
+		slog.Debug("load balancer: the ruleset changed beside this apply: the tables are read whole when due",
+			"before", was.ID, "after", now.ID)
+	}
+}
+
+// unchangedSince reports whether the ruleset is still at the generation our last apply
+// proved (g: the generation now): then no one changed our tables, and the cache is as good
+// as a full read (it counts as one).
+func (m *Manager) unchangedSince(g nftlist.Generation, ok bool) bool {
+	if !ok || m.quiet == nil || !sameRuleset(g, *m.quiet) {
+		return false
+	}
+	m.cache.lastFull = time.Now()
+	m.FullReadsSkipped++
+	return true
+}
+
+// keep writes the cache to the file after an apply that began at generation was when the
+// generation after it proves the cache exact (quiet), or else removes the file.
+func (m *Manager) keep(was nftlist.Generation) {
 	path := m.knownPath(was)
-	if err == nil && m.cache.known() {
-		now, gerr := m.Generation(ctx)
-		sure := surelyChanges(m.lastTx)
-		switch {
-		case gerr != nil || now.NetNS != was.NetNS || now.NetNSInode != was.NetNSInode || now.Boot != was.Boot:
-		case !sure && now.ID == was.ID || sure && now.ID == was.Next().ID:
-			werr := writeKnown(path, m.cache.file(now))
-			if werr == nil {
-				return
-			}
-			slog.Debug("load balancer: cannot write the cache file", "err", werr)
-		default:
-			slog.Debug("load balancer: the ruleset changed beside this apply: the next reads the tables whole",
-				"before", was.ID, "after", now.ID)
+	if m.quiet != nil && m.cache.known() {
+		werr := writeKnown(path, m.cache.file(*m.quiet))
+		if werr == nil {
+			return
 		}
+		slog.Debug("load balancer: cannot write the cache file", "err", werr)
 	}
 	if rerr := os.Remove(path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 		slog.Debug("load balancer: cannot remove the cache file", "err", rerr)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/knftables"
 
@@ -255,4 +256,62 @@ func TestSurelyChanges(t *testing.T) {
 	if !surelyChanges(tx) {
 		t.Error("a rule added")
 	}
+}
+
+// The agent's Manager (DeferFull) skips a due full read while the ruleset is still at the
+// generation its last apply proved: no one can have changed our tables. Someone's edit, or a
+// commit beside ours, makes the reading due again, and the apply after it repairs the drift.
+func TestFullReadSkippedWhileTheRulesetIsOurs(t *testing.T) {
+	g := newGenFake()
+	m := g.process("")
+	m.DeferFull, m.FullEvery = true, time.Millisecond
+	svcs := knownServices()
+	due := func(what string, want bool) {
+		t.Helper()
+		time.Sleep(2 * time.Millisecond)
+		skipped := m.FullReadsSkipped
+		if got := m.FullDue(); got != want {
+			t.Fatalf("%s: full read due %v, want %v", what, got, want)
+		}
+		if n := m.FullReadsSkipped - skipped; n != map[bool]uint64{true: 0, false: 1}[want] {
+			t.Fatalf("%s: %d full reads counted as skipped", what, n)
+		}
+	}
+	apply(t, m, svcs, nil)
+	due("after the first apply", false)
+	svcs[3].Backends[10].State = StateDrain
+	apply(t, m, svcs, nil)
+	due("after a drain", false)
+	apply(t, m, svcs, nil)
+	due("after an apply that changed nothing", false)
+
+	g.edit(t, func(tx *knftables.Transaction) {
+		tx.Delete(&knftables.Element{Family: knftables.InetFamily, Table: NATTable, Map: "big-backends-v4", Key: []string{"5"}})
+	})
+	due("after someone deleted an element", true)
+	fr := m.StartFullRead()
+	if err := fr.Read(context.Background()); err != nil || !m.FinishFullRead(fr) {
+		t.Fatalf("reading: %v", err)
+	}
+	res, d := apply(t, m, svcs, nil)
+	if !res.FullRead || len(res.Drift) == 0 {
+		t.Fatalf("the apply after the reading: %+v", res)
+	}
+	checkKernel(t, g.Fake, freshDump(t, d), "repaired")
+	// That repair only added: it cannot prove that no one else's transaction came between.
+	due("after a repair that only added", true)
+
+	svcs[3].Backends[10].State = ""
+	apply(t, m, svcs, nil)
+	due("after an apply proved again", false)
+	svcs[3].Backends[11].State = StateDrain
+	g.foreign = 1
+	if res, _ := apply(t, m, svcs, nil); res.FullRead {
+		t.Fatalf("drain: %+v", res)
+	}
+	due("after a commit beside ours", true)
+
+	m.Generation = nil
+	apply(t, m, svcs, nil)
+	due("without generations", true)
 }

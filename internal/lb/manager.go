@@ -42,11 +42,14 @@ type Manager struct {
 	// A first apply, and one after a failure, still read at once.
 	DeferFull bool
 
-	// KnownDir, with Generation: Apply keeps its cache in a file there (one per network
-	// namespace) for the next process, which diffs against it while the ruleset's
-	// generation is the one the file has (known.go). For the one-shot `hostaccel apply`.
-	KnownDir   string
+	// Generation reads the ruleset's generation (NewManager: the kernel's; nil: none), which
+	// tells whether anyone changed the ruleset since our last apply (known.go): if not, a
+	// due full read is skipped.
 	Generation func(context.Context) (nftlist.Generation, error)
+	// KnownDir: Apply keeps its cache in a file there (one per network namespace) for the
+	// next process, which diffs against it while the ruleset's generation is the one the
+	// file has (known.go). For the one-shot `hostaccel apply`.
+	KnownDir string
 
 	// Netlink, when set, sends the transactions it carries without nft (netlink.go).
 	Netlink Netlink
@@ -60,6 +63,11 @@ type Manager struct {
 	// applies counts the applies and removals: a Settle's reading is dropped when one ran
 	// while nft listed.
 	applies uint64
+	// quiet is the ruleset's generation after the last apply when it proves that no one
+	// else's transaction came between (known.go): while the ruleset is still at it, no one
+	// changed our tables, and a due full read is skipped (FullReadsSkipped counts them).
+	quiet            *nftlist.Generation
+	FullReadsSkipped uint64
 	// expect is every table as the last successful apply left it (nil: none since
 	// NewManager or Remove); unlike cache it survives a failed apply, so that a repair
 	// after one still sees what someone else changed (Result.Drift).
@@ -77,7 +85,8 @@ func NewManager() (*Manager, error) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return nil, fmt.Errorf("could not find nftables binary: %w", err)
 	}
-	m := &Manager{List: NFTList, Tables: ListTables, ReadCounter: NetlinkCounters, FullEvery: DefaultFullEvery}
+	m := &Manager{List: NFTList, Tables: ListTables, ReadCounter: NetlinkCounters, FullEvery: DefaultFullEvery,
+		Generation: nftlist.GetGeneration}
 	if os.Getenv(EnvNFTOnly) == "" {
 		m.Netlink = NetlinkLane
 	}
@@ -183,14 +192,18 @@ func (r Result) Changed() bool { return r.Operations > 0 }
 // its layout changed. Our tables that r does not have are deleted. Dynamic maps (flows,
 // persistent clients) keep their entries, except those pointing at backends that are gone.
 func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
-	gen, persist := m.recall(ctx)
-	full := m.cache.fullDue(m.FullEvery)
+	was, ok := m.generation(ctx)
+	persist := ok && m.KnownDir != ""
+	if persist {
+		m.recall(was)
+	}
+	full := m.cache.fullDue(m.FullEvery) && !m.unchangedSince(was, ok)
 	if m.DeferFull && m.FullEvery > 0 && m.cache.known() {
 		full = m.fresh != nil && m.fresh.applies == m.applies
 	}
-	res, err := m.applyAs(ctx, r, full, false)
+	res, err := m.applyAs(ctx, r, full, false, was, ok)
 	if persist {
-		m.keep(ctx, gen, err)
+		m.keep(was)
 	}
 	return res, err
 }
@@ -201,10 +214,19 @@ func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
 // takes nft a second with thousands of services): it trusts its cache, and a table someone
 // deleted fails the transaction, after which the tables are read whole and it is retried.
 func (m *Manager) ApplyChanges(ctx context.Context, r *Ruleset) (Result, error) {
-	return m.applyAs(ctx, r, m.FullEvery <= 0, true)
+	was, ok := m.generation(ctx)
+	return m.applyAs(ctx, r, m.FullEvery <= 0, true, was, ok)
 }
 
-func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full, trust bool) (Result, error) {
+// applyAs applies r; was is the ruleset's generation before (ok: known), which the one after
+// may prove the only change (quiet).
+func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full, trust bool, was nftlist.Generation, ok bool) (res Result, err error) {
+	m.quiet = nil
+	defer func() {
+		if err == nil && ok {
+			m.prove(ctx, was)
+		}
+	}()
 	fresh := m.fresh
 	if fresh != nil && fresh.applies != m.applies {
 		fresh = nil // read before another apply: it may hold what that apply replaced
@@ -213,7 +235,7 @@ func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full, trust bool) (Re
 	m.applies++
 	m.lastTx = nil
 	full = full || !m.cache.known()
-	res, err := m.apply(ctx, r, full, trust && !full, fresh)
+	res, err = m.apply(ctx, r, full, trust && !full, fresh)
 	if err != nil && !full {
 		// What we remembered may be stale (someone changed the tables): read them and retry.
 		m.cache.distrust()
@@ -833,7 +855,7 @@ func normExpr(e string) string {
 
 // Remove deletes every table of the load balancer, and nothing else.
 func (m *Manager) Remove(ctx context.Context) ([]TableRef, error) {
-	m.expect = nil
+	m.expect, m.quiet = nil, nil
 	m.forgetKnown(ctx)
 	refs, err := m.ours(ctx)
 	if err != nil || len(refs) == 0 {
@@ -885,9 +907,16 @@ type FullRead struct {
 }
 
 // FullDue reports whether a full reading is due and none is waiting (DeferFull).
+// A due reading is skipped when the ruleset is still at the generation the last apply proved
+// (a netlink request, where the reading lists the whole ruleset).
 func (m *Manager) FullDue() bool {
-	return m.DeferFull && m.FullEvery > 0 && m.cache.known() && m.cache.fullDue(m.FullEvery) &&
-		(m.fresh == nil || m.fresh.applies != m.applies)
+	if !m.DeferFull || m.FullEvery <= 0 || !m.cache.known() || !m.cache.fullDue(m.FullEvery) {
+		return false
+	}
+	if m.quiet != nil && m.unchangedSince(m.generation(context.Background())) {
+		return false
+	}
+	return m.fresh == nil || m.fresh.applies != m.applies
 }
 
 // StartFullRead notes the apply a full reading follows. Call it where Apply may be called.
