@@ -76,18 +76,22 @@ func (m *Manager) knownPath(g nftlist.Generation) string {
 	return filepath.Join(m.KnownDir, fmt.Sprintf("lb-known-%d.json", g.NetNSInode))
 }
 
-// generation reads the ruleset's generation (ok false: the Manager has no Generation, or
-// the kernel does not tell the namespace or the boot, so a generation proves nothing).
-func (m *Manager) generation(ctx context.Context) (g nftlist.Generation, ok bool) {
-	if m.Generation == nil {
+// generation reads the ruleset's generation with read (ok false: read is nil, or the
+// kernel does not tell the namespace or the boot, so a generation proves nothing).
+func generation(ctx context.Context, read func(context.Context) (nftlist.Generation, error)) (g nftlist.Generation, ok bool) {
+	if read == nil {
 		return g, false
 	}
-	g, err := m.Generation(ctx)
+	g, err := read(ctx)
 	if err != nil || g.NetNS == 0 || g.Boot == "" {
 		slog.Debug("load balancer: no ruleset generation: the tables are read whole when due", "err", err)
 		return g, false
 	}
 	return g, true
+}
+
+func (m *Manager) generation(ctx context.Context) (nftlist.Generation, bool) {
+	return generation(ctx, m.Generation)
 }
 
 // sameRuleset reports whether a and b are one ruleset at one generation.
@@ -148,6 +152,9 @@ func (m *Manager) unchangedSince(g nftlist.Generation, ok bool) bool {
 	}
 	m.cache.lastFull = time.Now()
 	m.FullReadsSkipped++
+	if m.Log != nil {
+		m.Log.Debug("full read skipped: no transaction since our last apply", "generation", g.ID, "skipped", m.FullReadsSkipped)
+	}
 	return true
 }
 

@@ -289,17 +289,37 @@ func TestFullReadSkippedWhileTheRulesetIsOurs(t *testing.T) {
 		tx.Delete(&knftables.Element{Family: knftables.InetFamily, Table: NATTable, Map: "big-backends-v4", Key: []string{"5"}})
 	})
 	due("after someone deleted an element", true)
-	fr := m.StartFullRead()
-	if err := fr.Read(context.Background()); err != nil || !m.FinishFullRead(fr) {
+	// Applies from the cache after it (one that changes nothing, one that changes
+	// something) do not make it ours again: the cache did not see that change.
+	apply(t, m, svcs, nil)
+	due("after someone's change and an apply of nothing", true)
+	svcs[3].Backends[12].State = StateDrain
+	apply(t, m, svcs, nil)
+	due("after someone's change and a drain", true)
+	// A reading taken before someone else's next commit cannot prove the apply after it.
+	stale := m.StartFullRead()
+	if err := stale.Read(context.Background()); err != nil || !m.FinishFullRead(stale) {
 		t.Fatalf("reading: %v", err)
 	}
+	theirs := &knftables.Table{Family: knftables.IPv4Family, Name: "theirs"}
+	g.edit(t, func(tx *knftables.Transaction) { tx.Add(theirs) })
+	g.edit(t, func(tx *knftables.Transaction) { tx.Delete(theirs) })
+	svcs[3].Backends[13].State = StateDrain // a chain rewritten: a transaction that surely changes
 	res, d := apply(t, m, svcs, nil)
 	if !res.FullRead || len(res.Drift) == 0 {
 		t.Fatalf("the apply after the reading: %+v", res)
 	}
 	checkKernel(t, g.Fake, freshDump(t, d), "repaired")
-	// That repair only added: it cannot prove that no one else's transaction came between.
-	due("after a repair that only added", true)
+	due("after an apply from a reading older than someone's commit", true)
+	// A reading at the generation the apply starts from proves it.
+	fr := m.StartFullRead()
+	if err := fr.Read(context.Background()); err != nil || !m.FinishFullRead(fr) {
+		t.Fatalf("reading: %v", err)
+	}
+	if res, _ := apply(t, m, svcs, nil); !res.FullRead || res.Changed() {
+		t.Fatalf("the apply after a current reading: %+v", res)
+	}
+	due("after an apply from a current reading", false)
 
 	svcs[3].Backends[10].State = ""
 	apply(t, m, svcs, nil)

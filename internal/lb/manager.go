@@ -220,13 +220,13 @@ func (m *Manager) ApplyChanges(ctx context.Context, r *Ruleset) (Result, error) 
 
 // applyAs applies r; was is the ruleset's generation before (ok: known), which the one after
 // may prove the only change (quiet).
+//
+// The generation after it proves the cache exact (quiet) only if the cache the apply diffed
+// against was exact at was: the last proof still held then, or the tables were read whole
+// after was (here, or by a deferred reading at that very generation).
 func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full, trust bool, was nftlist.Generation, ok bool) (res Result, err error) {
+	exact := m.quiet != nil && sameRuleset(was, *m.quiet)
 	m.quiet = nil
-	defer func() {
-		if err == nil && ok {
-			m.prove(ctx, was)
-		}
-	}()
 	fresh := m.fresh
 	if fresh != nil && fresh.applies != m.applies {
 		fresh = nil // read before another apply: it may hold what that apply replaced
@@ -235,11 +235,18 @@ func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full, trust bool, was
 	m.applies++
 	m.lastTx = nil
 	full = full || !m.cache.known()
+	if full {
+		exact = fresh == nil || fresh.genOK && sameRuleset(fresh.gen, was)
+	}
 	res, err = m.apply(ctx, r, full, trust && !full, fresh)
 	if err != nil && !full {
 		// What we remembered may be stale (someone changed the tables): read them and retry.
 		m.cache.distrust()
-		return m.apply(ctx, r, true, false, nil)
+		res, err = m.apply(ctx, r, true, false, nil)
+		exact = true
+	}
+	if err == nil && ok && exact {
+		m.prove(ctx, was)
 	}
 	return res, err
 }
@@ -901,7 +908,11 @@ type TableState struct {
 type FullRead struct {
 	ours    func(context.Context) ([]TableRef, error)
 	observe func(ctx context.Context, ref TableRef) (*kernelTable, error)
-	applies uint64
+	// generation reads the ruleset's generation; gen is the one before the reading (genOK).
+	generation func(context.Context) (nftlist.Generation, error)
+	gen        nftlist.Generation
+	genOK      bool
+	applies    uint64
 	refs    []TableRef
 	read    map[TableRef]*kernelTable
 }
@@ -921,13 +932,14 @@ func (m *Manager) FullDue() bool {
 
 // StartFullRead notes the apply a full reading follows. Call it where Apply may be called.
 func (m *Manager) StartFullRead() *FullRead {
-	return &FullRead{ours: m.ours, applies: m.applies,
+	return &FullRead{ours: m.ours, applies: m.applies, generation: m.Generation,
 		observe: func(ctx context.Context, ref TableRef) (*kernelTable, error) { return m.observe(ctx, ref, false) }}
 }
 
 // Read lists our tables whole (nft); anywhere.
 func (f *FullRead) Read(ctx context.Context) error {
 	ctx = background(ctx)
+	f.gen, f.genOK = generation(ctx, f.generation)
 	refs, err := f.ours(ctx)
 	if err != nil {
 		return err
