@@ -913,8 +913,8 @@ type FullRead struct {
 	gen        nftlist.Generation
 	genOK      bool
 	applies    uint64
-	refs    []TableRef
-	read    map[TableRef]*kernelTable
+	refs       []TableRef
+	read       map[TableRef]*kernelTable
 }
 
 // FullDue reports whether a full reading is due and none is waiting (DeferFull).
