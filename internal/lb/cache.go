@@ -4,6 +4,8 @@ import (
 	"slices"
 	"time"
 
+	"sigs.k8s.io/knftables"
+
 	"github.com/hostaccel/hostaccel/internal/nftjson"
 )
 
@@ -29,6 +31,8 @@ type kernelCache struct {
 	// comment has the same expression: its chain needs no reading back (a service whose
 	// slots go 2 -> 1 -> 2 is read once per shape, not after every change).
 	retired map[ruleKey]string
+	// shapes are the renderings of service chains' rules learnt by shape (shapes.go).
+	shapes map[string]*shape
 }
 
 // maxRetired bounds kernelCache.retired (past it, it starts over).
@@ -91,7 +95,11 @@ func (c *kernelCache) lost(t *Table, name string) bool {
 // it (someone edited it). A rule listed without its expression, or never read, is not.
 func (c *kernelCache) edited(ref TableRef, chain string, got *nftjson.Rule) bool {
 	was := c.exprs[ruleKey{ref, chain, got.Comment}]
-	return got.Expr != "" && was != "" && was != normExpr(got.Expr)
+	if got.Expr != "" && was != "" && was != normExpr(got.Expr) {
+		c.distrustShape(ref, chain, got.Comment) // it may have been predicted
+		return true
+	}
+	return false
 }
 
 // next starts the cache that follows an apply of tables: each as the apply leaves it, with
@@ -118,7 +126,7 @@ func (c *kernelCache) next(tables []*Table) *kernelCache {
 			}
 		}
 	}
-	n.retired = c.retired
+	n.retired, n.shapes = c.retired, c.shapes
 	for k, v := range c.exprs {
 		if _, kept := n.exprs[k]; !kept {
 			n.retire(k, v)
@@ -141,15 +149,15 @@ func (c *kernelCache) next(tables []*Table) *kernelCache {
 // them.
 func (c *kernelCache) leaveUnread(t *Table, chains []string) {
 	ref := t.ref()
-	comments := map[string][]string{}
+	rules := map[string][]*knftables.Rule{}
 	for _, rl := range t.Rules {
 		if slices.Contains(chains, rl.Chain) {
-			comments[rl.Chain] = append(comments[rl.Chain], *rl.Comment)
+			rules[rl.Chain] = append(rules[rl.Chain], rl)
 		}
 	}
 	var unknown []string
 	for _, ch := range chains {
-		if !c.recall(ref, ch, comments[ch]) {
+		if !c.recall(ref, ch, rules[ch]) {
 			unknown = append(unknown, ch)
 		}
 	}
@@ -183,23 +191,27 @@ func (c *kernelCache) retire(k ruleKey, expr string) {
 	c.retired[k] = expr
 }
 
-// recall gives the rules of chain (by their comments) the expressions known of them, kept or
-// retired, and reports whether every one has one: the chain then needs no reading back.
-func (c *kernelCache) recall(ref TableRef, chain string, comments []string) bool {
-	for _, cm := range comments {
-		k := ruleKey{ref, chain, cm}
-		if _, ok := c.exprs[k]; !ok {
-			if _, ok := c.retired[k]; !ok {
-				return false
-			}
+// recall gives the rules of chain the expressions known of them, kept or retired, or
+// predicted from their shape (shapes.go), and reports whether every one has one: the chain
+// then needs no reading back.
+func (c *kernelCache) recall(ref TableRef, chain string, rules []*knftables.Rule) bool {
+	found := make([]string, len(rules))
+	for i, rl := range rules {
+		k := ruleKey{ref, chain, *rl.Comment}
+		if e, ok := c.exprs[k]; ok {
+			found[i] = e
+		} else if e, ok := c.retired[k]; ok {
+			found[i] = e
+		} else if e, ok := c.predict(ref, chain, rl.Rule); ok {
+			found[i] = e
+		} else {
+			return false
 		}
 	}
-	for _, cm := range comments {
-		k := ruleKey{ref, chain, cm}
-		if e, ok := c.retired[k]; ok {
-			c.exprs[k] = e
-			delete(c.retired, k)
-		}
+	for i, rl := range rules {
+		k := ruleKey{ref, chain, *rl.Comment}
+		c.exprs[k] = found[i]
+		delete(c.retired, k)
 	}
 	return true
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 
+	"sigs.k8s.io/knftables"
+
 	"github.com/hostaccel/hostaccel/internal/nftjson"
 )
 
@@ -240,11 +242,13 @@ func (c *kernelCache) patch(s *partScope, rewritten []string) {
 		}
 		settled := now == nil
 		if now != nil && redo {
-			comments := make([]string, len(now.Rules))
-			for i, rl := range now.Rules {
-				comments[i] = rl.Comment
+			var rules []*knftables.Rule
+			for _, rl := range s.sub.Rules {
+				if rl.Chain == n {
+					rules = append(rules, rl)
+				}
 			}
-			settled = c.recall(ref, n, comments)
+			settled = c.recall(ref, n, rules)
 		}
 		switch {
 		case now == nil:

@@ -60,9 +60,13 @@ type Manager struct {
 	// lastTx is the transaction the last apply ran (nil: none).
 	lastTx *knftables.Transaction
 	fresh  *FullRead // a full reading for the next Apply (DeferFull)
-	// applies counts the applies and removals: a Settle's reading is dropped when one ran
-	// while nft listed.
-	applies uint64
+	// applies counts the applies and removals; rewritten is when (applies) each chain
+	// ("table chain") was last rewritten, reshaped the last apply that rebuilt or removed a
+	// table, read the tables whole or failed: a Settle's reading is dropped for the chains
+	// rewritten while nft listed, or whole after such an apply (FinishSettle).
+	applies   uint64
+	rewritten map[string]uint64
+	reshaped  uint64
 	// quiet is the ruleset's generation after the last apply when it proves that no one
 	// else's transaction came between (known.go): while the ruleset is still at it, no one
 	// changed our tables, and a due full read is skipped (FullReadsSkipped counts them).
@@ -247,6 +251,15 @@ func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full, trust bool, was
 	}
 	if err == nil && ok && exact {
 		m.prove(ctx, was)
+	}
+	if err != nil || res.FullRead || len(res.Rebuilt) > 0 || len(res.Removed) > 0 {
+		m.reshaped = m.applies
+	}
+	for _, c := range res.ChainsRewritten {
+		if m.rewritten == nil {
+			m.rewritten = map[string]uint64{}
+		}
+		m.rewritten[c] = m.applies
 	}
 	return res, err
 }
@@ -443,18 +456,20 @@ type Settling struct {
 	applies uint64
 	want    map[TableRef][]string
 	got     map[TableRef]map[string]*kernelTable // per table, per chain (or "" for the table)
+	texts   map[TableRef]map[ruleKey]string      // the wanted chains' rules' texts (shapes.go)
 }
 
 // StartSettle notes which chains are unread.
 func (m *Manager) StartSettle() *Settling {
 	s := &Settling{list: m.list, observe: func(ctx context.Context, ref TableRef) (*kernelTable, error) { return m.observe(ctx, ref, true) },
-		applies: m.applies, want: map[TableRef][]string{}, got: map[TableRef]map[string]*kernelTable{}}
+		applies: m.applies, want: map[TableRef][]string{}, got: map[TableRef]map[string]*kernelTable{}, texts: map[TableRef]map[ruleKey]string{}}
 	for ref, chains := range m.cache.unread {
 		if m.cache.tables[ref] == nil {
 			delete(m.cache.unread, ref)
 			continue
 		}
 		s.want[ref] = slices.Clone(chains)
+		s.texts[ref] = m.cache.texts(ref, chains)
 	}
 	return s
 }
@@ -483,20 +498,50 @@ func (s *Settling) Read(ctx context.Context) error {
 	return nil
 }
 
-// FinishSettle remembers what s read, unless an apply ran since StartSettle: the reading
-// may then hold rules that apply replaced, which would be taken for someone's edit. That
-// apply left its own chains unread, for the next Settle.
+// FinishSettle remembers what s read of the chains no apply rewrote since StartSettle: the
+// reading may hold the rules such an apply replaced, which would be taken for someone's edit
+// (the apply left its chains unread, for the next Settle). An apply since that rebuilt or
+// removed a table, or read the tables whole, drops the whole reading. (It dropped the whole
+// reading after any apply: at 5,000 services nft lists for seconds, and under a change every
+// 1.5 s no reading was ever kept, while nft kept listing.) Every rule read teaches its shape
+// (shapes.go), whatever its chain became since.
 func (m *Manager) FinishSettle(s *Settling) {
+	for ref, got := range s.got {
+		texts := m.cache.texts(ref, s.want[ref]) // the rules' texts now, and when the reading began
+		if texts == nil {
+			texts = map[ruleKey]string{}
+		}
+		maps.Copy(texts, s.texts[ref])
+		for _, kt := range got {
+			m.cache.learnRules(ref, kt, texts)
+		}
+	}
 	if s.applies != m.applies {
-		return
+		if m.reshaped > s.applies {
+			return
+		}
+		for ref, chains := range s.want {
+			s.want[ref] = slices.DeleteFunc(chains, func(c string) bool { return m.rewritten[ref.Name+" "+c] > s.applies })
+		}
+	}
+	for k, at := range m.rewritten {
+		if at <= s.applies { // no later Settle began before it
+			delete(m.rewritten, k)
+		}
 	}
 	for ref, got := range s.got {
+		want := s.want[ref]
+		if len(want) == 0 {
+			continue
+		}
 		if kt := got[""]; kt != nil {
-			m.cache.readRules(ref, kt, s.want[ref]...)
+			m.cache.readRules(ref, kt, want...)
 			continue
 		}
 		for c, kt := range got {
-			m.cache.readRules(ref, kt, c)
+			if slices.Contains(want, c) {
+				m.cache.readRules(ref, kt, c)
+			}
 		}
 	}
 }
@@ -877,6 +922,7 @@ func (m *Manager) Remove(ctx context.Context) ([]TableRef, error) {
 		tx.Delete(&knftables.Table{Family: ref.Family, Name: ref.Name})
 	}
 	m.applies++
+	m.reshaped = m.applies
 	m.cache.forget()
 	return refs, nft.Run(ctx, tx)
 }
