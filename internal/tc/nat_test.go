@@ -171,11 +171,14 @@ func TestNAT(t *testing.T) {
 			t.Fatalf("connection %d: %v", i, err)
 		}
 	}
-	if _, err := e.topo.Node.Exec("conntrack", "-F"); err != nil {
-		t.Fatal(err)
-	}
+	// Flushed again while any is left: a late packet of a closed connection (an ACK, a
+	// retransmitted FIN) may make a new entry after a flush (seen in a VM CI run: 2 left);
+	// one whose reference leaked is never freed, however often conntrack is flushed.
 	var n int
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := e.topo.Node.Exec("conntrack", "-F"); err != nil {
+			t.Fatal(err)
+		}
 		out, err := e.topo.Node.Exec("cat", "/proc/sys/net/netfilter/nf_conntrack_count")
 		if err != nil {
 			t.Fatal(err)
