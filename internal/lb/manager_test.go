@@ -433,25 +433,7 @@ func TestApplyChangesLeavesTheReadBackToSettle(t *testing.T) {
 	}
 
 	// Someone rewrites the scheduler rule, keeping its comment: the next full read sees it.
-	f.RLock()
-	var rules []*knftables.Rule
-	for _, r := range f.Tables[knftables.InetFamily][NATTable].Chains["svc-web-v4"].Rules {
-		cp := *r
-		rules = append(rules, &cp)
-	}
-	f.RUnlock()
-	tx := f.NewTransaction()
-	tx.Flush(&knftables.Chain{Family: knftables.InetFamily, Table: NATTable, Name: "svc-web-v4"})
-	for _, r := range rules {
-		r.Handle = nil
-		if strings.Contains(r.Rule, "numgen") {
-			r.Rule = "drop"
-		}
-		tx.Add(r)
-	}
-	if err := f.Run(context.Background(), tx); err != nil {
-		t.Fatal(err)
-	}
+	editSchedule(t, f, "svc-web-v4")
 	m.FullEvery = 0
 	res, d = apply(t, m, svcs, nil)
 	if !slices.Contains(res.Drift, "inet hostaccel-lb: chain svc-web-v4: rules changed") {
@@ -542,6 +524,30 @@ func TestRewriteToAKnownShapeIsSettled(t *testing.T) {
 	m.FullEvery = 0
 	if res, _ := apply(t, m, svcs, nil); len(res.Drift) > 0 || len(res.ChainsRewritten) > 0 {
 		t.Fatalf("full read after rewrites to known shapes: %+v", res)
+	}
+}
+
+// editSchedule is someone rewriting the scheduler rule of chain (to drop), keeping its comment.
+func editSchedule(t *testing.T, f *knftables.Fake, chain string) {
+	t.Helper()
+	f.RLock()
+	var rules []*knftables.Rule
+	for _, r := range f.Tables[knftables.InetFamily][NATTable].Chains[chain].Rules {
+		cp := *r
+		rules = append(rules, &cp)
+	}
+	f.RUnlock()
+	tx := f.NewTransaction()
+	tx.Flush(&knftables.Chain{Family: knftables.InetFamily, Table: NATTable, Name: chain})
+	for _, r := range rules {
+		r.Handle = nil
+		if strings.Contains(r.Rule, "numgen") {
+			r.Rule = "drop"
+		}
+		tx.Add(r)
+	}
+	if err := f.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -131,25 +131,7 @@ func TestShapeEditedIsDriftAndReadAgain(t *testing.T) {
 		t.Fatal("cart drained: not predicted")
 	}
 	// Someone rewrites cart's scheduler rule, keeping its comment.
-	f.RLock()
-	var rules []*knftables.Rule
-	for _, r := range f.Tables[knftables.InetFamily][NATTable].Chains["svc-cart-v4"].Rules {
-		cp := *r
-		rules = append(rules, &cp)
-	}
-	f.RUnlock()
-	tx := f.NewTransaction()
-	tx.Flush(&knftables.Chain{Family: knftables.InetFamily, Table: NATTable, Name: "svc-cart-v4"})
-	for _, r := range rules {
-		r.Handle = nil
-		if strings.Contains(r.Rule, "numgen") {
-			r.Rule = "drop"
-		}
-		tx.Add(r)
-	}
-	if err := f.Run(context.Background(), tx); err != nil {
-		t.Fatal(err)
-	}
+	editSchedule(t, f, "svc-cart-v4")
 	m.FullEvery = 0
 	res, d := apply(t, m, svcs, nil)
 	if !slices.Contains(res.Drift, "inet hostaccel-lb: chain svc-cart-v4: rules changed") {
