@@ -94,10 +94,13 @@ func (m *Manager) generation(ctx context.Context) (nftlist.Generation, bool) {
 	return generation(ctx, m.Generation)
 }
 
-// sameRuleset reports whether a and b are one ruleset at one generation.
-func sameRuleset(a, b nftlist.Generation) bool {
-	return a.ID == b.ID && a.NetNS == b.NetNS && a.NetNSInode == b.NetNSInode && a.Boot == b.Boot
+// sameNamespace reports whether a and b are generations of one namespace's ruleset.
+func sameNamespace(a, b nftlist.Generation) bool {
+	return a.NetNS == b.NetNS && a.NetNSInode == b.NetNSInode && a.Boot == b.Boot
 }
+
+// sameRuleset reports whether a and b are one ruleset at one generation.
+func sameRuleset(a, b nftlist.Generation) bool { return a.ID == b.ID && sameNamespace(a, b) }
 
 // recall takes the cache from the file when the Manager knows nothing yet (g: the ruleset's
 // generation before the apply reads anything): trusted when the generation is the file's,
@@ -134,7 +137,7 @@ func (m *Manager) prove(ctx context.Context, was nftlist.Generation) {
 	now, ok := m.generation(ctx)
 	sure := surelyChanges(m.lastTx)
 	switch {
-	case !ok || now.NetNS != was.NetNS || now.NetNSInode != was.NetNSInode || now.Boot != was.Boot:
+	case !ok || !sameNamespace(now, was):
 	case !sure && now.ID == was.ID || sure && now.ID == was.Next().ID:
 		m.quiet = &now
 	default:

@@ -521,7 +521,7 @@ func (m *Manager) FinishSettle(s *Settling) {
 			return
 		}
 		for ref, chains := range s.want {
-			s.want[ref] = slices.DeleteFunc(chains, func(c string) bool { return m.rewritten[ref.Name+" "+c] > s.applies })
+			s.want[ref] = slices.DeleteFunc(chains, func(c string) bool { return m.rewritten[chainName(ref.Name, c)] > s.applies })
 		}
 	}
 	for k, at := range m.rewritten {
@@ -545,6 +545,9 @@ func (m *Manager) FinishSettle(s *Settling) {
 		}
 	}
 }
+
+// chainName names a chain of a table as Result.ChainsRewritten does: "table chain".
+func chainName(table, chain string) string { return table + " " + chain }
 
 // Unsettled reports whether Settle has chains to read.
 func (m *Manager) Unsettled() bool { return len(m.cache.unread) > 0 }
@@ -744,7 +747,7 @@ func (m *Manager) diffChains(d *tableDiff, res *Result) (rewritten []string) {
 		if !same {
 			d.redo[c.Name] = true
 			rewritten = append(rewritten, c.Name)
-			res.ChainsRewritten = append(res.ChainsRewritten, d.t.Name+" "+c.Name)
+			res.ChainsRewritten = append(res.ChainsRewritten, chainName(d.t.Name, c.Name))
 		}
 	}
 	return rewritten
