@@ -11,16 +11,13 @@ set -euo pipefail
 mode=$1; shift
 work=$(mktemp -d /tmp/lb-background.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-python3 - "$work" <<'PY'
-import sys
-w = sys.argv[1]
-lines = ["datapath: none", "loadBalancer:", f"  api: {{socket: {w}/lb.sock}}", f"  stateFile: {w}/state.yaml", "  services:"]
-for i in range(5000):
-    a, b = divmod(i, 250)
-    lines.append(f"  - {{name: s{i}, vips: [10.96.{a}.{b+1}], port: 80, topology: dnat, scheduler: rr, "
-                 f"backends: [{{address: 10.1.{a}.{b+1}, port: 8080}}, {{address: 10.2.{a}.{b+1}, port: 8080}}]}}")
-open(f"{w}/config.yaml", "w").write("\n".join(lines) + "\n")
-PY
+awk -v w="$work" 'BEGIN {
+  printf "datapath: none\nloadBalancer:\n  api: {socket: %s/lb.sock}\n  stateFile: %s/state.yaml\n  services:\n", w, w
+  for (i = 0; i < 5000; i++) {
+    a = int(i / 250); b = i % 250 + 1
+    printf "  - {name: s%d, vips: [10.96.%d.%d], port: 80, topology: dnat, scheduler: rr, backends: [{address: 10.1.%d.%d, port: 8080}, {address: 10.2.%d.%d, port: 8080}]}\n", i, a, b, a, b, a, b
+  }
+}' > "$work/config.yaml"
 cpu() { awk -v t="$(getconf CLK_TCK)" '{printf "%.2f %.2f", ($14+$15)/t, ($16+$17)/t}' "/proc/$1/stat"; }
 backend() { local s=$1; echo "10.1.$((s / 250)).$((s % 250 + 1)):8080"; }
 for bin in "$@"; do
