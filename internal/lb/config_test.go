@@ -231,3 +231,28 @@ func TestPathLengths(t *testing.T) {
 		t.Error(errs)
 	}
 }
+
+// A one-shot apply does not check the config's services a second time (config.Load did),
+// but a state file's services are checked together with them: a conflict is refused, and an
+// error in the state file names the field as Effective does.
+func TestCheckedEffectiveChecksWhatTheStateFileMergesIn(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{StateFile: filepath.Join(dir, "none.yaml"), Services: []Service{valid()}}
+	svcs, err := checkedEffective(cfg)
+	if err != nil || len(svcs) != 1 || svcs[0].Name != "web" {
+		t.Fatalf("no state file: %v %+v", err, svcs)
+	}
+	clash := valid()
+	clash.Name = "api"
+	cfg.StateFile = filepath.Join(dir, "state.yaml")
+	if err := (Overlay{Services: []Service{clash}}).Save(cfg.StateFile); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkedEffective(cfg); err == nil || !strings.Contains(err.Error(), "192.0.2.10 tcp/80 is already used by service") {
+		t.Errorf("a state file's service on the config's VIP: %v", err)
+	}
+	cfg.StateFile = dir
+	if _, err := checkedEffective(cfg); err == nil || !strings.HasPrefix(err.Error(), "loadBalancer.stateFile: ") {
+		t.Errorf("state file is a directory: %v", err)
+	}
+}

@@ -1,8 +1,9 @@
 package lb
 
 import (
+	"bytes"
 	"context"
-	"encoding/json"
+	"encoding/gob"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,43 +38,43 @@ import (
 const DefaultKnownDir = "/run/hostaccel"
 
 // knownFormat names the file's layout; a file of another is ignored.
-const knownFormat = "hostaccel-lb-known/1"
+const knownFormat = "hostaccel-lb-known/2"
 
 // knownFile is the cache as a file: the tables as the last apply left them, in the network
 // namespace NetNS (a cookie: never reused in a boot) of boot Boot at ruleset generation Gen.
 type knownFile struct {
-	Format string       `json:"format"`
-	Gen    uint32       `json:"generation"`
-	NetNS  uint64       `json:"netnsCookie"`
-	Boot   string       `json:"bootID"`
-	Tables []knownTable `json:"tables"`
+	Format string
+	Gen    uint32
+	NetNS  uint64
+	Boot   string
+	Tables []knownTable
 }
 
 type knownTable struct {
-	Family  knftables.Family `json:"family"`
-	Name    string           `json:"name"`
-	Comment string           `json:"comment"`
+	Family  knftables.Family
+	Name    string
+	Comment string
 	// Chains are each chain's rule comments, in order.
-	Chains   map[string][]string `json:"chains"`
-	Maps     map[string]knownMap `json:"maps"`
-	Counters map[string]string   `json:"counters"` // name -> comment
+	Chains   map[string][]string
+	Maps     map[string]knownMap
+	Counters map[string]string // name -> comment
 	// Allowed are the values each dynamic map's entries may point at.
-	Allowed map[string][]string `json:"allowed,omitempty"`
+	Allowed map[string][]string
 	// Exprs are rule expressions as last read: chain, rule comment, expression.
-	Exprs  [][3]string `json:"exprs,omitempty"`
-	Unread []string    `json:"unread,omitempty"`
+	Exprs  [][3]string
+	Unread []string
 }
 
 type knownMap struct {
-	Set     bool              `json:"set,omitempty"`
-	Dynamic bool              `json:"dynamic,omitempty"`
-	Comment string            `json:"comment"`
-	Elems   map[string]string `json:"elems,omitempty"`
+	Set     bool
+	Dynamic bool
+	Comment string
+	Elems   map[string]string
 }
 
 // knownPath is the file of the network namespace of g.
 func (m *Manager) knownPath(g nftlist.Generation) string {
-	return filepath.Join(m.KnownDir, fmt.Sprintf("lb-known-%d.json", g.NetNSInode))
+	return filepath.Join(m.KnownDir, fmt.Sprintf("lb-known-%d.gob", g.NetNSInode))
 }
 
 // generation reads the ruleset's generation with read (ok false: read is nil, or the
@@ -102,16 +103,58 @@ func sameNamespace(a, b nftlist.Generation) bool {
 // sameRuleset reports whether a and b are one ruleset at one generation.
 func sameRuleset(a, b nftlist.Generation) bool { return a.ID == b.ID && sameNamespace(a, b) }
 
+// prefetch is what Prefetch read for the next Apply.
+type prefetch struct {
+	done chan struct{} // closed when read; nil: nothing was prefetched
+	gen  nftlist.Generation
+	ok   bool
+	read bool // the cache file was read: file or err
+	file *knownFile
+	err  error
+}
+
+// Prefetch starts reading, on another goroutine, what the next Apply reads first: the
+// ruleset's generation and, while the Manager knows nothing yet, the cache file. A one-shot
+// apply reads them while it resolves and renders (the file alone is ~4 ms at 10,000
+// backends). The Manager's fields must not change until that Apply.
+func (m *Manager) Prefetch(ctx context.Context) {
+	p := &prefetch{done: make(chan struct{})}
+	file := m.KnownDir != "" && !m.cache.known()
+	go func() {
+		defer close(p.done)
+		p.gen, p.ok = m.generation(ctx)
+		if p.ok && file {
+			p.read = true
+			p.file, p.err = readKnown(m.knownPath(p.gen), p.gen)
+		}
+	}()
+	m.prefetched = p
+}
+
+// takePrefetch waits for what Prefetch started, if anything, and hands it over.
+func (m *Manager) takePrefetch() prefetch {
+	p := m.prefetched
+	if p == nil {
+		return prefetch{}
+	}
+	m.prefetched = nil
+	<-p.done
+	return *p
+}
+
 // recall takes the cache from the file when the Manager knows nothing yet (g: the ruleset's
 // generation before the apply reads anything): trusted when the generation is the file's,
 // else only for the rule expressions (the tables are read whole, and what changed since is
 // Result.Drift).
-func (m *Manager) recall(g nftlist.Generation) {
+func (m *Manager) recall(g nftlist.Generation, pre prefetch) {
 	if m.cache.known() {
 		return
 	}
 	path := m.knownPath(g)
-	k, err := readKnown(path, g)
+	k, err := pre.file, pre.err
+	if !pre.read {
+		k, err = readKnown(path, g)
+	}
 	switch {
 	case err != nil:
 		if !errors.Is(err, os.ErrNotExist) {
@@ -288,8 +331,8 @@ func readKnown(path string, g nftlist.Generation) (*knownFile, error) {
 	if err != nil {
 		return nil, err
 	}
-	var f knownFile
-	if err := json.Unmarshal(b, &f); err != nil {
+	f, err := decodeKnown(b)
+	if err != nil {
 		return nil, err
 	}
 	switch {
@@ -306,12 +349,28 @@ func readKnown(path string, g nftlist.Generation) (*knownFile, error) {
 		}
 		seen[ref] = true
 	}
+	return f, nil
+}
+
+// encodeKnown and decodeKnown write and read the file's bytes: gob, which at 10,000 backends
+// takes half the time of JSON (~7 against ~14 ms both ways).
+func encodeKnown(f *knownFile) ([]byte, error) {
+	var b bytes.Buffer
+	err := gob.NewEncoder(&b).Encode(f)
+	return b.Bytes(), err
+}
+
+func decodeKnown(b []byte) (*knownFile, error) {
+	var f knownFile
+	if err := gob.NewDecoder(bytes.NewReader(b)).Decode(&f); err != nil {
+		return nil, err
+	}
 	return &f, nil
 }
 
 // writeKnown replaces the file at path with f (a reader sees the old file or the new one).
 func writeKnown(path string, f *knownFile) error {
-	b, err := json.Marshal(f)
+	b, err := encodeKnown(f)
 	if err != nil {
 		return err
 	}

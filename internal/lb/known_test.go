@@ -2,7 +2,6 @@ package lb
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -182,13 +181,14 @@ func TestKnownFailedApplyDropsTheFile(t *testing.T) {
 // A file that is not a cache of this namespace's is ignored: the tables are read whole.
 func TestKnownForeignOrCorruptFileIsIgnored(t *testing.T) {
 	for name, edit := range map[string]func(k *knownFile) []byte{
-		"garbage":         func(*knownFile) []byte { return []byte("{\"format\": \"hostaccel-lb-kn") },
-		"format":          func(k *knownFile) []byte { k.Format = "hostaccel-lb-known/0"; return nil },
-		"netns":           func(k *knownFile) []byte { k.NetNS++; return nil },
-		"boot":            func(k *knownFile) []byte { k.Boot = "another"; return nil },
-		"not our table":   func(k *knownFile) []byte { k.Tables[0].Name = "filter"; return nil },
-		"table twice":     func(k *knownFile) []byte { k.Tables = append(k.Tables, k.Tables[0]); return nil },
-		"null everywhere": func(*knownFile) []byte { return []byte(`{"format":"` + knownFormat + `","tables":[null,{}]}`) },
+		"garbage":       func(*knownFile) []byte { return []byte("\x1f\xff\x81\x03\x01\x01\x09knownFile") },
+		"format":        func(k *knownFile) []byte { k.Format = "hostaccel-lb-known/0"; return nil },
+		"netns":         func(k *knownFile) []byte { k.NetNS++; return nil },
+		"boot":          func(k *knownFile) []byte { k.Boot = "another"; return nil },
+		"not our table": func(k *knownFile) []byte { k.Tables[0].Name = "filter"; return nil },
+		"table twice":   func(k *knownFile) []byte { k.Tables = append(k.Tables, k.Tables[0]); return nil },
+		"empty tables":  func(k *knownFile) []byte { k.Tables = []knownTable{{}, {}}; return nil },
+		"truncated":     func(k *knownFile) []byte { b, _ := encodeKnown(k); return b[:len(b)/2] },
 	} {
 		t.Run(name, func(t *testing.T) {
 			g, dir := newGenFake(), t.TempDir()
@@ -200,13 +200,13 @@ func TestKnownForeignOrCorruptFileIsIgnored(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var k knownFile
-			if err := json.Unmarshal(b, &k); err != nil {
+			k, err := decodeKnown(b)
+			if err != nil {
 				t.Fatal(err)
 			}
-			if out := edit(&k); out != nil {
+			if out := edit(k); out != nil {
 				b = out
-			} else if b, err = json.Marshal(k); err != nil {
+			} else if b, err = encodeKnown(k); err != nil {
 				t.Fatal(err)
 			}
 			if err := os.WriteFile(path, b, 0o600); err != nil {
@@ -334,4 +334,40 @@ func TestFullReadSkippedWhileTheRulesetIsOurs(t *testing.T) {
 	m.Generation = nil
 	apply(t, m, svcs, nil)
 	due("without generations", true)
+}
+
+// Prefetch reads the generation and the file before Apply: the apply diffs against the file
+// as without it. A change by someone else after the prefetch (the generation read) and
+// before the transaction is not proven ours: the file goes, and the next apply reads the
+// tables whole and repairs them.
+func TestKnownPrefetch(t *testing.T) {
+	g, dir := newGenFake(), t.TempDir()
+	svcs := knownServices()
+	apply(t, g.process(dir), svcs, nil)
+
+	m := g.process(dir)
+	m.Prefetch(context.Background())
+	svcs[3].Backends[10].State = StateDrain
+	res, d := apply(t, m, svcs, nil)
+	if res.FullRead || res.Operations == 0 || res.Operations > 8 {
+		t.Errorf("prefetched: %+v", res)
+	}
+	checkKernel(t, g.Fake, freshDump(t, d), "prefetched")
+
+	m = g.process(dir)
+	m.Prefetch(context.Background())
+	<-m.prefetched.done
+	g.edit(t, func(tx *knftables.Transaction) {
+		tx.Delete(&knftables.Element{Family: knftables.InetFamily, Table: NATTable, Map: "big-backends-v4", Key: []string{"5"}})
+	})
+	svcs[3].Backends[10].State = ""
+	apply(t, m, svcs, nil)
+	if files, _ := filepath.Glob(filepath.Join(dir, "*")); len(files) != 0 {
+		t.Errorf("a change beside the apply, the file kept: %v", files)
+	}
+	res, d = apply(t, g.process(dir), svcs, nil)
+	if !res.FullRead || res.Operations != 1 {
+		t.Errorf("after someone deleted an element beside the apply: %+v", res)
+	}
+	checkKernel(t, g.Fake, freshDump(t, d), "repaired")
 }

@@ -72,6 +72,8 @@ type Manager struct {
 	// changed our tables, and a due full read is skipped (FullReadsSkipped counts them).
 	quiet            *nftlist.Generation
 	FullReadsSkipped uint64
+	// prefetched is what Prefetch reads for the next Apply (nil: nothing).
+	prefetched *prefetch
 	// expect is every table as the last successful apply left it (nil: none since
 	// NewManager or Remove); unlike cache it survives a failed apply, so that a repair
 	// after one still sees what someone else changed (Result.Drift).
@@ -196,10 +198,14 @@ func (r Result) Changed() bool { return r.Operations > 0 }
 // its layout changed. Our tables that r does not have are deleted. Dynamic maps (flows,
 // persistent clients) keep their entries, except those pointing at backends that are gone.
 func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
-	was, ok := m.generation(ctx)
+	pre := m.takePrefetch()
+	was, ok := pre.gen, pre.ok
+	if pre.done == nil {
+		was, ok = m.generation(ctx)
+	}
 	persist := ok && m.KnownDir != ""
 	if persist {
-		m.recall(was)
+		m.recall(was, pre)
 	}
 	full := m.cache.fullDue(m.FullEvery) && !m.unchangedSince(was, ok)
 	if m.DeferFull && m.FullEvery > 0 && m.cache.known() {

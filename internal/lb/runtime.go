@@ -269,13 +269,8 @@ const healthDebounce = 20 * time.Millisecond
 func (r *Runtime) services(cfg Config) ([]Service, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if path := cfg.StatePath(); path != r.overlayPath {
-		o, err := LoadOverlay(path)
-		if err != nil {
-			return nil, fmt.Errorf("loadBalancer.stateFile: %w", err)
-		}
-		r.overlay, r.overlayPath = o, path
-		r.overlayVer++
+	if err := r.loadOverlay(cfg); err != nil {
+		return nil, err
 	}
 	if svcs, ok := r.validated(cfg.Services); ok {
 		return svcs, nil
@@ -311,10 +306,40 @@ func (r *Runtime) remember(cfgSvcs []Service, svcs []Service) {
 	r.valid.cfg, r.valid.n, r.valid.overlay, r.valid.svcs = &cfgSvcs[0], len(cfgSvcs), r.overlayVer, svcs
 }
 
+// loadOverlay reads the state file cfg names, unless it is the one read last (r.mu held).
+func (r *Runtime) loadOverlay(cfg Config) error {
+	if path := cfg.StatePath(); path != r.overlayPath {
+		o, err := LoadOverlay(path)
+		if err != nil {
+			return fmt.Errorf("loadBalancer.stateFile: %w", err)
+		}
+		r.overlay, r.overlayPath = o, path
+		r.overlayVer++
+	}
+	return nil
+}
+
 // Effective returns the services in effect for cfg: the config's merged with the state
 // file's, validated together.
 func Effective(cfg Config) ([]Service, error) {
 	return (&Runtime{}).services(cfg)
+}
+
+// checkedEffective is Effective for a section that passed Validate (config.Load checks it):
+// its services are checked together again only when the state file has some to merge in
+// (at 10,000 backends the check is ~10 ms of a one-shot apply).
+func checkedEffective(cfg Config) ([]Service, error) {
+	r := &Runtime{}
+	r.mu.Lock()
+	err := r.loadOverlay(cfg)
+	r.mu.Unlock()
+	switch {
+	case err != nil:
+		return nil, err
+	case len(r.overlay.Services) == 0 && len(r.overlay.Deleted) == 0:
+		return Merge(cfg.Services, r.overlay), nil
+	}
+	return r.services(cfg)
 }
 
 // OfflineEnv completes env for rendering without the real host (`lb render`): interfaces and
@@ -510,7 +535,8 @@ func interfaces(svcs []Service) []string {
 
 // Apply installs cfg's load balancer once (`hostaccel apply`): the config's services with
 // the state file's changes, every backend taken as healthy, in one transaction; an empty
-// section removes the load balancer's tables. It returns a line for the user.
+// section removes the load balancer's tables. It returns a line for the user. cfg has passed
+// Validate (config.Load checks it).
 func Apply(ctx context.Context, cfg Config) (string, error) {
 	m, err := NewManager()
 	if err != nil {
@@ -524,7 +550,8 @@ func Apply(ctx context.Context, cfg Config) (string, error) {
 		}
 		return fmt.Sprintf("removed the load balancer's tables: %v", refs), nil
 	}
-	svcs, err := Effective(cfg)
+	m.Prefetch(ctx) // the generation and the cache file, read while the services are resolved
+	svcs, err := checkedEffective(cfg)
 	if err != nil {
 		return "", err
 	}

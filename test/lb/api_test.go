@@ -426,7 +426,7 @@ func TestApplyCacheSeesDrift(t *testing.T) {
 	if err := syscall.Stat("/run/netns/"+ns.Name, &st); err != nil {
 		t.Fatal(err)
 	}
-	file := filepath.Join(lb.DefaultKnownDir, fmt.Sprintf("lb-known-%d.json", st.Ino))
+	file := filepath.Join(lb.DefaultKnownDir, fmt.Sprintf("lb-known-%d.gob", st.Ino))
 	if _, err := os.Stat(file); err != nil {
 		t.Errorf("no cache file: %v", err)
 	}
