@@ -279,6 +279,7 @@ func agentCmd(g *globals) *cobra.Command {
 		Short: "Run the daemon: reconcile on config change, link events and periodically",
 		RunE: func(c *cobra.Command, _ []string) error {
 			log := g.logger()
+			slog.SetDefault(log) // what packages log by slog's default (the load balancer's cache and shapes at debug) goes where the agent's log does
 			// First of all: a second agent must not touch the kernel, the API socket or
 			// the state file of the one that runs.
 			l, err := lock.Acquire(lockPath)
