@@ -10,7 +10,6 @@ import (
 	"github.com/hostaccel/hostaccel/internal/flowtable"
 	"github.com/hostaccel/hostaccel/internal/lb"
 	"github.com/hostaccel/hostaccel/internal/model"
-	"github.com/hostaccel/hostaccel/internal/nftlist"
 	"github.com/hostaccel/hostaccel/internal/probe"
 )
 
@@ -99,7 +98,8 @@ func Remove(ctx context.Context, mgrs *datapath.Managers) ([]string, error) {
 	}
 	m, err := lb.NewManager()
 	if err == nil {
-		m.KnownDir, m.Generation = lb.DefaultKnownDir, nftlist.GetGeneration // `apply`'s cache goes too
+		defer m.Close()
+		m.KnownDir = lb.DefaultKnownDir // `apply`'s cache goes too
 		var refs []lb.TableRef
 		refs, err = m.Remove(ctx)
 		for _, r := range refs {

@@ -245,6 +245,7 @@ func applyLoadBalancer(ctx context.Context, n *Node) error {
 		if err != nil {
 			return err
 		}
+		defer m.Close()
 		_, err = m.Apply(ctx, r)
 		return err
 	})

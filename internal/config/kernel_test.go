@@ -103,6 +103,7 @@ func TestFuzzCorpusKernelAccepts(t *testing.T) {
 					if err != nil {
 						return err
 					}
+					defer m.Close()
 					if _, err := m.Apply(ctx, lbr); err != nil {
 						return fmt.Errorf("lb: %w", err)
 					}

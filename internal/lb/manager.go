@@ -74,6 +74,8 @@ type Manager struct {
 	FullReadsSkipped uint64
 	// prefetched is what Prefetch reads for the next Apply (nil: nothing).
 	prefetched *prefetch
+	// closers close what NewManager opened (Close).
+	closers []func()
 	// expect is every table as the last successful apply left it (nil: none since
 	// NewManager or Remove); unlike cache it survives a failed apply, so that a repair
 	// after one still sees what someone else changed (Result.Drift).
@@ -91,12 +93,23 @@ func NewManager() (*Manager, error) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return nil, fmt.Errorf("could not find nftables binary: %w", err)
 	}
+	gen := &nftlist.GenReader{}
 	m := &Manager{List: NFTList, Tables: ListTables, ReadCounter: NetlinkCounters, FullEvery: DefaultFullEvery,
-		Generation: nftlist.GetGeneration}
+		Generation: gen.Read, closers: []func(){func() { _ = gen.Close() }}}
 	if os.Getenv(EnvNFTOnly) == "" {
-		m.Netlink = NetlinkLane
+		l := &lane{}
+		m.Netlink, m.closers = l.run, append(m.closers, l.Close)
 	}
 	return m, nil
+}
+
+// Close closes the netlink sockets the Manager keeps open between applies (NewManager's lane
+// and generation reads). A socket holds its network namespace: one left open keeps a deleted
+// namespace, and its devices, alive until the process exits. A later apply opens them again.
+func (m *Manager) Close() {
+	for _, c := range m.closers {
+		c()
+	}
 }
 
 // nft returns m.NFT, made on first use.

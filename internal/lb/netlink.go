@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -82,22 +83,64 @@ var errLane = errors.New("not for the netlink lane")
 // unknown).
 type Netlink func(ctx context.Context, tx *txn, typeOf func(TableRef, string) string) error
 
-// NetlinkLane is the real lane: a batch on a netlink socket of the calling thread's network
-// namespace (google/nftables).
-func NetlinkLane(_ context.Context, tx *txn, typeOf func(TableRef, string) string) error {
+// NetlinkLane is a lane on a socket of its own per batch (google/nftables), in the calling
+// thread's network namespace.
+func NetlinkLane(ctx context.Context, tx *txn, typeOf func(TableRef, string) string) error {
+	var l lane
+	defer l.close()
+	return l.run(ctx, tx, typeOf)
+}
+
+// lane is the real lane on a netlink socket it keeps between batches: closing a netfilter
+// socket after a commit waits for the kernel to release the commit's old objects (an RCU grace
+// period, 5-19 ms here), which a socket per batch added to every change a caller waits for
+// (an API call returns when its change is applied). A batch from a thread in another network
+// namespace than the socket's opens one there.
+type lane struct {
+	mu    sync.Mutex
+	c     *nftables.Conn
+	netns uint64 // inode of c's namespace
+}
+
+func (l *lane) run(_ context.Context, tx *txn, typeOf func(TableRef, string) string) error {
 	b, err := laneBatch(tx, typeOf)
 	if err != nil {
 		return err
 	}
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("netlink: %w", err)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ns := nftlist.ThreadNetNSInode(); l.c == nil || ns != l.netns {
+		l.close()
+		c, err := nftables.New(nftables.AsLasting())
+		if err != nil {
+			return fmt.Errorf("netlink: %w", err)
+		}
+		l.c, l.netns = c, ns
 	}
-	defer c.CloseLasting()
-	if err := b(c); err != nil {
+	if err := b(l.c); err != nil {
+		l.close() // its queued messages must not go with the next batch
 		return err
 	}
-	return c.Flush()
+	if err := l.c.Flush(); err != nil {
+		l.close() // a refused batch may leave answers unread
+		return err
+	}
+	return nil
+}
+
+// Close closes the socket, if any (a later batch opens another).
+func (l *lane) Close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.close()
+}
+
+// close closes the socket, if any (l.mu held, or l not shared).
+func (l *lane) close() {
+	if l.c != nil {
+		_ = l.c.CloseLasting()
+		l.c = nil
+	}
 }
 
 // laneMaxOps is the most operations the lane carries in one batch: a change of backends is a

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -68,6 +69,7 @@ func TestNetlinkLaneMatchesNFT(t *testing.T) {
 		if err := ns.Do(func() (err error) { s.m, err = NewManager(); return err }); err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(s.m.Close)
 		sides[i] = s
 	}
 	if sides[0].m.Netlink == nil {
@@ -110,6 +112,7 @@ func TestNetlinkLaneMatchesNFT(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		defer m.Close()
 		res, err := m.ApplyChanges(ctx, rr.Render(rv.Resolve(laneServices(0), nil, testEnv)))
 		if err != nil {
 			return err
@@ -274,5 +277,104 @@ func TestManagerLaneFallsBack(t *testing.T) {
 	}
 	if f.Dump() != dump { // the lane's batch "ran": the Fake, standing for nft, saw nothing
 		t.Fatalf("nft ran a transaction the lane carried")
+	}
+}
+
+// The lane keeps its socket between batches, but a batch from a thread in another network
+// namespace goes to that namespace: each namespace gets its own element, and only its own.
+// A batch the kernel refuses leaves the socket usable for the next one.
+func TestLaneKeepsItsSocketPerNamespace(t *testing.T) {
+	testbed.RequireRoot(t)
+	var nss [2]*testbed.NS
+	for i := range nss {
+		ns, err := testbed.NewNS("lanens")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ns.Close() })
+		if err := ns.NFT("add table inet t\nadd map inet t m { typeof numgen inc mod 1 : ip daddr . tcp dport ; }\n"); err != nil {
+			t.Fatal(err)
+		}
+		nss[i] = ns
+	}
+	typeOf := func(TableRef, string) string { return "numgen inc mod 1 : ip daddr . tcp dport" }
+	add := func(key string) *txn {
+		tx := newTxn()
+		tx.Add(&knftables.Element{Family: knftables.InetFamily, Table: "t", Map: "m", Key: []string{key}, Value: []string{"10.0.0." + key, "80"}})
+		return tx
+	}
+	var l lane
+	defer l.close()
+	for round := range 3 {
+		for i, ns := range nss {
+			key := strconv.Itoa(round*2 + i)
+			if err := ns.Do(func() error { return l.run(context.Background(), add(key), typeOf) }); err != nil {
+				t.Fatalf("round %d, namespace %d: %v", round, i, err)
+			}
+		}
+		// Refused: the map has no element 99 to delete.
+		tx := newTxn()
+		tx.Delete(&knftables.Element{Family: knftables.InetFamily, Table: "t", Map: "m", Key: []string{"99"}})
+		if err := nss[0].Do(func() error { return l.run(context.Background(), tx, typeOf) }); err == nil {
+			t.Fatal("deleting an element that is not there: no error")
+		}
+	}
+	for i, ns := range nss {
+		out, err := ns.Exec("nft", "list", "map", "inet", "t", "m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for round := range 3 {
+			for j := range nss {
+				key := strconv.Itoa(round*2 + j)
+				if has := strings.Contains(out, key+" : 10.0.0."+key+" . 80"); has != (i == j) {
+					t.Errorf("namespace %d has element %s: %v\n%s", i, key, has, out)
+				}
+			}
+		}
+	}
+}
+
+// A Manager keeps its lane's and its generation reader's sockets between applies, and Close
+// closes them: a socket left open would keep a deleted namespace alive.
+func TestManagerCloseClosesItsSockets(t *testing.T) {
+	testbed.RequireRoot(t)
+	ns, err := testbed.NewNS("mclose")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	ctx := context.Background()
+	var rv Resolver
+	var rr Renderer
+	before := fds()
+	err = ns.Do(func() error {
+		m, err := NewManager()
+		if err != nil {
+			return err
+		}
+		for change := range 2 {
+			if _, err := m.Apply(ctx, rr.Render(rv.Resolve(laneServices(change), nil, testEnv))); err != nil {
+				return err
+			}
+		}
+		if n := fds(); n < before+2 {
+			t.Errorf("after a change by the lane: %d fds, %d before: the sockets are not kept", n, before)
+		}
+		m.Close()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := fds(); n != before {
+		t.Errorf("after Close: %d fds, %d before", n, before)
 	}
 }

@@ -12,8 +12,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/hostaccel/hostaccel/internal/nftlist"
 )
 
 // Runtime is the load balancer inside the agent: it merges the config's services with the
@@ -451,6 +449,7 @@ func (r *Runtime) Remove(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	defer m.Close()
 	_, err = m.Remove(ctx)
 	return err
 }
@@ -542,7 +541,8 @@ func Apply(ctx context.Context, cfg Config) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	m.KnownDir, m.Generation = DefaultKnownDir, nftlist.GetGeneration
+	defer m.Close()
+	m.KnownDir = DefaultKnownDir
 	if !cfg.InUse() {
 		refs, err := m.Remove(ctx)
 		if err != nil || len(refs) == 0 {

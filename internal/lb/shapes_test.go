@@ -50,6 +50,7 @@ func TestShapesPredictTheKernel(t *testing.T) {
 	if err := ns.Do(func() (err error) { m, err = NewManager(); return err }); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(m.Close)
 	m.FullEvery = time.Hour
 	ctx := context.Background()
 	lists := countChainLists(m)

@@ -2,6 +2,7 @@ package nftlist
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"sigs.k8s.io/knftables"
@@ -93,5 +94,51 @@ func TestGenerationInANamespace(t *testing.T) {
 	}
 	if (Generation{ID: ^uint32(0)}).Next().ID != 1 {
 		t.Error("the generation after the last is 1 (the kernel skips 0)")
+	}
+}
+
+// A GenReader keeps its socket: it sees every commit after it opened it, and a reading from
+// a thread in another namespace is that namespace's (as GetGeneration's).
+func TestGenReaderFollowsCommitsAndNamespaces(t *testing.T) {
+	testbed.RequireRoot(t)
+	var nss [2]*testbed.NS
+	for i := range nss {
+		ns, err := testbed.NewNS("genreader")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ns.Close()
+		nss[i] = ns
+	}
+	var r GenReader
+	defer r.Close()
+	read := func(ns *testbed.NS) (g, fresh Generation) {
+		t.Helper()
+		if err := ns.Do(func() (err error) {
+			if g, err = r.Read(context.Background()); err == nil {
+				fresh, err = GetGeneration(context.Background())
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return g, fresh
+	}
+	for round := range 3 {
+		for i, ns := range nss {
+			before, _ := read(ns)
+			if err := ns.NFT(fmt.Sprintf("add table inet t%d\n", round)); err != nil {
+				t.Fatal(err)
+			}
+			g, fresh := read(ns)
+			if g != fresh || g != before.Next() {
+				t.Errorf("round %d, namespace %d: kept socket %+v, fresh %+v, before the commit %+v", round, i, g, fresh, before)
+			}
+		}
+	}
+	a, _ := read(nss[0])
+	b, _ := read(nss[1])
+	if a.NetNS == b.NetNS || a.NetNSInode == b.NetNSInode {
+		t.Errorf("two namespaces read as one: %+v, %+v", a, b)
 	}
 }
