@@ -83,19 +83,11 @@ var errLane = errors.New("not for the netlink lane")
 // unknown).
 type Netlink func(ctx context.Context, tx *txn, typeOf func(TableRef, string) string) error
 
-// NetlinkLane is a lane on a socket of its own per batch (google/nftables), in the calling
-// thread's network namespace.
-func NetlinkLane(ctx context.Context, tx *txn, typeOf func(TableRef, string) string) error {
-	var l lane
-	defer l.close()
-	return l.run(ctx, tx, typeOf)
-}
-
-// lane is the real lane on a netlink socket it keeps between batches: closing a netfilter
-// socket after a commit waits for the kernel to release the commit's old objects (an RCU grace
-// period, 5-19 ms here), which a socket per batch added to every change a caller waits for
-// (an API call returns when its change is applied). A batch from a thread in another network
-// namespace than the socket's opens one there.
+// lane is the real lane (google/nftables) on a netlink socket it keeps between batches:
+// closing a netfilter socket after a commit waits for the kernel to release the commit's old
+// objects (an RCU grace period, 5-19 ms here), which a socket per batch added to every change
+// a caller waits for (an API call returns when its change is applied). A batch from a thread
+// in another network namespace than the socket's opens one there.
 type lane struct {
 	mu    sync.Mutex
 	c     *nftables.Conn
