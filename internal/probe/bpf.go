@@ -3,6 +3,9 @@ package probe
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -41,14 +44,78 @@ func probeBPF() []Feature {
 // HaveConntrackKfuncs reports (nil) whether the kernel offers the conntrack kfuncs the tc
 // program uses to keep NAT-ed flows on the stack (bpf_skb_ct_lookup, bpf_ct_release; Linux >=
 // 5.18): in vmlinux's BTF, or nf_conntrack's when it is a loaded module. The answer can change
-// once, when nf_conntrack is loaded.
+// once, when nf_conntrack is loaded. A yes is kept for the boot in KfuncsCache (reading the
+// kernel's BTF is ~15 ms of every `apply` of a tc datapath): from vmlinux it holds until the
+// next boot, from the module while the module is loaded.
 func HaveConntrackKfuncs() error {
+	if kfuncsCached(KfuncsCache) {
+		return nil
+	}
+	src, err := conntrackKfuncs()
+	if err == nil {
+		rememberKfuncs(KfuncsCache, src)
+	}
+	return err
+}
+
+// KfuncsCache is the file that keeps HaveConntrackKfuncs's yes for the boot (tmpfs).
+var KfuncsCache = "/run/hostaccel/conntrack-kfuncs"
+
+// kfuncsModule is where a loaded nf_conntrack module shows.
+var kfuncsModule = "/sys/module/nf_conntrack"
+
+// kfuncsCached reports whether path holds a yes of this boot whose source is still there.
+func kfuncsCached(path string) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	boot, src, ok := strings.Cut(strings.TrimSpace(string(b)), " ")
+	if !ok || boot == "" || boot != bootID() {
+		return false
+	}
+	switch src {
+	case "vmlinux":
+		return true
+	case "nf_conntrack":
+		_, err := os.Stat(kfuncsModule)
+		return err == nil
+	}
+	return false
+}
+
+// rememberKfuncs writes a yes from src to path (best effort: without it, the BTF is read
+// again next time).
+func rememberKfuncs(path, src string) {
+	boot := bootID()
+	if boot == "" {
+		return
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err == nil {
+		_ = os.WriteFile(path, []byte(boot+" "+src+"\n"), 0o644)
+	}
+}
+
+func bootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// conntrackKfuncs reads the kernel's BTF for the kfuncs: where it found them (vmlinux or
+// nf_conntrack), or why not.
+func conntrackKfuncs() (string, error) {
 	var errs []error
-	for _, load := range []func() (*btf.Spec, error){
-		btf.LoadKernelSpec,
-		func() (*btf.Spec, error) { return btf.LoadKernelModuleSpec("nf_conntrack") },
+	for _, src := range []struct {
+		name string
+		load func() (*btf.Spec, error)
+	}{
+		{"vmlinux", btf.LoadKernelSpec},
+		{"nf_conntrack", func() (*btf.Spec, error) { return btf.LoadKernelModuleSpec("nf_conntrack") }},
 	} {
-		spec, err := load()
+		spec, err := src.load()
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -56,12 +123,12 @@ func HaveConntrackKfuncs() error {
 		var fn *btf.Func
 		if err := spec.TypeByName("bpf_skb_ct_lookup", &fn); err == nil {
 			if err := spec.TypeByName("bpf_ct_release", &fn); err == nil {
-				return nil
+				return src.name, nil
 			}
 		}
 	}
 	if len(errs) == 2 {
-		return fmt.Errorf("no kernel BTF: %w", errors.Join(errs...))
+		return "", fmt.Errorf("no kernel BTF: %w", errors.Join(errs...))
 	}
-	return errors.New("the kernel's BTF has no bpf_skb_ct_lookup")
+	return "", errors.New("the kernel's BTF has no bpf_skb_ct_lookup")
 }

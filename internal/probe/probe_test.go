@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -195,6 +196,50 @@ func TestAllListsWhatRunProbes(t *testing.T) {
 	for i, f := range r.Features {
 		if f.Name != All[i] {
 			t.Errorf("feature %d: Run %s, All %s", i, f.Name, All[i])
+		}
+	}
+}
+
+// A yes of the conntrack kfuncs is kept for the boot: from vmlinux until the next boot, from
+// nf_conntrack's module while it is loaded; anything else in the file is no answer.
+func TestKfuncsCache(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "run", "conntrack-kfuncs")
+	mod := filepath.Join(dir, "nf_conntrack")
+	was := kfuncsModule
+	kfuncsModule = mod
+	defer func() { kfuncsModule = was }()
+	if bootID() == "" {
+		t.Skip("no boot id here")
+	}
+	if kfuncsCached(path) {
+		t.Fatal("no file: cached")
+	}
+	rememberKfuncs(path, "vmlinux")
+	if !kfuncsCached(path) {
+		t.Error("from vmlinux: not cached")
+	}
+	rememberKfuncs(path, "nf_conntrack")
+	if kfuncsCached(path) {
+		t.Error("from the module, not loaded: cached")
+	}
+	if err := os.Mkdir(mod, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if !kfuncsCached(path) {
+		t.Error("from the module, loaded: not cached")
+	}
+	for name, body := range map[string]string{
+		"another boot":   "6f1b2c3d-0000-0000-0000-000000000000 vmlinux\n",
+		"no source":      bootID() + "\n",
+		"unknown source": bootID() + " btf\n",
+		"empty":          "",
+	} {
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if kfuncsCached(path) {
+			t.Errorf("%s: cached", name)
 		}
 	}
 }
