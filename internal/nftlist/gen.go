@@ -31,20 +31,12 @@ type Generation struct {
 // architectures only).
 const soNetNSCookie = 71
 
-// GetGeneration asks the kernel for the ruleset's generation (NFT_MSG_GETGEN), over
-// netlink: nft would list the whole ruleset for it. It opens and closes a socket: see
-// GenReader for one kept.
-func GetGeneration(ctx context.Context) (Generation, error) {
-	var r GenReader
-	defer r.Close()
-	return r.Read(ctx)
-}
-
-// GenReader reads generations over a netlink socket it keeps until Close. Closing a netfilter
-// socket waits for the kernel to release the last transaction's old objects (an RCU grace
-// period: 5-19 ms on this project's 2-core host after a rule change): a socket per reading
-// paid it in every apply that read the generation after its commit. A reading from a thread
-// in another network namespace than the socket's opens one there. Safe for concurrent use.
+// GenReader reads the ruleset's generation (NFT_MSG_GETGEN, over netlink: nft would list the
+// whole ruleset for it) on a socket it keeps until Close. Closing a netfilter socket waits for
+// the kernel to release the last transaction's old objects (an RCU grace period: 5-19 ms on
+// this project's 2-core host after a rule change): a socket per reading paid it in every apply
+// that read the generation after its commit. A reading from a thread in another network
+// namespace than the socket's opens one there. Safe for concurrent use.
 type GenReader struct {
 	mu   sync.Mutex
 	c    *netlink.Conn
@@ -90,11 +82,7 @@ func (r *GenReader) dial() error {
 	if err != nil {
 		return err
 	}
-	var g Generation
-	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
-		g.Boot = strings.TrimSpace(string(b))
-	}
-	g.NetNSInode = ThreadNetNSInode()
+	g := Generation{Boot: BootID(), NetNSInode: ThreadNetNSInode()}
 	if rc, err := c.SyscallConn(); err == nil {
 		_ = rc.Control(func(fd uintptr) {
 			if v, err := unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, soNetNSCookie); err == nil {
@@ -106,6 +94,16 @@ func (r *GenReader) dial() error {
 	return nil
 }
 
+// BootID is the kernel's boot id ("" when it does not tell): it changes at every boot.
+func BootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// ThreadNetNSInode is the inode of the calling thread's network namespace (0: unknown).
 func ThreadNetNSInode() uint64 {
 	var st unix.Stat_t
 	if unix.Stat("/proc/thread-self/ns/net", &st) != nil {

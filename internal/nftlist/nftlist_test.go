@@ -63,12 +63,12 @@ func TestGenerationInANamespace(t *testing.T) {
 	gen := func() Generation {
 		t.Helper()
 		var g Generation
-		if err := ns.Do(func() (err error) { g, err = GetGeneration(context.Background()); return }); err != nil {
+		if err := ns.Do(func() (err error) { g, err = getGeneration(context.Background()); return }); err != nil {
 			t.Fatal(err)
 		}
 		return g
 	}
-	host, err := GetGeneration(context.Background())
+	host, err := getGeneration(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestGenerationInANamespace(t *testing.T) {
 }
 
 // A GenReader keeps its socket: it sees every commit after it opened it, and a reading from
-// a thread in another namespace is that namespace's (as GetGeneration's).
+// a thread in another namespace is that namespace's (as a fresh socket's).
 func TestGenReaderFollowsCommitsAndNamespaces(t *testing.T) {
 	testbed.RequireRoot(t)
 	var nss [2]*testbed.NS
@@ -116,7 +116,7 @@ func TestGenReaderFollowsCommitsAndNamespaces(t *testing.T) {
 		t.Helper()
 		if err := ns.Do(func() (err error) {
 			if g, err = r.Read(context.Background()); err == nil {
-				fresh, err = GetGeneration(context.Background())
+				fresh, err = getGeneration(context.Background())
 			}
 			return err
 		}); err != nil {
@@ -141,4 +141,11 @@ func TestGenReaderFollowsCommitsAndNamespaces(t *testing.T) {
 	if a.NetNS == b.NetNS || a.NetNSInode == b.NetNSInode {
 		t.Errorf("two namespaces read as one: %+v, %+v", a, b)
 	}
+}
+
+// getGeneration reads the generation over a socket of its own (opened and closed).
+func getGeneration(ctx context.Context) (Generation, error) {
+	var r GenReader
+	defer r.Close()
+	return r.Read(ctx)
 }

@@ -6,12 +6,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/features"
 
+	"github.com/hostaccel/hostaccel/internal/nftlist"
 	"github.com/hostaccel/hostaccel/internal/sockmap"
 )
 
@@ -44,19 +46,24 @@ func probeBPF() []Feature {
 // HaveConntrackKfuncs reports (nil) whether the kernel offers the conntrack kfuncs the tc
 // program uses to keep NAT-ed flows on the stack (bpf_skb_ct_lookup, bpf_ct_release; Linux >=
 // 5.18): in vmlinux's BTF, or nf_conntrack's when it is a loaded module. The answer can change
-// once, when nf_conntrack is loaded. A yes is kept for the boot in KfuncsCache (reading the
-// kernel's BTF is ~15 ms of every `apply` of a tc datapath): from vmlinux it holds until the
-// next boot, from the module while the module is loaded.
+// once, when nf_conntrack is loaded. A yes is kept for the process, and for the boot in
+// KfuncsCache (reading the kernel's BTF is ~15 ms of every `apply` of a tc datapath): from
+// vmlinux it holds until the next boot, from the module while the module is loaded.
 func HaveConntrackKfuncs() error {
-	if kfuncsCached(KfuncsCache) {
+	if haveKfuncs.Load() || kfuncsCached(KfuncsCache) {
+		haveKfuncs.Store(true)
 		return nil
 	}
 	src, err := conntrackKfuncs()
 	if err == nil {
+		haveKfuncs.Store(true)
 		rememberKfuncs(KfuncsCache, src)
 	}
 	return err
 }
+
+// haveKfuncs is HaveConntrackKfuncs's yes in this process.
+var haveKfuncs atomic.Bool
 
 // KfuncsCache is the file that keeps HaveConntrackKfuncs's yes for the boot (tmpfs).
 var KfuncsCache = "/run/hostaccel/conntrack-kfuncs"
@@ -71,7 +78,7 @@ func kfuncsCached(path string) bool {
 		return false
 	}
 	boot, src, ok := strings.Cut(strings.TrimSpace(string(b)), " ")
-	if !ok || boot == "" || boot != bootID() {
+	if !ok || boot == "" || boot != nftlist.BootID() {
 		return false
 	}
 	switch src {
@@ -87,21 +94,13 @@ func kfuncsCached(path string) bool {
 // rememberKfuncs writes a yes from src to path (best effort: without it, the BTF is read
 // again next time).
 func rememberKfuncs(path, src string) {
-	boot := bootID()
+	boot := nftlist.BootID()
 	if boot == "" {
 		return
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err == nil {
 		_ = os.WriteFile(path, []byte(boot+" "+src+"\n"), 0o644)
 	}
-}
-
-func bootID() string {
-	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
 }
 
 // conntrackKfuncs reads the kernel's BTF for the kfuncs: where it found them (vmlinux or

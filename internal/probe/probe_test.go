@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hostaccel/hostaccel/internal/nftlist"
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
@@ -209,7 +210,7 @@ func TestKfuncsCache(t *testing.T) {
 	was := kfuncsModule
 	kfuncsModule = mod
 	defer func() { kfuncsModule = was }()
-	if bootID() == "" {
+	if nftlist.BootID() == "" {
 		t.Skip("no boot id here")
 	}
 	if kfuncsCached(path) {
@@ -231,8 +232,8 @@ func TestKfuncsCache(t *testing.T) {
 	}
 	for name, body := range map[string]string{
 		"another boot":   "6f1b2c3d-0000-0000-0000-000000000000 vmlinux\n",
-		"no source":      bootID() + "\n",
-		"unknown source": bootID() + " btf\n",
+		"no source":      nftlist.BootID() + "\n",
+		"unknown source": nftlist.BootID() + " btf\n",
 		"empty":          "",
 	} {
 		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {

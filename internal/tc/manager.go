@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 
@@ -55,16 +54,8 @@ type Result struct {
 	Drift []string `json:"drift,omitempty"`
 }
 
-// conntrackKfuncs caches a yes: the kernel's answer only changes from no to yes (when
-// nf_conntrack is loaded).
-var conntrackKfuncs atomic.Bool
-
-func haveConntrackKfuncs() bool {
-	if !conntrackKfuncs.Load() && probe.HaveConntrackKfuncs() == nil {
-		conntrackKfuncs.Store(true)
-	}
-	return conntrackKfuncs.Load()
-}
+// haveConntrackKfuncs reports whether the kernel has the conntrack kfuncs (probe keeps a yes).
+func haveConntrackKfuncs() bool { return probe.HaveConntrackKfuncs() == nil }
 
 // Apply makes the kernel match d: it loads the program set unless one of this build is
 // attached, fills its maps before attaching it anywhere, attaches it to every desired device
@@ -103,9 +94,9 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	}
 	drift := m.detachedBehindUs(o, w)
 
-	// An attached set of the build that calls conntrack's kfuncs answers the probe (which reads
-	// the kernel's BTF, ~30 ms of every apply): its program holds nf_conntrack's module, so the
-	// kfuncs are still there.
+	// An attached set of the build that calls conntrack's kfuncs answers the probe (whose yes
+	// is otherwise read from its cache file, or the kernel's BTF): its program holds
+	// nf_conntrack's module, so the kfuncs are still there.
 	ct := o.current(buildID(true)) != nil || haveConntrackKfuncs()
 	res.NATCheck = ct && w.settings.NatCheck != 0
 	set := o.current(buildID(ct))
