@@ -45,7 +45,13 @@ func (r *cpRun) k8sScale(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	env, err := testenv.Start(ctx, binDir, filepath.Join(r.dir, fmt.Sprintf("k8s-%d", r.n)))
+	// A repetition starts from an empty directory: etcd's data and the certificates of the
+	// last one would hold its Services and no longer match its CA.
+	envDir := filepath.Join(r.dir, fmt.Sprintf("k8s-%d", r.n))
+	if err := os.RemoveAll(envDir); err != nil {
+		return err
+	}
+	env, err := testenv.Start(ctx, binDir, envDir)
 	if err != nil {
 		return fmt.Errorf("start the API server: %w", err)
 	}
