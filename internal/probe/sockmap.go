@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/hostaccel/hostaccel/internal/scratchns"
 	"github.com/hostaccel/hostaccel/internal/sockmap"
 )
 
@@ -44,7 +45,7 @@ func probeSockmapFIONREAD(ctx context.Context) Feature {
 	done := make(chan error, 1)
 	go func() {
 		var err error
-		if _, terr := inThrowawayNetns(func() []Feature { err = try(sockmapFIONREADHere); return nil }); terr != nil {
+		if terr := scratchns.Run(func() error { err = try(sockmapFIONREADHere); return nil }); terr != nil {
 			err = fmt.Errorf("throwaway network namespace: %w", terr)
 		}
 		done <- err

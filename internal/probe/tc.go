@@ -3,7 +3,6 @@ package probe
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -11,8 +10,9 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/hostaccel/hostaccel/internal/scratchns"
 )
 
 const (
@@ -33,9 +33,7 @@ func probeTC(ctx context.Context) []Feature {
 	go func() {
 		var fs []Feature
 		err := try(func() error {
-			var err error
-			fs, err = inThrowawayNetns(probeTCHere)
-			return err
+			return scratchns.Run(func() error { fs = probeTCHere(); return nil })
 		})
 		if err != nil {
 			err = fmt.Errorf("throwaway network namespace: %w", err)
@@ -50,33 +48,6 @@ func probeTC(ctx context.Context) []Feature {
 		err := ctx.Err()
 		return []Feature{feature(ClsBPF, err, ""), feature(ClsFlower, err, ""), feature(TCX, err, "")}
 	}
-}
-
-// inThrowawayNetns runs fn on a thread moved into a new, unnamed network namespace, which
-// vanishes with everything in it once fn returns. It must be called on a goroutine of its
-// own: if the thread cannot be moved back, it stays locked and dies with the goroutine.
-func inThrowawayNetns(fn func() []Feature) ([]Feature, error) {
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return nil, err
-	}
-	defer orig.Close()
-	ns, err := netns.New() // moves this thread into the new namespace
-	if err != nil {
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		return nil, err
-	}
-	defer ns.Close()
-	defer func() {
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-	}()
-	return fn(), nil
 }
 
 // probeTCHere runs the tc probes in the current thread's network namespace.
