@@ -6,22 +6,28 @@
 #   idle    90 s without a change (the periodic full read, Settle)
 #   toggle  40 API changes in ~60 s: a backend of a service drained, undone 1.5 s later
 #   drains  40 API drains in ~60 s, each of another service
+#   burst   the config rewritten 3 times 20 s apart, every service's backends 2 -> 3 -> 2 -> 3
+#           (every service chain rewritten at once)
 # Root; no traffic is sent. docs/benchmarks/2026-11-27-a6a2ccc-lb-background.md has results.
 set -euo pipefail
 mode=$1; shift
 work=$(mktemp -d /tmp/lb-background.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-awk -v w="$work" 'BEGIN {
-  printf "datapath: none\nloadBalancer:\n  api: {socket: %s/lb.sock}\n  stateFile: %s/state.yaml\n  services:\n", w, w
-  for (i = 0; i < 5000; i++) {
-    a = int(i / 250); b = i % 250 + 1
-    printf "  - {name: s%d, vips: [10.96.%d.%d], port: 80, topology: dnat, scheduler: rr, backends: [{address: 10.1.%d.%d, port: 8080}, {address: 10.2.%d.%d, port: 8080}]}\n", i, a, b, a, b, a, b
-  }
-}' > "$work/config.yaml"
+config() { # config BACKENDS (2 or 3 per service)
+  awk -v w="$work" -v n="$1" 'BEGIN {
+    printf "datapath: none\nloadBalancer:\n  api: {socket: %s/lb.sock}\n  stateFile: %s/state.yaml\n  services:\n", w, w
+    for (i = 0; i < 5000; i++) {
+      a = int(i / 250); b = i % 250 + 1
+      third = n > 2 ? sprintf(", {address: 10.3.%d.%d, port: 8080}", a, b) : ""
+      printf "  - {name: s%d, vips: [10.96.%d.%d], port: 80, topology: dnat, scheduler: rr, backends: [{address: 10.1.%d.%d, port: 8080}, {address: 10.2.%d.%d, port: 8080}%s]}\n", i, a, b, a, b, a, b, third
+    }
+  }' > "$work/config.yaml.new" && mv "$work/config.yaml.new" "$work/config.yaml"
+}
+config 2
 cpu() { awk -v t="$(getconf CLK_TCK)" '{printf "%.2f %.2f", ($14+$15)/t, ($16+$17)/t}' "/proc/$1/stat"; }
 backend() { local s=$1; echo "10.1.$((s / 250)).$((s % 250 + 1)):8080"; }
 for bin in "$@"; do
-  ns=lbbg$$; rm -f "$work/state.yaml"
+  ns=lbbg$$; rm -f "$work/state.yaml"; config 2
   ip netns add "$ns"; ip netns exec "$ns" ip link set lo up
   ip netns exec "$ns" "$bin" agent -f "$work/config.yaml" > "$work/agent.log" 2>&1 &
   pid=$!
@@ -41,6 +47,7 @@ for bin in "$@"; do
       fi
       sleep 1.5
     done ;;
+  burst) for n in 3 2 3; do config $n; sleep 20; done ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac
   read -r s1 c1 <<<"$(cpu $pid)"; t1=$(date +%s.%N)

@@ -53,6 +53,9 @@ type Manager struct {
 
 	// Netlink, when set, sends the transactions it carries without nft (netlink.go).
 	Netlink Netlink
+	// Rehearse, when set, lets Settle have nft render a rewritten service chain in a
+	// namespace of its own instead of listing the ruleset (rehearse.go).
+	Rehearse Rehearser
 	// Log, when set, says why a transaction went to nft after the netlink lane failed.
 	Log *slog.Logger
 
@@ -95,7 +98,7 @@ func NewManager() (*Manager, error) {
 	}
 	gen := &nftlist.GenReader{}
 	m := &Manager{List: NFTList, Tables: ListTables, ReadCounter: NetlinkCounters, FullEvery: DefaultFullEvery,
-		Generation: gen.Read, closers: []func(){func() { _ = gen.Close() }}}
+		Generation: gen.Read, Rehearse: NFTRehearse, closers: []func(){func() { _ = gen.Close() }}}
 	if os.Getenv(EnvNFTOnly) == "" {
 		l := &lane{}
 		m.Netlink, m.closers = l.run, append(m.closers, l.Close)
@@ -454,9 +457,11 @@ func (m *Manager) remember(ctx context.Context, tables []*Table, plans []tablePl
 	return next, nil
 }
 
-// Settle reads back the chains an apply rewrote without reading them, so that an edit
-// of their rules by someone else is seen as drift from now on. Until then such an edit goes
-// unnoticed, and one made before Settle is taken as ours. Cheap when nothing is unread.
+// Settle learns nft's rendering of the chains an apply rewrote without reading them, so
+// that an edit of their rules by someone else is seen as drift from now on: a service chain
+// from its rehearsal (rehearse.go), any other from the kernel's listing. Until then such an
+// edit goes unnoticed (and one made before a listing is taken as ours). Cheap when nothing is
+// unread.
 func (m *Manager) Settle(ctx context.Context) error {
 	s := m.StartSettle()
 	if err := s.Read(ctx); err != nil {
@@ -476,6 +481,10 @@ type Settling struct {
 	want    map[TableRef][]string
 	got     map[TableRef]map[string]*kernelTable // per table, per chain (or "" for the table)
 	texts   map[TableRef]map[ruleKey]string      // the wanted chains' rules' texts (shapes.go)
+	// rehearse and the wanted chains' rehearsals (rehearse.go), made at StartSettle
+	rehearse Rehearser
+	scripts  map[TableRef]rehearsalScript
+	noNS     error // the Rehearser could not make a namespace: none is tried again
 }
 
 // StartSettle notes which chains are unread.
@@ -489,15 +498,26 @@ func (m *Manager) StartSettle() *Settling {
 		}
 		s.want[ref] = slices.Clone(chains)
 		s.texts[ref] = m.cache.texts(ref, chains)
+		if t := m.cache.rendered[ref]; m.Rehearse != nil && t != nil {
+			if script, ok := rehearsal(t, chains); ok {
+				if s.scripts == nil {
+					s.scripts = map[TableRef]rehearsalScript{}
+				}
+				s.scripts[ref] = script
+			}
+		}
 	}
+	s.rehearse = m.Rehearse
 	return s
 }
 
-// Read lists the chains (a table with more than two of them whole).
+// Read rehearses the chains it can (rehearse.go) and lists the others from the kernel (a
+// table with more than two of them whole).
 func (s *Settling) Read(ctx context.Context) error {
 	ctx = background(ctx)
 	for ref, chains := range s.want {
-		s.got[ref] = map[string]*kernelTable{}
+		s.got[ref] = s.rehearsed(ctx, ref)
+		chains = slices.DeleteFunc(slices.Clone(chains), func(c string) bool { return s.got[ref][c] != nil })
 		if len(chains) > 2 {
 			kt, err := s.observe(ctx, ref)
 			if err != nil {
@@ -517,6 +537,41 @@ func (s *Settling) Read(ctx context.Context) error {
 	return nil
 }
 
+// rehearsed is each chain of table ref its rehearsal made, as the rehearsal lists it, by
+// name (none: no rehearsal, or it failed; a chain the listing has other rules of than those
+// rendered is left out). The chains left out are read from the kernel.
+func (s *Settling) rehearsed(ctx context.Context, ref TableRef) map[string]*kernelTable {
+	got := map[string]*kernelTable{}
+	script, ok := s.scripts[ref]
+	if !ok || s.noNS != nil {
+		return got
+	}
+	out, err := s.rehearse(ctx, script.text, "table", string(ref.Family), ref.Name)
+	if errors.Is(err, ErrNoScratchNS) {
+		s.noNS = err
+	}
+	var kt *kernelTable
+	if err == nil {
+		kt, err = parseTable(ref, out)
+	}
+	if err != nil {
+		slog.Debug("load balancer: a rehearsal failed: its chains are read from the kernel", "table", ref.Name, "err", err)
+		return got
+	}
+	for c, n := range script.rules {
+		ch := kt.Chains[c]
+		if ch == nil || len(ch.Rules) != n || slices.ContainsFunc(ch.Rules, func(rl *nftjson.Rule) bool {
+			_, ok := s.texts[ref][ruleKey{ref, c, rl.Comment}]
+			return !ok
+		}) {
+			slog.Debug("load balancer: a rehearsal listed other rules than those rendered: the chain is read from the kernel", "table", ref.Name, "chain", c)
+			continue
+		}
+		got[c] = &kernelTable{Table: &nftjson.Table{Family: kt.Family, Name: kt.Name, Chains: map[string]*nftjson.Chain{c: ch}}}
+	}
+	return got
+}
+
 // FinishSettle remembers what s read of the chains no apply rewrote since StartSettle: the
 // reading may hold the rules such an apply replaced, which would be taken for someone's edit
 // (the apply left its chains unread, for the next Settle). An apply since that rebuilt or
@@ -525,6 +580,12 @@ func (s *Settling) Read(ctx context.Context) error {
 // 1.5 s no reading was ever kept, while nft kept listing.) Every rule read teaches its shape
 // (shapes.go), whatever its chain became since.
 func (m *Manager) FinishSettle(s *Settling) {
+	if s.noNS != nil && m.Rehearse != nil {
+		m.Rehearse = nil
+		if m.Log != nil {
+			m.Log.Warn("rewritten chains are read back from the kernel's ruleset (seconds of nft at thousands of services), not rehearsed in a network namespace of their own", "err", s.noNS)
+		}
+	}
 	for ref, got := range s.got {
 		texts := m.cache.texts(ref, s.want[ref]) // the rules' texts now, and when the reading began
 		if texts == nil {

@@ -85,6 +85,23 @@ func TestRenderGolden(t *testing.T) {
 }
 
 func TestRenderVariants(t *testing.T) {
+	for name, svcs := range renderVariants() {
+		t.Run(name, func(t *testing.T) {
+			h := map[string]Health(nil)
+			if name == "states-backup" {
+				h = variantHealth
+			}
+			checkRender(t, name, svcs, h)
+		})
+	}
+}
+
+// variantHealth is the health the "states-backup" variant renders with.
+var variantHealth = map[string]Health{HealthKey("web", "[fd00:b::12]:8080"): {State: HealthDown, LastError: "connection refused"}}
+
+// renderVariants are rulesets of features beside the topologies and schedulers, by golden
+// file name.
+func renderVariants() map[string][]Service {
 	persist := func(topo string) Service {
 		s := fixture(topo, RoundRobin)
 		s.Persistence = D(10 * time.Minute)
@@ -101,7 +118,6 @@ func TestRenderVariants(t *testing.T) {
 	states.Backends[0].State = StateDrain
 	states.Backends[1].State = StateDown
 	states.Backends[3].Priority = 1 // a backup: unused while fd00:b::12 or ::13 is up
-	failed := map[string]Health{HealthKey("web", "[fd00:b::12]:8080"): {State: HealthDown, LastError: "connection refused"}}
 	allDown := fixture(StatelessDNAT, Hash)
 	dsrDown := rename(fixture(DSR, Weighted), "dsr", "192.0.2.11")
 	for i := range allDown.Backends {
@@ -120,7 +136,7 @@ func TestRenderVariants(t *testing.T) {
 		s.Backends[0].State = StateDrain // its persistent clients stay, no new ones
 		persistDown = append(persistDown, s)
 	}
-	for name, svcs := range map[string][]Service{
+	return map[string][]Service{
 		"persistence-snat":        {persist(SNAT)},
 		"persistence-dnat-ports":  {multiPersist},
 		"persistence-none-up":     persistDown,
@@ -131,14 +147,6 @@ func TestRenderVariants(t *testing.T) {
 		"states-backup":           {states},
 		"no-backend-up":           {allDown, dsrDown},
 		"all-topologies-together": {fixture(SNAT, RoundRobin), rename(fixture(DSR, Hash), "dsr", "192.0.2.11", "2001:db8::11"), rename(fixture(StatelessDNAT, SymHash), "sl", "192.0.2.12", "2001:db8::12")},
-	} {
-		t.Run(name, func(t *testing.T) {
-			h := map[string]Health(nil)
-			if name == "states-backup" {
-				h = failed
-			}
-			checkRender(t, name, svcs, h)
-		})
 	}
 }
 
