@@ -47,9 +47,18 @@ type Lister func(ctx context.Context, args ...string) ([]byte, error)
 // NFTList is the real Lister. A reading nothing waits for (background) runs nft at the
 // lowest CPU priority.
 func NFTList(ctx context.Context, args ...string) ([]byte, error) {
+	return runNft(ctx, "", append([]string{"--json"}, args...)...)
+}
+
+// runNft runs nft with args (and stdin, if any) from the calling thread, in its network
+// namespace; at the lowest CPU priority when nothing waits for it (background).
+func runNft(ctx context.Context, stdin string, args ...string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, "nft", append([]string{"--json"}, args...)...)
+	cmd := exec.CommandContext(ctx, "nft", args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
 	err := cmd.Start()
 	if err == nil {
 		if ctx.Value(backgroundKey{}) != nil {

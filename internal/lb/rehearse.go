@@ -1,14 +1,11 @@
 package lb
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 
-	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
 	"github.com/hostaccel/hostaccel/internal/nftdump"
@@ -21,13 +18,15 @@ import (
 // later (a flapping readiness probe) rewrites its chain back before any reading sees the
 // first rewrite, so its shape is never learnt and each flap costs a listing.
 //
-// So a service chain is rehearsed instead: nft makes it, with its rules and the maps, sets,
-// counters and chains they name (no elements), in a network namespace of its own, empty but
-// for that, and lists it there (~10 ms). The rules are the ones the apply rendered, so the
-// rendering is of our rules, not of what the kernel's chain holds by then: someone's edit made
-// before Settle is drift at the next full read, where a reading of the kernel's chain took it
-// as ours. A base chain, or a rule that names a device (which the empty namespace lacks), is
-// read from the kernel as before, and so is a chain whose rehearsal fails.
+// So service chains are rehearsed instead: nft makes those of a table that Settle wants, with
+// their rules and the maps, sets, counters and chains those name (no elements), in a network
+// namespace of its own, empty but for them, and lists them there (a few ms for one). The rules
+// are the ones the apply rendered, so the rendering is of our rules, not of what the kernel's
+// chain holds by then: someone's edit made before Settle is drift at the next full read, where
+// a reading of the kernel's chain took it as ours. A base chain, or a rule that names a device
+// (which the empty namespace lacks), is read from the kernel as before, and so is a chain
+// whose rehearsal fails and, when a rehearsal would cost more than the listing, every chain
+// of a table (maxRehearsed).
 
 // Rehearser runs an nft script in an empty network namespace of its own, then
 // `nft --json list ARGS...` there, and returns what the listing printed (injectable for
@@ -61,24 +60,6 @@ func NFTRehearse(ctx context.Context, script string, list ...string) ([]byte, er
 	}()
 	r := <-done
 	return r.out, r.err
-}
-
-// runNft runs nft with args and stdin, from the calling thread (and in its network namespace).
-func runNft(ctx context.Context, stdin string, args ...string) ([]byte, error) {
-	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, "nft", args...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = strings.NewReader(stdin), &stdout, &stderr
-	err := cmd.Start()
-	if err == nil {
-		if ctx.Value(backgroundKey{}) != nil {
-			_ = unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, 19) // best effort: it may have exited
-		}
-		err = cmd.Wait()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("nft %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
-	}
-	return stdout.Bytes(), nil
 }
 
 // maxRehearsed: more chains than that are rehearsed only when they are at most half of
