@@ -197,9 +197,9 @@ func (m *Manager) unchangedSince(g nftlist.Generation, ok bool) bool {
 		return false
 	}
 	m.cache.lastFull = time.Now()
-	m.FullReadsSkipped++
+	m.Reads.FullSkipped++
 	if m.Log != nil {
-		m.Log.Debug("full read skipped: no transaction since our last apply", "generation", g.ID, "skipped", m.FullReadsSkipped)
+		m.Log.Debug("full read skipped: no transaction since our last apply", "generation", g.ID, "skipped", m.Reads.FullSkipped)
 	}
 	return true
 }

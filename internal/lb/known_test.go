@@ -269,11 +269,11 @@ func TestFullReadSkippedWhileTheRulesetIsOurs(t *testing.T) {
 	due := func(what string, want bool) {
 		t.Helper()
 		time.Sleep(2 * time.Millisecond)
-		skipped := m.FullReadsSkipped
+		skipped := m.Reads.FullSkipped
 		if got := m.FullDue(); got != want {
 			t.Fatalf("%s: full read due %v, want %v", what, got, want)
 		}
-		if n := m.FullReadsSkipped - skipped; n != map[bool]uint64{true: 0, false: 1}[want] {
+		if n := m.Reads.FullSkipped - skipped; n != map[bool]uint64{true: 0, false: 1}[want] {
 			t.Fatalf("%s: %d full reads counted as skipped", what, n)
 		}
 	}

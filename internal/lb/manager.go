@@ -72,9 +72,10 @@ type Manager struct {
 	reshaped  uint64
 	// quiet is the ruleset's generation after the last apply when it proves that no one
 	// else's transaction came between (known.go): while the ruleset is still at it, no one
-	// changed our tables, and a due full read is skipped (FullReadsSkipped counts them).
-	quiet            *nftlist.Generation
-	FullReadsSkipped uint64
+	// changed our tables, and a due full read is skipped (Reads counts them).
+	quiet *nftlist.Generation
+	// Reads counts the Manager's readings of the kernel (status, metrics).
+	Reads ReadCounts
 	// prefetched is what Prefetch reads for the next Apply (nil: nothing).
 	prefetched *prefetch
 	// closers close what NewManager opened (Close).
@@ -277,6 +278,9 @@ func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full, trust bool, was
 	if err != nil || res.FullRead || len(res.Rebuilt) > 0 || len(res.Removed) > 0 {
 		m.reshaped = m.applies
 	}
+	if res.FullRead {
+		m.Reads.Full++
+	}
 	for _, c := range res.ChainsRewritten {
 		if m.rewritten == nil {
 			m.rewritten = map[string]uint64{}
@@ -284,6 +288,15 @@ func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full, trust bool, was
 		m.rewritten[c] = m.applies
 	}
 	return res, err
+}
+
+// ReadCounts counts readings of the kernel: each lists our tables (nft loads the whole
+// ruleset for any of them), seconds of CPU at thousands of services.
+type ReadCounts struct {
+	Full            uint64 `json:"full"`            // applies that diffed against our tables read whole
+	FullSkipped     uint64 `json:"fullSkipped"`     // full reads due but skipped: no one committed since our last apply
+	ChainsListed    uint64 `json:"chainsListed"`    // rewritten chains Settle read from the kernel
+	ChainsRehearsed uint64 `json:"chainsRehearsed"` // rewritten chains Settle rehearsed instead (rehearse.go)
 }
 
 // tablePlan is what one apply does to one table.
@@ -485,6 +498,8 @@ type Settling struct {
 	rehearse Rehearser
 	scripts  map[TableRef]rehearsalScript
 	noNS     error // the Rehearser could not make a namespace: none is tried again
+	// rehearsed and listed count the chains read each way (ReadCounts)
+	nRehearsed, nListed int
 }
 
 // StartSettle notes which chains are unread.
@@ -518,6 +533,8 @@ func (s *Settling) Read(ctx context.Context) error {
 	for ref, chains := range s.want {
 		s.got[ref] = s.rehearsed(ctx, ref)
 		chains = slices.DeleteFunc(slices.Clone(chains), func(c string) bool { return s.got[ref][c] != nil })
+		s.nRehearsed += len(s.got[ref])
+		s.nListed += len(chains)
 		if len(chains) > 2 {
 			kt, err := s.observe(ctx, ref)
 			if err != nil {
@@ -580,6 +597,8 @@ func (s *Settling) rehearsed(ctx context.Context, ref TableRef) map[string]*kern
 // 1.5 s no reading was ever kept, while nft kept listing.) Every rule read teaches its shape
 // (shapes.go), whatever its chain became since.
 func (m *Manager) FinishSettle(s *Settling) {
+	m.Reads.ChainsRehearsed += uint64(s.nRehearsed)
+	m.Reads.ChainsListed += uint64(s.nListed)
 	if s.noNS != nil && m.Rehearse != nil {
 		m.Rehearse = nil
 		if m.Log != nil {

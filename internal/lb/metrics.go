@@ -24,6 +24,10 @@ var (
 		"When the backend was last checked (Unix time).")
 	descPackets = prometheus.NewDesc("hostaccel_lb_service_packets_total",
 		"Packets the service's chains counted: new connections (snat, dnat) or every packet (dsr, stateless-dnat).", []string{"service"}, nil)
+	descReads = prometheus.NewDesc("hostaccel_lb_kernel_reads_total",
+		"Readings of the load balancer's tables back from the kernel (nft loads the whole ruleset for each, seconds of CPU at thousands of services): "+
+			"full (diffed against the tables read whole), full_skipped (due, but no one committed since our last apply), "+
+			"chain_listed (a rewritten chain read from the kernel), chain_rehearsed (rendered by nft in a namespace of its own instead).", []string{"kind"}, nil)
 )
 
 func backendDesc(name, help string) *prometheus.Desc {
@@ -43,7 +47,7 @@ type collector struct {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descHealth, descActive, descTransitions, descChecks, descFailures, descLastCheck, descPackets} {
+	for _, d := range []*prometheus.Desc{descHealth, descActive, descTransitions, descChecks, descFailures, descLastCheck, descPackets, descReads} {
 		ch <- d
 	}
 }
@@ -72,6 +76,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		ch <- c.counters.Metric(descPackets, s.Packets, s.Name)
+	}
+	for kind, n := range map[string]uint64{"full": st.Reads.Full, "full_skipped": st.Reads.FullSkipped,
+		"chain_listed": st.Reads.ChainsListed, "chain_rehearsed": st.Reads.ChainsRehearsed} {
+		counter(descReads, float64(n), kind)
 	}
 }
 

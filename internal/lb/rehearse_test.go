@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -134,12 +135,15 @@ func TestSettleRehearses(t *testing.T) {
 			if rehearsals != 1 || *lists-before != tc.lists {
 				t.Fatalf("%d rehearsals (want 1), %d chains listed (want %d)", rehearsals, *lists-before, tc.lists)
 			}
+			if want := (ReadCounts{Full: 1, ChainsListed: uint64(tc.lists), ChainsRehearsed: uint64(1 - tc.lists)}); m.Reads != want { // Full: the first apply
+				t.Errorf("reads counted %+v, want %+v", m.Reads, want)
+			}
 			if off := m.Rehearse == nil; off != (tc.name == "no namespace") {
 				t.Errorf("rehearsals turned off: %v", off)
 			}
 			m.FullEvery, m.Generation = 0, nil
-			if res, _ := apply(t, m, svcs, nil); len(res.Drift) > 0 || res.Changed() {
-				t.Fatalf("full read: %+v", res)
+			if res, _ := apply(t, m, svcs, nil); len(res.Drift) > 0 || res.Changed() || m.Reads.Full != 2 {
+				t.Fatalf("full read: %+v (full reads counted: %d, want 2)", res, m.Reads.Full)
 			}
 		})
 	}
@@ -212,6 +216,11 @@ func TestRehearsalIsTheKernelsRendering(t *testing.T) {
 	}
 	if rehearsed < 50 {
 		t.Fatalf("only %d chains rehearsed", rehearsed)
+	}
+	// The rehearsals ran from this thread's namespace (the host's): none of their tables may
+	// be here.
+	if out, err := exec.Command("nft", "list", "tables").CombinedOutput(); err != nil || strings.Contains(string(out), "hostaccel") {
+		t.Fatalf("the host's ruleset after the rehearsals (%v): %s", err, out)
 	}
 
 	// A Manager's Settle rehearses the chain a drain rewrote on the lane.

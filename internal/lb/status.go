@@ -19,6 +19,7 @@ type Status struct {
 	LastResult Result          `json:"lastResult"`
 	StateFile  string          `json:"stateFile,omitempty"`
 	Errors     []string        `json:"errors,omitempty"` // reading the kernel's counters
+	Reads      ReadCounts      `json:"reads"`            // of the kernel since the start (with counters)
 }
 
 // ServiceStatus is one service.
@@ -89,6 +90,7 @@ func (r *Runtime) status(ctx context.Context, counters bool, only string) Status
 		// lock, briefly), then the kernel's numbers without it.
 		r.mgrMu.Lock()
 		names := mgr.CounterTables()
+		st.Reads = mgr.Reads
 		r.mgrMu.Unlock()
 		tables, err := mgr.ReadCounters(ctx, names)
 		if err != nil {

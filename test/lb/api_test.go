@@ -194,6 +194,8 @@ func TestStatusAndMetrics(t *testing.T) {
 		`hostaccel_lb_backend_transitions_total{backend="10.1.0.12:90",service="snat-health"}`,
 		`hostaccel_lb_backend_last_check_timestamp_seconds{backend="10.1.0.12:90",service="snat-health"}`,
 		`hostaccel_lb_service_packets_total{service="dsr-rr"}`,
+		`hostaccel_lb_kernel_reads_total{kind="chain_rehearsed"}`,
+		`hostaccel_lb_kernel_reads_total{kind="full"}`,
 	}
 	var missing []string
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
