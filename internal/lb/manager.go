@@ -498,7 +498,7 @@ type Settling struct {
 	rehearse Rehearser
 	scripts  map[TableRef]rehearsalScript
 	noNS     error // the Rehearser could not make a namespace: none is tried again
-	// rehearsed and listed count the chains read each way (ReadCounts)
+	// nRehearsed and nListed count the chains read each way (ReadCounts)
 	nRehearsed, nListed int
 }
 
