@@ -274,6 +274,10 @@ struct slot_way {
 	__u8 smac[ETH_ALEN];
 };
 
+_Static_assert(offsetof(struct slot_way, dmac) % 8 == 0 &&
+		       offsetof(struct slot_way, smac) == offsetof(struct slot_way, dmac) + ETH_ALEN,
+	       "express() copies both MACs as one 12-byte block from an 8-aligned offset");
+
 struct slot4 {
 	struct pair_key4 k;
 	__u32 pad;
@@ -1425,8 +1429,14 @@ static __always_inline int forward6(struct __sk_buff *skb, struct settings *cfg)
 static __always_inline int express(struct __sk_buff *skb, struct slot_way *w, struct ethhdr *eth)
 {
 	count(w->stat, skb);
-	__builtin_memcpy(eth->h_dest, w->dmac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, w->smac, ETH_ALEN);
+	/* Both MACs, as the header holds them, in one 8-byte and one 4-byte copy instead of twelve
+	 * byte copies: the slot's are 8-aligned and in the header's order (below); the packet's
+	 * stores need no alignment on the architectures the program is built for (x86-64 and
+	 * arm64 have efficient unaligned access, which the verifier checks). */
+	void *macs = (void *)w + offsetof(struct slot_way, dmac);
+
+	*(__u64 *)eth = *(__u64 *)macs;
+	*(__u32 *)((void *)eth + 8) = *(__u32 *)(macs + 8);
 	if (w->flags & SLOT_PEER)
 		return bpf_redirect_peer(w->ifindex, 0);
 	return bpf_redirect(w->ifindex, 0);
