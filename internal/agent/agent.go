@@ -332,6 +332,9 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 	if t := o.Result.TC; t != nil && len(t.Drift) > 0 {
 		a.driftRepaired(DriftTC, t.Drift)
 	}
+	if t := o.Result.TC; t != nil && t.HandedAged {
+		log.Info("tc: the marks of client ends handed to the stack were aged: those of NAT-ed connections gone are void")
+	}
 	if sm := o.Result.Sockmap; sm != nil && len(sm.Drift) > 0 {
 		a.driftRepaired(DriftSockmap, sm.Drift)
 	}

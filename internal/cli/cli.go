@@ -463,6 +463,9 @@ func writeStatus(out io.Writer, st agent.Status) {
 			fmt.Fprintf(out, " %s(%s%s)", d.Name, d.Role, peer)
 		}
 		fmt.Fprintf(out, "\n  NAT check (conntrack): %s\n", t.NATCheck)
+		if h := t.Handed; h != nil {
+			fmt.Fprintf(out, "  client ends handed to the stack, marked: %d of %d (aged %d times)\n", h.Marked, h.Of, h.Epoch-1)
+		}
 		if t.NATCarry {
 			fmt.Fprintln(out, "  NAT-ed TCP flows the flowtable offloaded: carried here (via nat-carried)")
 		}

@@ -93,6 +93,10 @@ var (
 		"Packets the tc datapath handed to the normal stack, by reason.", []string{"reason"}, nil)
 	tcVia = prometheus.NewDesc("hostaccel_tc_redirected_via_packets_total",
 		"Packets the tc datapath redirected another way than to the FIB's next hop as it is: peer (into a Pod's namespace), neigh (next hop resolved by the neighbour code), forwarding-off (the agent's route), nat-carried (translated as conntrack says: a NAT-ed flow the flowtable offloaded, in no class).", []string{"via"}, nil)
+	tcHandedMarked = prometheus.NewDesc("hostaccel_tc_handed_marked",
+		"Client ends handed to the stack that the tc program has marked now (replies to them take the handed lookup and, if NAT-ed, the stack), of 262,144 marks; aged once more than 1/16 are set.", nil, nil)
+	tcHandedAgings = prometheus.NewDesc("hostaccel_tc_handed_agings_total",
+		"Agings of the tc program's handed marks: the marks of client ends whose NAT-ed connections were gone were voided.", nil, nil)
 	smSockets = prometheus.NewDesc("hostaccel_sockmap_sockets",
 		"Sockets in the sockmap datapath's map now (both ends of each local-pod-to-pod connection).", nil, nil)
 	smDraining = prometheus.NewDesc("hostaccel_sockmap_draining_sockets",
@@ -117,7 +121,7 @@ type kernelCollector struct {
 }
 
 func (c *kernelCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{classPackets, classBytes, offloaded, installed, tcPackets, tcBytes, tcPassed, tcVia, smSockets, smDraining, smEntered, smEnterFailed, smMessages, smBytes, smBounded} {
+	for _, d := range []*prometheus.Desc{classPackets, classBytes, offloaded, installed, tcPackets, tcBytes, tcPassed, tcVia, tcHandedMarked, tcHandedAgings, smSockets, smDraining, smEntered, smEnterFailed, smMessages, smBytes, smBounded} {
 		ch <- d
 	}
 }
@@ -146,6 +150,10 @@ func (c *kernelCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for via, n := range t.Via {
 			c.counter(ch, tcVia, n.Packets, via)
+		}
+		if h := t.Handed; h != nil {
+			ch <- prometheus.MustNewConstMetric(tcHandedMarked, prometheus.GaugeValue, float64(h.Marked))
+			c.counter(ch, tcHandedAgings, uint64(h.Epoch-1))
 		}
 	}
 	if sm := st.Sockmap; sm != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/hostaccel/hostaccel/internal/agent"
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/nftjson"
+	"github.com/hostaccel/hostaccel/internal/tc"
 )
 
 // Rule counters restart at zero when the table is rebuilt; the exported counter does not.
@@ -93,4 +94,29 @@ hostaccel_drift_repairs_total{datapath="tc"} ` + tc + "\n"
 	want("0", "0", "1")
 	m.ObserveSync(time.Millisecond, agent.State{DriftRepairs: map[string]int{"lb": 3, "tc": 1}}, nil)
 	want("0", "1", "3")
+}
+
+// The tc program's handed marks: the marked ends as a gauge, the agings (the epoch less one)
+// as a counter that a reloaded program (epoch 1 again) does not lower.
+func TestTCHandedMarks(t *testing.T) {
+	h := tc.HandedMarks{Marked: 7, Of: 262144, Epoch: 3}
+	m := New(func(context.Context) agent.Status { return agent.Status{TC: &tc.Status{Handed: &h}} })
+	want := func(marked, agings string) {
+		t.Helper()
+		exp := `
+# HELP hostaccel_tc_handed_agings_total Agings of the tc program's handed marks: the marks of client ends whose NAT-ed connections were gone were voided.
+# TYPE hostaccel_tc_handed_agings_total counter
+hostaccel_tc_handed_agings_total ` + agings + `
+# HELP hostaccel_tc_handed_marked Client ends handed to the stack that the tc program has marked now (replies to them take the handed lookup and, if NAT-ed, the stack), of 262,144 marks; aged once more than 1/16 are set.
+# TYPE hostaccel_tc_handed_marked gauge
+hostaccel_tc_handed_marked ` + marked + "\n"
+		if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(exp), "hostaccel_tc_handed_marked", "hostaccel_tc_handed_agings_total"); err != nil {
+			t.Error(err)
+		}
+	}
+	want("7", "2")
+	h = tc.HandedMarks{Marked: 1, Of: 262144, Epoch: 1} // a new program set
+	want("1", "2")
+	h.Epoch = 2
+	want("1", "3")
 }

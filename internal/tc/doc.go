@@ -26,7 +26,7 @@
 //
 // The NAT check (between the two lookups): a packet from the Pods' side to an address of no
 // class (a ClusterIP, a NodePort) goes to the stack, which may NAT it; its client end is
-// remembered (LRU map handed, and a bit of a hash of it in handed_bits), by the SYN for TCP
+// remembered (LRU map handed, and a mark of a hash of it in handed_marks), by the SYN for TCP
 // (which also voids what was kept of an older connection from that end). A packet to a
 // remembered end is a reply that may need the un-NAT: its tuple is looked up in conntrack
 // (bpf_skb_ct_lookup, Linux >= 5.18; the reference is released on every path), and a flow
@@ -36,8 +36,17 @@
 // the end's entry, with the server end it was about, for 100 ms: far below any conntrack
 // timeout, so it stands for an entry conntrack still holds; meanwhile the replies cost one
 // hash lookup. Pure pod-to-pod flows have no entry at all (both directions are redirected, so
-// the stack never sees them): their destination's bit is clear (one inlined array read), and
-// they keep the redirect. Where the
+// the stack never sees them): their destination's mark is void (one inlined array read), and
+// they keep the redirect. A mark is the epoch (settings.handed_epoch) in which its end was
+// handed; marks below settings.handed_since are void. Every end handed to the stack marks one
+// (every DNS query to a ClusterIP from a new port), so Apply ages them (handed.go) once more than
+// 1/16 of a sample are set, at most once a minute: a new epoch, the client ends of the NAT-ed
+// connections conntrack still holds marked with it (and entered in handed again), then the
+// older marks void. Marks are whole values that the program and the agent only ever set to the
+// current epoch, so neither undoes the other's. Without aging a long-running node's marks all
+// end up set, and every packet toward the Pods takes the handed lookup and the pairs' way:
+// 1,166 instead of 293 instructions per packet in the VM (BenchmarkProgram
+// to-local-pod-marks-full). Where the
 // check runs is the config's tc.natCheck: both directions (default), toward-pods (packets
 // arriving on a transport), or off. The kfuncs are linked at load time: the agent tells the
 // program (a read-only variable) whether the kernel's BTF has them, and loads it again once
@@ -83,7 +92,7 @@
 // writes the maps and again after (so that what a packet decided from half-written maps is
 // void too), and then clears the bits. The two maps hold 65,536 pairs each, preallocated:
 // 19.5 MiB of kernel memory (memlock: pairs4 8.9, pairs6 10.5 MiB; the set's other maps
-// 37 MiB, most of it handed, nat_flows and nexthops). Measured: the program's cost per
+// 39 MiB, most of it handed, nat_flows and nexthops; handed_marks 2 MiB). Measured: the program's cost per
 // redirected packet about halved (BenchmarkProgram), per packet 0.71 -> 0.81 of the direct
 // link in the VM (docs/benchmarks/2026-11-26-064c045-pairs.md).
 //
@@ -95,7 +104,7 @@
 // kept FIB answer's), whether it goes with bpf_redirect_peer and whether the NAT check applies.
 // A packet whose slot holds its pair (same addresses and ingress device) of the current
 // generation, unexpired, with hops left, that fits the MTU and whose destination end has no
-// handed bit is redirected at once: its hash from registers, one per-CPU lookup, one counter,
+// handed mark is redirected at once: its hash from registers, one per-CPU lookup, one counter,
 // no struct flow built. Anything else takes the pairs' way, which fills the slot where a pair
 // holds (so the first packet of a pair goes the full way, the second by its pair, the rest by
 // the slot). Per CPU, so that no other CPU writes a slot while it is read; the agent never
@@ -112,7 +121,9 @@
 // sets the program's slot_mask to match (a load-time constant: 3-4 instructions per packet).
 // Measured: BenchmarkProgram in the VM under icount, where a nanosecond is an instruction
 // (vmtest/run-in-vm.sh -i): 711 -> 330 instructions per redirected packet, against 83 for a
-// program that only writes the MACs and redirects (docs/benchmarks/2026-11-26-a1debbe-express.md).
+// program that only writes the MACs and redirects (docs/benchmarks/2026-11-26-a1debbe-express.md);
+// 293 since both MACs are written in two copies instead of twelve bytes and the handed check
+// compares a mark instead of testing a bit (2026-11-27).
 //
 // "Pass" is TC_ACT_UNSPEC, not TC_ACT_OK: the next tcx program or tc filter still runs (with
 // tcx, TC_ACT_OK would skip them), then the stack.

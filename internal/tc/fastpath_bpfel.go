@@ -125,14 +125,16 @@ type fastpathPairKey6 struct {
 }
 
 type fastpathSettings struct {
-	_          structs.HostLayout
-	Classes    uint32
-	NatCheck   uint32
-	Flags      uint32
-	Generation uint32
-	Build      uint64
-	TickNs     uint32
-	Pad        uint32
+	_           structs.HostLayout
+	Classes     uint32
+	NatCheck    uint32
+	Flags       uint32
+	Generation  uint32
+	Build       uint64
+	TickNs      uint32
+	HandedEpoch uint32
+	HandedSince uint32
+	Pad         uint32
 }
 
 type fastpathSlot4 struct {
@@ -181,7 +183,7 @@ const (
 	fastpathMapAddrs6          = "addrs6"
 	fastpathMapConfig          = "config"
 	fastpathMapHanded          = "handed"
-	fastpathMapHandedBits      = "handed_bits"
+	fastpathMapHandedMarks     = "handed_marks"
 	fastpathMapIfaces          = "ifaces"
 	fastpathMapNatFlows        = "nat_flows"
 	fastpathMapNexthops        = "nexthops"
@@ -245,20 +247,20 @@ type fastpathProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fastpathMapSpecs struct {
-	Addrs4     *ebpf.MapSpec `ebpf:"addrs4"`
-	Addrs6     *ebpf.MapSpec `ebpf:"addrs6"`
-	Config     *ebpf.MapSpec `ebpf:"config"`
-	Handed     *ebpf.MapSpec `ebpf:"handed"`
-	HandedBits *ebpf.MapSpec `ebpf:"handed_bits"`
-	Ifaces     *ebpf.MapSpec `ebpf:"ifaces"`
-	NatFlows   *ebpf.MapSpec `ebpf:"nat_flows"`
-	Nexthops   *ebpf.MapSpec `ebpf:"nexthops"`
-	PairBits   *ebpf.MapSpec `ebpf:"pair_bits"`
-	Pairs4     *ebpf.MapSpec `ebpf:"pairs4"`
-	Pairs6     *ebpf.MapSpec `ebpf:"pairs6"`
-	Slots4     *ebpf.MapSpec `ebpf:"slots4"`
-	Slots6     *ebpf.MapSpec `ebpf:"slots6"`
-	Stats      *ebpf.MapSpec `ebpf:"stats"`
+	Addrs4      *ebpf.MapSpec `ebpf:"addrs4"`
+	Addrs6      *ebpf.MapSpec `ebpf:"addrs6"`
+	Config      *ebpf.MapSpec `ebpf:"config"`
+	Handed      *ebpf.MapSpec `ebpf:"handed"`
+	HandedMarks *ebpf.MapSpec `ebpf:"handed_marks"`
+	Ifaces      *ebpf.MapSpec `ebpf:"ifaces"`
+	NatFlows    *ebpf.MapSpec `ebpf:"nat_flows"`
+	Nexthops    *ebpf.MapSpec `ebpf:"nexthops"`
+	PairBits    *ebpf.MapSpec `ebpf:"pair_bits"`
+	Pairs4      *ebpf.MapSpec `ebpf:"pairs4"`
+	Pairs6      *ebpf.MapSpec `ebpf:"pairs6"`
+	Slots4      *ebpf.MapSpec `ebpf:"slots4"`
+	Slots6      *ebpf.MapSpec `ebpf:"slots6"`
+	Stats       *ebpf.MapSpec `ebpf:"stats"`
 }
 
 // fastpathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -289,20 +291,20 @@ func (o *fastpathObjects) Close() error {
 //
 // It can be passed to loadFastpathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fastpathMaps struct {
-	Addrs4     *ebpf.Map `ebpf:"addrs4"`
-	Addrs6     *ebpf.Map `ebpf:"addrs6"`
-	Config     *ebpf.Map `ebpf:"config"`
-	Handed     *ebpf.Map `ebpf:"handed"`
-	HandedBits *ebpf.Map `ebpf:"handed_bits"`
-	Ifaces     *ebpf.Map `ebpf:"ifaces"`
-	NatFlows   *ebpf.Map `ebpf:"nat_flows"`
-	Nexthops   *ebpf.Map `ebpf:"nexthops"`
-	PairBits   *ebpf.Map `ebpf:"pair_bits"`
-	Pairs4     *ebpf.Map `ebpf:"pairs4"`
-	Pairs6     *ebpf.Map `ebpf:"pairs6"`
-	Slots4     *ebpf.Map `ebpf:"slots4"`
-	Slots6     *ebpf.Map `ebpf:"slots6"`
-	Stats      *ebpf.Map `ebpf:"stats"`
+	Addrs4      *ebpf.Map `ebpf:"addrs4"`
+	Addrs6      *ebpf.Map `ebpf:"addrs6"`
+	Config      *ebpf.Map `ebpf:"config"`
+	Handed      *ebpf.Map `ebpf:"handed"`
+	HandedMarks *ebpf.Map `ebpf:"handed_marks"`
+	Ifaces      *ebpf.Map `ebpf:"ifaces"`
+	NatFlows    *ebpf.Map `ebpf:"nat_flows"`
+	Nexthops    *ebpf.Map `ebpf:"nexthops"`
+	PairBits    *ebpf.Map `ebpf:"pair_bits"`
+	Pairs4      *ebpf.Map `ebpf:"pairs4"`
+	Pairs6      *ebpf.Map `ebpf:"pairs6"`
+	Slots4      *ebpf.Map `ebpf:"slots4"`
+	Slots6      *ebpf.Map `ebpf:"slots6"`
+	Stats       *ebpf.Map `ebpf:"stats"`
 }
 
 func (m *fastpathMaps) Close() error {
@@ -311,7 +313,7 @@ func (m *fastpathMaps) Close() error {
 		m.Addrs6,
 		m.Config,
 		m.Handed,
-		m.HandedBits,
+		m.HandedMarks,
 		m.Ifaces,
 		m.NatFlows,
 		m.Nexthops,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -15,13 +16,15 @@ import (
 // Manager owns the tc datapath in the calling thread's network namespace: one program set
 // (program and maps) shared by every device. Every method rediscovers the program set from
 // the kernel (the attachments, then the program's maps), so a later process (hostaccel
-// status, cleanup) sees what an earlier apply installed. The only thing a Manager remembers
-// is what its last apply left, to tell drift (someone else's change) from its own.
+// status, cleanup) sees what an earlier apply installed. The only things a Manager remembers
+// are what its last apply left, to tell drift (someone else's change) from its own, and when
+// it last aged the handed marks.
 type Manager struct {
 	// Mode forces the attach mode; empty picks tcx where the kernel has it, else cls_bpf.
 	Mode Mode
 
-	last *applied // after the last successful Apply; nil: none since New or Remove
+	last *applied  // after the last successful Apply; nil: none since New or Remove
+	aged time.Time // the last aging of the handed marks (ageHanded)
 }
 
 // applied is the kernel as an Apply left it: the devices the program was attached to (name ->
@@ -52,6 +55,9 @@ type Result struct {
 	// repaired: the program detached from a device (the same device, not one re-created), map
 	// contents changed. Set only when the apply succeeded.
 	Drift []string `json:"drift,omitempty"`
+	// HandedAged: the marks of client ends handed to the stack were aged (their share had
+	// grown past 1/16): those of NAT-ed connections gone since are void.
+	HandedAged bool `json:"handedAged,omitempty"`
 }
 
 // haveConntrackKfuncs reports whether the kernel has the conntrack kfuncs (probe keeps a yes).
@@ -112,7 +118,7 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	if fresh && res.NATCheck {
 		flows, err := conntrack.List(ctx)
 		if err == nil {
-			err = set.rememberNATed(flows)
+			err = set.rememberNATed(flows, handedFirstEpoch)
 		}
 		if err != nil {
 			return res, fmt.Errorf("tc: the NAT-ed connections already open: %w", err)
@@ -134,6 +140,20 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	if set.maps.Config.Lookup(uint32(0), &live) == nil {
 		w.settings.Generation = live.Generation + 2
 	}
+	if live.HandedEpoch == 0 { // a fresh set
+		live.HandedEpoch, live.HandedSince = handedFirstEpoch, handedFirstEpoch
+	} else if res.NATCheck && time.Since(m.aged) >= handedAgeEvery {
+		fill, err := set.handedFill(live.HandedSince)
+		if err == nil && fill > handedAgeAt {
+			m.aged = time.Now()
+			err = set.ageHanded(ctx, &live, conntrack.List)
+			res.HandedAged = err == nil
+		}
+		if err != nil {
+			return res, err
+		}
+	}
+	w.settings.HandedEpoch, w.settings.HandedSince = live.HandedEpoch, live.HandedSince
 	if mode == ModeClsBPF {
 		if err := ownClsacts(w.ifaces); err != nil {
 			return res, err
@@ -156,7 +176,7 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	// The maps now hold w: every difference was written without error (only Apply writes
 	// these maps), so they are not read back.
 	after := w
-	after.settings.Build, after.settings.Generation = 0, 0
+	after.settings = policy(after.settings)
 	m.last = &applied{attached: map[string]int{}, maps: after}
 	for name, l := range o.links {
 		if _, ok := w.ifaces[uint32(l.Attrs().Index)]; ok && !slices.Contains(res.Missing, name) {

@@ -1050,3 +1050,58 @@ func TestNexthopCache(t *testing.T) {
 		t.Errorf("with a policy routing rule: %d next hops kept (flags %b), want none", n, flags)
 	}
 }
+
+// Apply ages the handed marks once the sample shows more than 1/16 of them counting (here
+// written as the program would), and not again within a minute; status shows them.
+func TestApplyAgesHandedMarks(t *testing.T) {
+	e := newEnv(t, "")
+	if !e.apply().NATCheck {
+		t.Skip("no conntrack kfuncs here: no NAT check, no marks")
+	}
+	settings := func(s *progSet) (cfg fastpathSettings) {
+		if err := s.maps.Config.Lookup(uint32(0), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	fill := func() {
+		e.do(func() error {
+			s, err := openSet(e.status().ProgramID)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			keys, marks := make([]uint32, 600), make([]uint64, 600)
+			for i := range keys {
+				keys[i], marks[i] = uint32(i*6), uint64(settings(s).HandedEpoch)
+			}
+			_, err = s.maps.HandedMarks.BatchUpdate(keys, marks, nil)
+			return err
+		})
+	}
+	fill()
+	if st := e.status(); st.Handed == nil || st.Handed.Marked != 600 || st.Handed.Of != handedMarks || st.Handed.Epoch != handedFirstEpoch {
+		t.Errorf("status handed %+v, want 600 marked of %d in epoch %d", st.Handed, handedMarks, handedFirstEpoch)
+	}
+	if r := e.apply(); !r.HandedAged {
+		t.Errorf("600 of the first %d marks counting: not aged (%+v)", handedSample, r)
+	}
+	e.do(func() error {
+		s, err := openSet(e.status().ProgramID)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		if cfg := settings(s); cfg.HandedEpoch != handedFirstEpoch+1 || cfg.HandedSince != cfg.HandedEpoch {
+			t.Errorf("after aging: epoch %d, since %d; want both %d", cfg.HandedEpoch, cfg.HandedSince, handedFirstEpoch+1)
+		}
+		return nil
+	})
+	if st := e.status(); st.Handed == nil || st.Handed.Marked != 0 {
+		t.Errorf("after aging: status handed %+v, want none marked (no NAT-ed connection here)", st.Handed)
+	}
+	fill()
+	if r := e.apply(); r.HandedAged {
+		t.Errorf("aged again within %s", handedAgeEvery)
+	}
+}

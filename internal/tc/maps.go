@@ -54,6 +54,13 @@ type contents struct {
 	settings fastpathSettings              // without Build
 }
 
+// policy is settings without what the agent keeps there as bookkeeping (the build, the
+// generation, the handed marks' epochs): what two applies of the same config agree on.
+func policy(s fastpathSettings) fastpathSettings {
+	s.Build, s.Generation, s.HandedEpoch, s.HandedSince = 0, 0, 0, 0
+	return s
+}
+
 // flatten gives every prefix of d the roles of all the prefixes that contain it, so that the
 // program's one longest-prefix lookup per address answers every role (an excluded /32 inside
 // a local Pod CIDR is both). Prefixes are nested or disjoint: after sorting by address, then

@@ -105,7 +105,7 @@ func newProgEnv(t testing.TB) *progEnv {
 	}
 	t.Cleanup(set.Close)
 	p := &progEnv{t: t, set: set, routes: map[netip.Addr]uint32{},
-		cfg: fastpathSettings{NatCheck: natCheckTowardPods | natCheckFromPods, Flags: settingsNexthopCache, Generation: 7, TickNs: tickNS()}}
+		cfg: fastpathSettings{NatCheck: natCheckTowardPods | natCheckFromPods, Flags: settingsNexthopCache, Generation: 7, TickNs: tickNS(), HandedEpoch: handedFirstEpoch, HandedSince: handedFirstEpoch}}
 	p.must(set.putIface(lo, fastpathIface{Role: uint32(RoleGateway), Mtu: 1500}))
 	for _, pr := range []netip.Prefix{localPod, localPod6} {
 		p.must(set.putAddr(pr, fastpathAddr{Flags: addrLocalPod}))
@@ -144,6 +144,12 @@ func (p *progEnv) bump() {
 	for dst, flags := range p.routes {
 		p.route(dst, flags)
 	}
+}
+
+// markHanded marks e as a client end handed to the stack in the current epoch, as the
+// program's remember() does.
+func (p *progEnv) markHanded(e fastpathEndpoint) {
+	p.must(p.set.maps.HandedMarks.Put(handedSlot(e), uint64(p.cfg.HandedEpoch)))
 }
 
 // route fills the next-hop cache for dst as the program does on a FIB answer.
@@ -298,12 +304,12 @@ func TestProgramDecisions(t *testing.T) {
 		if err := p.set.maps.Handed.Lookup(e, &v); err != nil {
 			t.Errorf("client end %s:1000 not remembered: %v", pod, err)
 		}
-		// The program set the bit the agent computes for it (handedBit is handed_bit()).
-		idx, bit := handedBit(e)
-		var w uint64
-		p.must(p.set.maps.HandedBits.Lookup(idx, &w))
-		if w&bit == 0 {
-			t.Errorf("handed_bits[%d] = %#x, want bit %#x set", idx, w, bit)
+		// The program marked it where the agent computes (handedSlot is handed_mark()), with
+		// the current epoch.
+		var m uint64
+		p.must(p.set.maps.HandedMarks.Lookup(handedSlot(e), &m))
+		if m != uint64(p.cfg.HandedEpoch) {
+			t.Errorf("handed_marks[%d] = %d, want the epoch, %d", handedSlot(e), m, p.cfg.HandedEpoch)
 		}
 	})
 
@@ -315,7 +321,7 @@ func TestProgramDecisions(t *testing.T) {
 		kept := func(asked uint64, server netip.Addr) {
 			h := fastpathHandedEnd{Asked: asked, Port: htons(1000), Nat: 1}
 			copy(h.Server[:], server.AsSlice())
-			p.must(p.set.setHandedBit(client))
+			p.markHanded(client)
 			p.must(p.set.maps.Handed.Put(client, h))
 		}
 		now := coarseNow(t)
@@ -409,7 +415,7 @@ func TestProgramLocalPodToPod(t *testing.T) {
 	copy(client.Addr[:], a.AsSlice())
 	h := fastpathHandedEnd{Asked: coarseNow(t), Port: htons(1000), Nat: 1}
 	copy(h.Server[:], b.AsSlice())
-	p.must(p.set.setHandedBit(client))
+	p.markHanded(client)
 	p.route(a, flagPeer)
 	for _, check := range []uint32{natCheckTowardPods | natCheckFromPods, natCheckTowardPods} {
 		p.natCheck(check)
@@ -498,7 +504,7 @@ func TestProgramPairs(t *testing.T) {
 	copy(client.Addr[:], remote.AsSlice())
 	h := fastpathHandedEnd{Asked: coarseNow(t), Port: htons(1000), Nat: 1}
 	copy(h.Server[:], pod.AsSlice())
-	p.must(p.set.setHandedBit(client))
+	p.markHanded(client)
 	p.must(p.set.maps.Handed.Put(client, h))
 	before := p.counters()
 	if ret, _ := p.run(frame(pod, remote, 64)); ret != actUnspec || p.counters()[stat(PassNAT)].Packets != before[stat(PassNAT)].Packets+1 {
@@ -678,6 +684,23 @@ func BenchmarkProgram(b *testing.B) {
 			run(b, p.set.prog, c.f, c.want)
 		})
 	}
+	// The same toward a Pod with every handed mark set: what every such packet cost on a
+	// long-running node before the marks were aged (every end handed to the stack marked one,
+	// and none was ever cleared).
+	b.Run("to-local-pod-marks-full", func(b *testing.B) {
+		p.must(p.set.putIface(lo, fastpathIface{Role: uint32(RoleTransport), Mtu: 1500}))
+		keys, marks := make([]uint32, handedMarks), make([]uint64, handedMarks)
+		for i := range keys {
+			keys[i], marks[i] = uint32(i), uint64(p.cfg.HandedEpoch)
+		}
+		_, err := p.set.maps.HandedMarks.BatchUpdate(keys, marks, nil)
+		p.must(err)
+		defer func() {
+			_, err := p.set.maps.HandedMarks.BatchUpdate(keys, make([]uint64, len(keys)), nil)
+			p.must(err)
+		}()
+		run(b, p.set.prog, frame(remote, pod, 255), actRedirect)
+	})
 	// The least a redirect costs: the MACs written, bpf_redirect_peer (as the bench's tc-floor).
 	b.Run("floor", func(b *testing.B) {
 		floor, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL",

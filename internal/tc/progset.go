@@ -9,10 +9,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/rlimit"
-	"golang.org/x/sys/unix"
 
 	"github.com/hostaccel/hostaccel/internal/bpfobj"
-	"github.com/hostaccel/hostaccel/internal/conntrack"
 )
 
 // progSet is a loaded program with its maps: loaded by this process (loadSet) or found in
@@ -106,7 +104,7 @@ func (s *progSet) fields() map[string]**ebpf.Map {
 	return map[string]**ebpf.Map{
 		fastpathMapIfaces: &m.Ifaces, fastpathMapAddrs4: &m.Addrs4, fastpathMapAddrs6: &m.Addrs6,
 		fastpathMapConfig: &m.Config, fastpathMapStats: &m.Stats, fastpathMapHanded: &m.Handed,
-		fastpathMapHandedBits: &m.HandedBits, fastpathMapNexthops: &m.Nexthops, fastpathMapPairs4: &m.Pairs4, fastpathMapPairs6: &m.Pairs6,
+		fastpathMapHandedMarks: &m.HandedMarks, fastpathMapNexthops: &m.Nexthops, fastpathMapPairs4: &m.Pairs4, fastpathMapPairs6: &m.Pairs6,
 		fastpathMapPairBits: &m.PairBits, fastpathMapSlots4: &m.Slots4, fastpathMapSlots6: &m.Slots6,
 	}
 }
@@ -127,60 +125,6 @@ func (s *progSet) usable() bool {
 		}
 	}
 	return true
-}
-
-// rememberNATed enters the client end of every connection conntrack knows as NAT-ed into the
-// handed map of a set about to be attached: the program records such ends only as their
-// packets pass it, and a reply to a connection that is older than the program would
-// otherwise be redirected past the un-NAT.
-func (s *progSet) rememberNATed(flows []conntrack.Flow) error {
-	var errs []error
-	for _, f := range flows {
-		if !f.NATed() || (f.Orig.Proto != unix.IPPROTO_TCP && f.Orig.Proto != unix.IPPROTO_UDP) {
-			continue
-		}
-		e := fastpathEndpoint{Port: htons(f.Orig.SrcPort), Proto: f.Orig.Proto}
-		a := f.Orig.Src.Unmap()
-		if a.Is4() {
-			b := a.As4()
-			copy(e.Addr[:], b[:])
-		} else {
-			e.Addr = a.As16()
-		}
-		errs = append(errs, s.setHandedBit(e), s.maps.Handed.Put(e, fastpathHandedEnd{}))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("handed: %w", err)
-	}
-	return nil
-}
-
-// handedBitsWords is HANDED_BITS_WORDS in bpf/fastpath.c.
-const handedBitsWords = 16384
-
-// handedBit is handed_bit() of bpf/fastpath.c: the word of handed_bits for e and its bit.
-func handedBit(e fastpathEndpoint) (uint32, uint64) {
-	var b [20]byte
-	copy(b[:], e.Addr[:])
-	binary.LittleEndian.PutUint16(b[16:], e.Port)
-	b[18], b[19] = e.Proto, e.Pad
-	h := uint32(0x9e3779b9)
-	for i := 0; i < 20; i += 4 {
-		h = (h ^ binary.LittleEndian.Uint32(b[i:])) * 0x01000193
-	}
-	h ^= h >> 15
-	return (h >> 6) & (handedBitsWords - 1), 1 << (h & 63)
-}
-
-// setHandedBit sets e's bit in handed_bits (of a set not attached yet: no program writes
-// meanwhile).
-func (s *progSet) setHandedBit(e fastpathEndpoint) error {
-	idx, bit := handedBit(e)
-	var w uint64
-	if err := s.maps.HandedBits.Lookup(idx, &w); err != nil {
-		return err
-	}
-	return s.maps.HandedBits.Put(idx, w|bit)
 }
 
 // clearPairBits clears the program's filter of kept pairs (pair_bits): after a new generation
@@ -223,8 +167,7 @@ func (s *progSet) read() (contents, error) {
 	if err := s.maps.Config.Lookup(uint32(0), &c.settings); err != nil {
 		return c, fmt.Errorf("config: %w", err)
 	}
-	c.settings.Build = 0
-	c.settings.Generation = 0
+	c.settings = policy(c.settings)
 	return c, nil
 }
 

@@ -95,6 +95,18 @@ type Status struct {
 	Classes   []ClassCounter     `json:"classes"`
 	Passed    map[string]Counter `json:"passed"` // handed to the stack, by reason
 	Via       map[string]Counter `json:"via"`    // redirected another way than the FIB's direct answer
+	// Handed is the program's marks of client ends handed to the stack, where the NAT check
+	// runs.
+	Handed *HandedMarks `json:"handed,omitempty"`
+}
+
+// HandedMarks: how many client ends handed to the stack are marked (their replies are looked
+// up in handed, the rest skip that lookup), of how many slots, and in which epoch: Apply ages
+// the marks once more than 1/16 count (epoch - 1 agings since the program was loaded).
+type HandedMarks struct {
+	Marked int    `json:"marked"`
+	Of     int    `json:"of"`
+	Epoch  uint32 `json:"epoch"`
 }
 
 // Class sums the counters of class c over both families.
@@ -146,6 +158,14 @@ func (m *Manager) Status(ctx context.Context) (Status, error) {
 	st.ProgramID = set.id
 	st.NATCheck = natCheckText(set)
 	st.NATCarry = natCarries(set)
+	var cfg fastpathSettings
+	if set.build == buildID(true) && set.maps.Config.Lookup(uint32(0), &cfg) == nil && cfg.NatCheck != 0 {
+		n, err := set.handedMarked(cfg.HandedSince)
+		if err != nil {
+			return st, err
+		}
+		st.Handed = &HandedMarks{Marked: n, Of: handedMarks, Epoch: cfg.HandedEpoch}
+	}
 	n, err := set.counters()
 	if err != nil {
 		return st, err

@@ -130,6 +130,8 @@ struct settings {
 	__u32 generation; /* bumped by every agent update: next-hop answers of older ones are void */
 	__u64 build;      /* hash of the object this program set was loaded from (agent bookkeeping) */
 	__u32 tick_ns;    /* a jiffy (the coarse clocks' resolution); 0: no express lane */
+	__u32 handed_epoch; /* the mark remember() writes (handed_marks); from 1 */
+	__u32 handed_since; /* marks below it are void */
 	__u32 pad;
 };
 
@@ -386,18 +388,26 @@ struct {
 	__type(value, struct nat_flow);
 } nat_flows SEC(".maps");
 
-/* A bit per hash of a client end (handed_bit): set, never cleared, before the end enters
- * handed (by the program, or by the agent for connections older than the program). A packet
- * whose destination's bit is clear was never handed: pure pod-to-pod flows skip the handed
- * lookup for one inlined array read. */
-#define HANDED_BITS_WORDS 16384 /* 2^20 bits */
+/* A mark per hash of a client end (handed_mark): the epoch (settings.handed_epoch) in which
+ * the end was last remembered, written before the end enters handed (by the program, or by the
+ * agent for connections older than the program or than an epoch). An end whose mark is below
+ * settings.handed_since was never handed, or not since the agent last aged the marks: pure
+ * pod-to-pod flows skip the handed lookup for one inlined array read. Marks are whole values
+ * that the program and the agent only ever set to the current epoch, so neither can undo the
+ * other's (bits in shared words could be lost to the agent's read-modify-write). Aging
+ * (internal/tc ageHanded): the agent starts a new epoch, marks the client ends of the NAT-ed
+ * connections conntrack still holds with it, then moves handed_since up to it: the marks of
+ * every end gone since are void at once. Without it the marks fill up (every DNS query to a
+ * ClusterIP remembers a new end), and then every packet toward the Pods takes the handed
+ * lookup. */
+#define HANDED_MARKS 262144 /* 2^18: 2 MiB */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, HANDED_BITS_WORDS);
+	__uint(max_entries, HANDED_MARKS);
 	__type(key, __u32);
 	__type(value, __u64);
-} handed_bits SEC(".maps");
+} handed_marks SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -554,19 +564,18 @@ static __always_inline __u32 words_hash(__u32 *w, int n)
 	return hash_end(h);
 }
 
-/* handed_word returns the word of handed_bits for an end of hash h and its bit in *bit. */
-static __always_inline __u64 *handed_word(__u32 h, __u64 *bit)
+/* handed_slot returns the mark of handed_marks for an end of hash h. */
+static __always_inline __u64 *handed_slot(__u32 h)
 {
-	__u32 i = (h >> 6) & (HANDED_BITS_WORDS - 1);
+	__u32 i = h & (HANDED_MARKS - 1);
 
-	*bit = 1ULL << (h & 63);
-	return bpf_map_lookup_elem(&handed_bits, &i);
+	return bpf_map_lookup_elem(&handed_marks, &i);
 }
 
-/* handed_bit returns the word of handed_bits for e and its bit in *bit: by the hash of the
- * endpoint's 20 bytes (words_hash's loop, written out: through words_hash clang builds this
- * copy of the words worse, +35 instructions per packet handed to the stack in the VM). */
-static __always_inline __u64 *handed_bit(struct endpoint *e, __u64 *bit)
+/* handed_mark returns the mark of handed_marks for e: by the hash of the endpoint's 20 bytes
+ * (words_hash's loop, written out: through words_hash clang builds this copy of the words
+ * worse, +35 instructions per packet handed to the stack in the VM). */
+static __always_inline __u64 *handed_mark(struct endpoint *e)
 {
 	__u32 w[5], h = HASH_SEED, i;
 
@@ -574,28 +583,29 @@ static __always_inline __u64 *handed_bit(struct endpoint *e, __u64 *bit)
 #pragma unroll
 	for (i = 0; i < 5; i++)
 		h = hash_step(h, w[i]);
-	return handed_word(hash_end(h), bit);
+	return handed_slot(hash_end(h));
 }
 
 /* remember records the sending end of a packet handed to the stack from the Pods' side. A TCP
  * SYN starts a new connection from that end: what was known of an older one is voided. */
-static __always_inline void remember(struct endpoint *e, bool syn)
+static __always_inline void remember(struct settings *cfg, struct endpoint *e, bool syn)
 {
 	struct handed_end h = {};
-	__u64 bit, *word = handed_bit(e, &bit);
+	__u64 *mark = handed_mark(e);
+	__u32 epoch = *(volatile __u32 *)&cfg->handed_epoch;
 
-	if (word && !(*word & bit))
-		__sync_fetch_and_or(word, bit);
+	if (mark && *mark != epoch)
+		*mark = epoch;
 	if (syn || !bpf_map_lookup_elem(&handed, e)) /* a hit refreshes the LRU */
 		bpf_map_update_elem(&handed, e, &h, BPF_ANY);
 }
 
-/* was_handed returns e's entry in handed, or NULL; its bit answers first for most ends. */
-static __always_inline struct handed_end *was_handed(struct endpoint *e)
+/* was_handed returns e's entry in handed, or NULL; its mark answers first for most ends. */
+static __always_inline struct handed_end *was_handed(struct settings *cfg, struct endpoint *e)
 {
-	__u64 bit, *word = handed_bit(e, &bit);
+	__u64 *mark = handed_mark(e);
 
-	if (word && !(*word & bit))
+	if (mark && *mark < *(volatile __u32 *)&cfg->handed_since)
 		return NULL;
 	return bpf_map_lookup_elem(&handed, e);
 }
@@ -1029,14 +1039,14 @@ static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struc
 		 * SYN is remembered (every reply's lookup keeps the entry fresh). */
 		if (f->opens && check_nat(cfg, in->role == ROLE_GATEWAY ? ROLE_TRANSPORT : ROLE_GATEWAY) &&
 		    (s = roles(f, &f->src)) && sender(in->role, s->flags))
-			remember(&f->src, f->src.proto == IPPROTO_TCP);
+			remember(cfg, &f->src, f->src.proto == IPPROTO_TCP);
 		else if (!f->opens && carry(skb, cfg, f, n))
 			return CARRY;
 		return -1;
 	}
 	/* A reply to a client end the program handed to the stack: if conntrack knows its flow
 	 * as NAT-ed, the stack un-NATs it, whatever else the packet is. */
-	if (nat_checked(cfg, in->role, d->flags) && (h = was_handed(&f->dst)) &&
+	if (nat_checked(cfg, in->role, d->flags) && (h = was_handed(cfg, &f->dst)) &&
 	    nat_reply(skb, f, h)) {
 		if (carry(skb, cfg, f, n))
 			return CARRY;
@@ -1258,7 +1268,7 @@ static __always_inline struct pair *kept_pair(struct __sk_buff *skb, struct sett
 	/* A valid pair that does not answer this packet stays as it is. */
 	if (p->class >= NUM_CLASSES || !(cfg->classes & (1U << p->class)) || !usable(skb, cfg, &p->nh, tot_len))
 		return NULL;
-	if (nat_checked(cfg, p->role, p->dflags) && was_handed(&f->dst))
+	if (nat_checked(cfg, p->role, p->dflags) && was_handed(cfg, &f->dst))
 		return NULL;
 	/* this CPU's next packets of the pair take the express lane */
 	fill_slot(cfg, f, p, &k4, &k6, h);
@@ -1454,15 +1464,15 @@ static __always_inline bool slot_holds(struct __sk_buff *skb, struct settings *c
 	return len - 1 < w->mtu || (skb->gso_size && fits(skb, w->ifindex));
 }
 
-/* handed4 reports whether the bit of handed_bits for the IPv4 end addr:port/proto is set (or
- * out of reach): handed_bit() of that end without building it (its words: the address, three
- * zero words, the port and protocol). */
-static __always_inline bool handed4(__be32 addr, __be16 port, __u8 proto)
+/* handed4 reports whether the IPv4 end addr:port/proto has a mark of the current epochs in
+ * handed_marks (or it is out of reach): handed_mark() of that end without building it (its
+ * words: the address, three zero words, the port and protocol). */
+static __always_inline bool handed4(struct settings *cfg, __be32 addr, __be16 port, __u8 proto)
 {
 	__u32 h = hash_step(hash_step(hash_step(hash_step(HASH_SEED, addr), 0), 0), 0);
-	__u64 bit, *word = handed_word(hash_end(hash_step(h, port | (__u32)proto << 16)), &bit);
+	__u64 *mark = handed_slot(hash_end(hash_step(h, port | (__u32)proto << 16)));
 
-	return !word || (*word & bit);
+	return !mark || *mark >= *(volatile __u32 *)&cfg->handed_since;
 }
 
 /* same_key6 compares two IPv6 pair keys word by word. */
@@ -1499,7 +1509,7 @@ static __always_inline int express4(struct __sk_buff *skb, struct settings *cfg)
 		return EXPRESS_MISS;
 	if (ip->ttl <= 1 || !slot_holds(skb, cfg, &s->w, bpf_ntohs(ip->tot_len)))
 		return EXPRESS_MISS;
-	if ((s->w.flags & SLOT_NAT_CHECKED) && handed4(daddr, ports[1], ip->protocol))
+	if ((s->w.flags & SLOT_NAT_CHECKED) && handed4(cfg, daddr, ports[1], ip->protocol))
 		return EXPRESS_MISS;
 	hop4(ip); /* on the header read above */
 	return express(skb, &s->w, data);
@@ -1512,7 +1522,7 @@ static __always_inline int express6(struct __sk_buff *skb, struct settings *cfg)
 	__be16 *ports = (void *)(ip6 + 1);
 	struct endpoint dst = {};
 	struct pair_key6 k;
-	__u64 bit, *word;
+	__u64 *mark;
 	struct slot6 *s;
 	__u32 i;
 
@@ -1534,7 +1544,7 @@ static __always_inline int express6(struct __sk_buff *skb, struct settings *cfg)
 		__builtin_memcpy(dst.addr, &ip6->daddr, 16);
 		dst.port = ports[1];
 		dst.proto = ip6->nexthdr;
-		if (!(word = handed_bit(&dst, &bit)) || (*word & bit))
+		if (!(mark = handed_mark(&dst)) || *mark >= *(volatile __u32 *)&cfg->handed_since)
 			return EXPRESS_MISS;
 	}
 	ip6->hop_limit--;
