@@ -350,3 +350,89 @@ func TestNATCarry(t *testing.T) {
 		})
 	}
 }
+
+// TestHandedMarksAged, with real traffic: 30,000 datagrams from a Pod to a ClusterIP, each from
+// its own port (as DNS queries are), mark 30,000 client ends; once conntrack has let them go,
+// an apply ages the marks down to the NAT-ed connection still open (a TCP connection through
+// the ClusterIP), whose replies still reach the un-DNAT.
+func TestHandedMarksAged(t *testing.T) {
+	e := newEnv(t, "")
+	if err := e.topo.Node.NFT(e.topo.KubeProxyRules()); err != nil {
+		t.Fatal(err)
+	}
+	if !haveConntrackKfuncs() {
+		t.Fatal("this kernel lacks the conntrack kfuncs (bpf_skb_ct_lookup); both test kernels have them")
+	}
+	e.apply()
+	a := e.topo.Addrs(false)
+
+	// the connection that stays: opened after the program, so its SYN marked its client end
+	var ln net.Listener
+	if err := e.topo.Remote.Do(func() (err error) {
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(a.RemotePod, testbed.ClusterIPPort+1).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	client, err := e.topo.Pod.DialTCP(a.Pod.String(), netip.AddrPortFrom(testbed.ClusterIP(false), testbed.ClusterIPPort+1).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server := <-accepted
+	defer server.Close()
+
+	const ends = 30000
+	vip := net.UDPAddrFromAddrPort(netip.AddrPortFrom(testbed.ClusterIP(false), testbed.ClusterIPPort))
+	if err := e.topo.Pod.Do(func() error {
+		for port := 20000; port < 20000+ends; port++ {
+			c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a.Pod, uint16(port))))
+			if err != nil {
+				return err
+			}
+			_, err = c.WriteTo([]byte("query"), vip)
+			c.Close()
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	st := e.status()
+	if st.Handed == nil || st.Handed.Marked < 26000 {
+		t.Fatalf("after %d client ends handed to the stack: status handed %+v, want ~28,400 marked", ends, st.Handed)
+	}
+	marked := st.Handed.Marked
+
+	// conntrack lets the datagrams' connections go (as their timeout would)
+	if out, err := e.topo.Node.Exec("conntrack", "-D", "-p", "udp"); err != nil {
+		t.Fatalf("conntrack -D -p udp: %v: %s", err, out)
+	}
+	if res := e.apply(); !res.HandedAged {
+		t.Errorf("apply with %d of %d marks set: not aged (%+v)", marked, handedMarks, res)
+	}
+	if st := e.status(); st.Handed == nil || st.Handed.Marked < 1 || st.Handed.Marked > 2 || st.Handed.Epoch != handedFirstEpoch+1 {
+		t.Errorf("after aging: status handed %+v, want 1 marked (the TCP connection; 2 on a collision) in epoch %d", st.Handed, handedFirstEpoch+1)
+	}
+
+	// the connection that stayed works both ways: its replies still go to the un-DNAT
+	for _, w := range []struct {
+		name     string
+		from, to net.Conn
+	}{{"server to client", server, client}, {"client to server", client, server}} {
+		go w.from.Write(make([]byte, 64<<10))
+		w.to.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if _, err := io.ReadFull(w.to, make([]byte, 64<<10)); err != nil {
+			t.Errorf("the ClusterIP connection open through the aging, %s: %v", w.name, err)
+		}
+	}
+}
