@@ -79,8 +79,12 @@ func TestLocalPodToPod(t *testing.T) {
 		if err := testbed.Exchange(p.A, p.B, p.Addr(false, v6), netip.AddrPortFrom(p.Addr(true, v6), port), netip.AddrPortFrom(vip[v6], port), false); err != nil {
 			t.Errorf("%s A -> ClusterIP -> B: %v", fam(v6), err)
 		}
-		if n := status().Passed[PassNAT].Packets - before.Passed[PassNAT].Packets; n < 10 {
-			t.Errorf("%s ClusterIP: %d replies handed to the stack as nat, want >= 10", fam(v6), n)
+		// At least the SYN-ACK, the echoed 64 KiB and the FIN: how many packets the echo takes
+		// depends on how GSO merges them (a CI run on a loaded host saw 9 where 10 or more
+		// were usual). That the exchange works is the proof that every reply reached the
+		// un-DNAT.
+		if n := status().Passed[PassNAT].Packets - before.Passed[PassNAT].Packets; n < 3 {
+			t.Errorf("%s ClusterIP: %d replies handed to the stack as nat, want >= 3", fam(v6), n)
 		}
 	}
 
