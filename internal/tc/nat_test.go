@@ -22,13 +22,7 @@ import (
 // the cases it no longer covers break: that is what the option risks, and what makes this
 // test able to fail.
 func TestNAT(t *testing.T) {
-	e := newEnv(t, "")
-	if err := e.topo.Node.NFT(e.topo.KubeProxyRules()); err != nil {
-		t.Fatal(err)
-	}
-	if !haveConntrackKfuncs() {
-		t.Fatal("this kernel lacks the conntrack kfuncs (bpf_skb_ct_lookup); both test kernels have them")
-	}
+	e := newNATEnv(t)
 	// The broken cases wait for nothing longer than they must.
 	ioTimeout := testbed.IOTimeout
 	testbed.IOTimeout = 2 * time.Second
@@ -38,46 +32,16 @@ func TestNAT(t *testing.T) {
 	// or upgraded, on a busy node) and whose server speaks first: the program has seen no packet
 	// of it, yet the replies must reach the un-DNAT (conntrack's NAT-ed connections are entered
 	// when a program set is loaded).
-	type oldConn struct {
-		client net.Conn
-		server chan net.Conn
-	}
+	type oldConn struct{ client, server net.Conn }
 	old := map[bool]oldConn{}
 	for _, v6 := range []bool{false, true} {
-		a := e.topo.Addrs(v6)
-		var ln net.Listener
-		if err := e.topo.Remote.Do(func() (err error) {
-			ln, err = net.Listen("tcp", netip.AddrPortFrom(a.RemotePod, testbed.ClusterIPPort+1).String())
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		oc := oldConn{server: make(chan net.Conn, 1)}
-		go func() {
-			if c, err := ln.Accept(); err == nil {
-				oc.server <- c
-			}
-		}()
-		c, err := e.topo.Pod.DialTCP(a.Pod.String(), netip.AddrPortFrom(testbed.ClusterIP(v6), testbed.ClusterIPPort+1).String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		oc.client = c
-		sc := <-oc.server
-		defer sc.Close()
-		oc.server <- sc
-		old[v6] = oc
+		c, s := clusterIPConn(t, e, v6)
+		old[v6] = oldConn{c, s}
 	}
 	serverSpeaks := func(when string) {
 		t.Helper()
 		for v6, oc := range old {
-			sc := <-oc.server
-			oc.server <- sc
-			go sc.Write(make([]byte, 64<<10))
-			oc.client.SetReadDeadline(time.Now().Add(3 * time.Second))
-			if _, err := io.ReadFull(oc.client, make([]byte, 64<<10)); err != nil {
+			if err := moves64K(oc.server, oc.client); err != nil {
 				t.Errorf("%s: %s connection opened before the program, server to client: %v", when, fam(v6), err)
 			}
 		}
@@ -356,38 +320,11 @@ func TestNATCarry(t *testing.T) {
 // an apply ages the marks down to the NAT-ed connection still open (a TCP connection through
 // the ClusterIP), whose replies still reach the un-DNAT.
 func TestHandedMarksAged(t *testing.T) {
-	e := newEnv(t, "")
-	if err := e.topo.Node.NFT(e.topo.KubeProxyRules()); err != nil {
-		t.Fatal(err)
-	}
-	if !haveConntrackKfuncs() {
-		t.Fatal("this kernel lacks the conntrack kfuncs (bpf_skb_ct_lookup); both test kernels have them")
-	}
+	e := newNATEnv(t)
 	e.apply()
 	a := e.topo.Addrs(false)
-
 	// the connection that stays: opened after the program, so its SYN marked its client end
-	var ln net.Listener
-	if err := e.topo.Remote.Do(func() (err error) {
-		ln, err = net.Listen("tcp", netip.AddrPortFrom(a.RemotePod, testbed.ClusterIPPort+1).String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		if c, err := ln.Accept(); err == nil {
-			accepted <- c
-		}
-	}()
-	client, err := e.topo.Pod.DialTCP(a.Pod.String(), netip.AddrPortFrom(testbed.ClusterIP(false), testbed.ClusterIPPort+1).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	server := <-accepted
-	defer server.Close()
+	client, server := clusterIPConn(t, e, false)
 
 	const ends = 30000
 	vip := net.UDPAddrFromAddrPort(netip.AddrPortFrom(testbed.ClusterIP(false), testbed.ClusterIPPort))
@@ -429,10 +366,62 @@ func TestHandedMarksAged(t *testing.T) {
 		name     string
 		from, to net.Conn
 	}{{"server to client", server, client}, {"client to server", client, server}} {
-		go w.from.Write(make([]byte, 64<<10))
-		w.to.SetReadDeadline(time.Now().Add(3 * time.Second))
-		if _, err := io.ReadFull(w.to, make([]byte, 64<<10)); err != nil {
+		if err := moves64K(w.from, w.to); err != nil {
 			t.Errorf("the ClusterIP connection open through the aging, %s: %v", w.name, err)
 		}
 	}
+}
+
+// newNATEnv is newEnv on a node that DNATs a ClusterIP and a NodePort in its stack
+// (KubeProxyRules), where the program can ask conntrack.
+func newNATEnv(t *testing.T) *env {
+	e := newEnv(t, "")
+	if err := e.topo.Node.NFT(e.topo.KubeProxyRules()); err != nil {
+		t.Fatal(err)
+	}
+	if !haveConntrackKfuncs() {
+		t.Fatal("this kernel lacks the conntrack kfuncs (bpf_skb_ct_lookup); both test kernels have them")
+	}
+	return e
+}
+
+// clusterIPConn opens a TCP connection from the Pod through the ClusterIP (port
+// ClusterIPPort+1) to the remote Pod, closed when the test ends.
+func clusterIPConn(t *testing.T, e *env, v6 bool) (client, server net.Conn) {
+	t.Helper()
+	a := e.topo.Addrs(v6)
+	var ln net.Listener
+	if err := e.topo.Remote.Do(func() (err error) {
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(a.RemotePod, testbed.ClusterIPPort+1).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	client, err := e.topo.Pod.DialTCP(a.Pod.String(), netip.AddrPortFrom(testbed.ClusterIP(v6), testbed.ClusterIPPort+1).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	select {
+	case server = <-accepted:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the remote Pod accepted no connection through the ClusterIP")
+	}
+	t.Cleanup(func() { server.Close() })
+	return client, server
+}
+
+// moves64K writes 64 KiB on from and reads them on to within 3 s.
+func moves64K(from, to net.Conn) error {
+	go from.Write(make([]byte, 64<<10))
+	to.SetReadDeadline(time.Now().Add(3 * time.Second))
+	_, err := io.ReadFull(to, make([]byte, 64<<10))
+	return err
 }
