@@ -51,7 +51,7 @@ var addrRoles = []struct {
 type contents struct {
 	ifaces   map[uint32]fastpathIface
 	addrs    map[netip.Prefix]fastpathAddr // both families: addrs4 and addrs6
-	settings fastpathSettings              // without Build
+	settings fastpathSettings              // what the maps hold or should hold; compared as policy()
 }
 
 // policy is settings without what the agent keeps there as bookkeeping (the build, the
