@@ -156,10 +156,16 @@ func (m *Manager) Status(ctx context.Context) (Status, error) {
 		return st, nil
 	}
 	st.ProgramID = set.id
-	st.NATCheck = natCheckText(set)
-	st.NATCarry = natCarries(set)
-	var cfg fastpathSettings
-	if set.build == buildID(true) && set.maps.Config.Lookup(uint32(0), &cfg) == nil && cfg.NatCheck != 0 {
+	// The settings, read once; nil where they cannot be read. Only a set of the build that
+	// calls conntrack's kfuncs checks for NAT.
+	var cfg *fastpathSettings
+	if c := new(fastpathSettings); set.maps.Config.Lookup(uint32(0), c) == nil {
+		cfg = c
+	}
+	kfuncs := set.build == buildID(true)
+	st.NATCheck = natCheckText(kfuncs, cfg)
+	st.NATCarry = kfuncs && cfg != nil && cfg.Flags&settingsNATCarry != 0
+	if kfuncs && cfg != nil && cfg.NatCheck != 0 {
 		n, err := set.handedMarked(cfg.HandedSince)
 		if err != nil {
 			return st, err
@@ -185,13 +191,13 @@ func (m *Manager) Status(ctx context.Context) (Status, error) {
 	return st, nil
 }
 
-// natCheckText says where the set checks conntrack for NAT.
-func natCheckText(s *progSet) string {
-	if s.build != buildID(true) {
+// natCheckText says where a set with settings cfg (nil: unreadable) checks conntrack for NAT;
+// kfuncs: the set was loaded with conntrack's kfuncs.
+func natCheckText(kfuncs bool, cfg *fastpathSettings) string {
+	if !kfuncs {
 		return "unavailable: the program was loaded without the kernel's conntrack kfuncs (`hostaccel probe`: bpf_skb_ct_lookup); NAT-ed flows are not recognised"
 	}
-	var cfg fastpathSettings
-	if s.maps.Config.Lookup(uint32(0), &cfg) != nil {
+	if cfg == nil {
 		return ""
 	}
 	switch cfg.NatCheck {
@@ -201,10 +207,4 @@ func natCheckText(s *progSet) string {
 		return string(model.NATCheckTowardPods)
 	}
 	return string(model.NATCheckBoth)
-}
-
-// natCarries reports whether the set carries the NAT-ed flows the flowtable offloaded.
-func natCarries(s *progSet) bool {
-	var cfg fastpathSettings
-	return s.build == buildID(true) && s.maps.Config.Lookup(uint32(0), &cfg) == nil && cfg.Flags&settingsNATCarry != 0
 }
