@@ -42,6 +42,16 @@ done
 shift $((OPTIND - 1))
 [ $# -ge 1 ] || usage
 say() { [ -n "$QUIET" ] || echo "run-in-vm: $*" >&2; }
+# kernel_report prints the kernel's complaints in the console (a BUG, a warning, a soft lockup
+# or a hung task, with the stacks after them) to stderr, at most 120 lines.
+kernel_report() {
+	grep -aE -A 40 'BUG:|WARNING:|soft lockup|hung_task|blocked for more than|rcu_sched self-detected|Kernel panic' \
+		"$W/console.log" 2>/dev/null | head -n 120 >"$W/kernel.txt" || true
+	if [ -s "$W/kernel.txt" ]; then
+		echo "run-in-vm: the guest kernel complained (console lines):" >&2
+		cat "$W/kernel.txt" >&2
+	fi
+}
 
 # no-op unless mkinitramfs.sh, init or the kernel changed; its notes are hidden under -q
 if ! out=$("$HERE/mkinitramfs.sh" "$BASE" 2>&1); then echo "$out" >&2; exit 1; fi
@@ -88,13 +98,16 @@ if [ -n "$ICOUNT" ]; then
 else
 	ACCEL=(-accel tcg,thread=multi -smp "${SMP:-2}")
 fi
+# The kernel console: quiet, but loglevel=5 after it prints warnings and the stacks that come
+# with a BUG (show_regs and dump_stack print at the default level, 4), and a soft lockup shows
+# every CPU's stack: what a failed run needs to tell a kernel problem from ours (kernel_report).
 # -M pc (microvm hung at TSC calibration under TCG); no NIC: tests build their own veth/netns.
 # read -ra: VMTEST_QEMU_ARGS is split on blanks
 read -ra EXTRA <<<"${VMTEST_QEMU_ARGS:-}"
 QEMU=(qemu-system-x86_64 -M pc "${ACCEL[@]}" -cpu max -m "$MEM" -nodefaults -no-user-config
 	-display none -monitor none -serial stdio -no-reboot
 	-kernel "$KERNEL" -initrd "$W/initrd.cpio"
-	-append "console=ttyS0 quiet panic=-1 ${VMTEST_APPEND:-}" "${EXTRA[@]}")
+	-append "console=ttyS0 quiet loglevel=5 softlockup_all_cpu_backtrace=1 panic=-1 ${VMTEST_APPEND:-}" "${EXTRA[@]}")
 
 # qemu and the watchdog are direct children that die with this shell even on SIGKILL
 # (pdeathsig); the console goes through a FIFO to an unbuffered filter.
@@ -121,6 +134,7 @@ if [ "$done_pid" = "$WPID" ]; then
 	wait "$QPID" "$FPID" 2>/dev/null || true
 	QPID=
 	echo "run-in-vm: timeout after ${TIMEOUT}s, qemu killed" >&2
+	kernel_report
 	exit 124
 fi
 QPID=
@@ -131,7 +145,9 @@ boot=$(sed -n 's/^HOSTACCEL_VM_START uptime=\([0-9.]*\)s.*/\1/p' "$W/console.log
 if [ -z "$rc" ]; then
 	echo "run-in-vm: no HOSTACCEL_VM_RC marker (guest panic or qemu error); last console lines:" >&2
 	tail -n 15 "$W/console.log" >&2
+	kernel_report
 	exit 125
 fi
+[ "$rc" = 0 ] || kernel_report
 say "rc=$rc guest-uptime-at-start=${boot:-?}s wall=$((ms / 1000)).$(printf %03d $((ms % 1000)))s"
 exit "$rc"
