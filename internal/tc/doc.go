@@ -151,7 +151,7 @@
 // process, in any mount namespace (ip netns exec has no /sys/fs/bpf), finds it by asking the
 // kernel: tcx programs of each device (BPF_PROG_QUERY) and its cls_bpf filters (netlink),
 // program ID -> name hostaccel_fp -> maps by the program's map IDs. Replacing the program
-// (an upgrade, or the conntrack kfuncs appearing: the config map records a hash of the object
+// (an upgrade, or the conntrack kfuncs appearing: the settings record a hash of the object
 // and whether they were linked) is atomic per device (BPF_F_REPLACE, or replacing the filter
 // in place); a new set's maps are filled before it is attached anywhere.
 //

@@ -181,7 +181,6 @@ type fastpathSlot6 struct {
 const (
 	fastpathMapAddrs4          = "addrs4"
 	fastpathMapAddrs6          = "addrs6"
-	fastpathMapConfig          = "config"
 	fastpathMapHanded          = "handed"
 	fastpathMapHandedMarks     = "handed_marks"
 	fastpathMapIfaces          = "ifaces"
@@ -194,6 +193,7 @@ const (
 	fastpathMapSlots6          = "slots6"
 	fastpathMapStats           = "stats"
 	fastpathProgHostaccelFp    = "hostaccel_fp"
+	fastpathVarAgentSettings   = "agent_settings"
 	fastpathVarConntrackKfuncs = "conntrack_kfuncs"
 	fastpathVarSlotMask        = "slot_mask"
 )
@@ -249,7 +249,6 @@ type fastpathProgramSpecs struct {
 type fastpathMapSpecs struct {
 	Addrs4      *ebpf.MapSpec `ebpf:"addrs4"`
 	Addrs6      *ebpf.MapSpec `ebpf:"addrs6"`
-	Config      *ebpf.MapSpec `ebpf:"config"`
 	Handed      *ebpf.MapSpec `ebpf:"handed"`
 	HandedMarks *ebpf.MapSpec `ebpf:"handed_marks"`
 	Ifaces      *ebpf.MapSpec `ebpf:"ifaces"`
@@ -267,6 +266,7 @@ type fastpathMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fastpathVariableSpecs struct {
+	AgentSettings   *ebpf.VariableSpec `ebpf:"agent_settings"`
 	ConntrackKfuncs *ebpf.VariableSpec `ebpf:"conntrack_kfuncs"`
 	SlotMask        *ebpf.VariableSpec `ebpf:"slot_mask"`
 }
@@ -293,7 +293,6 @@ func (o *fastpathObjects) Close() error {
 type fastpathMaps struct {
 	Addrs4      *ebpf.Map `ebpf:"addrs4"`
 	Addrs6      *ebpf.Map `ebpf:"addrs6"`
-	Config      *ebpf.Map `ebpf:"config"`
 	Handed      *ebpf.Map `ebpf:"handed"`
 	HandedMarks *ebpf.Map `ebpf:"handed_marks"`
 	Ifaces      *ebpf.Map `ebpf:"ifaces"`
@@ -311,7 +310,6 @@ func (m *fastpathMaps) Close() error {
 	return _FastpathClose(
 		m.Addrs4,
 		m.Addrs6,
-		m.Config,
 		m.Handed,
 		m.HandedMarks,
 		m.Ifaces,
@@ -330,6 +328,7 @@ func (m *fastpathMaps) Close() error {
 //
 // It can be passed to loadFastpathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fastpathVariables struct {
+	AgentSettings   *ebpf.Variable `ebpf:"agent_settings"`
 	ConntrackKfuncs *ebpf.Variable `ebpf:"conntrack_kfuncs"`
 	SlotMask        *ebpf.Variable `ebpf:"slot_mask"`
 }

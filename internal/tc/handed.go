@@ -118,16 +118,16 @@ func (s *progSet) rememberNATed(flows []conntrack.Flow, epoch uint32) error {
 // handedMarks is HANDED_MARKS in bpf/fastpath.c.
 const handedMarks = 1 << 18
 
-// handedSlot is handed_mark() of bpf/fastpath.c: the index of e's mark in handed_marks.
+// handedSlot is handed_mark() of bpf/fastpath.c (mark_hash): the index of e's mark in
+// handed_marks.
 func handedSlot(e fastpathEndpoint) uint32 {
-	var b [20]byte
-	copy(b[:], e.Addr[:])
-	binary.LittleEndian.PutUint16(b[16:], e.Port)
-	b[18], b[19] = e.Proto, e.Pad
-	h := uint32(0x9e3779b9)
-	for i := 0; i < 20; i += 4 {
-		h = (h ^ binary.LittleEndian.Uint32(b[i:])) * 0x01000193
+	var addr uint32
+	for i := 0; i < 16; i += 4 {
+		addr ^= binary.LittleEndian.Uint32(e.Addr[i:])
 	}
+	h := uint32(0x9e3779b9)
+	h = (h ^ addr) * 0x01000193
+	h = (h ^ (uint32(e.Port) | uint32(e.Proto)<<16)) * 0x01000193
 	h ^= h >> 15
 	return h & (handedMarks - 1)
 }

@@ -75,7 +75,7 @@ func TestHandedAging(t *testing.T) {
 	was := p.cfg
 	p.must(p.set.ageHanded(context.Background(), &p.cfg, list))
 	var live fastpathSettings
-	p.must(p.set.maps.Config.Lookup(uint32(0), &live))
+	p.must(p.set.settings.Lookup(uint32(0), &live))
 	if p.cfg.HandedEpoch != live.HandedEpoch || p.cfg.HandedSince != live.HandedSince || live.HandedEpoch != was.HandedEpoch+1 || live.HandedSince != live.HandedEpoch || policy(live) != policy(was) || live.Generation != was.Generation {
 		t.Errorf("settings after aging %+v, want %+v with the next epoch as epoch and since, all else as it was", live, was)
 	}

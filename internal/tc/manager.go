@@ -137,7 +137,7 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	// (narrow), once after (widen), so that what a packet decided while they were half written
 	// is void too.
 	var live fastpathSettings
-	if set.maps.Config.Lookup(uint32(0), &live) == nil {
+	if set.settings.Lookup(uint32(0), &live) == nil {
 		w.settings.Generation = live.Generation + 2
 	}
 	if live.HandedEpoch == 0 { // a fresh set
@@ -220,7 +220,7 @@ func mapsDrift(was, now contents) []string {
 	lostA, extraA := diff(now.addrs, was.addrs)
 	say("addrs4/addrs6", len(lostA), len(extraA))
 	if was.settings != now.settings {
-		out = append(out, "map "+fastpathMapConfig+": settings changed")
+		out = append(out, "settings changed")
 	}
 	return out
 }

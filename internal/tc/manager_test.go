@@ -479,7 +479,7 @@ func TestForwardingOff(t *testing.T) {
 					return err
 				}
 				defer s.Close()
-				return s.maps.Config.Put(uint32(0), fastpathSettings{Classes: 0b11, Build: 1})
+				return s.settings.Put(uint32(0), fastpathSettings{Classes: 0b11, Build: 1})
 			})
 			res = e.apply()
 			if !res.Loaded || res.ProgramID == st.ProgramID || !slices.Equal(res.Attached, []string{"eth0", "gw"}) || len(res.Detached) > 0 || res.Drift != nil {
@@ -545,7 +545,7 @@ func removeAndCheck(t *testing.T, e *env, ownClsact bool) {
 			return fmt.Errorf("program %d: %v", st.ProgramID, err)
 		}
 		defer s.Close()
-		for _, m := range []*ebpf.Map{s.maps.Ifaces, s.maps.Addrs4, s.maps.Addrs6, s.maps.Config, s.maps.Stats, s.maps.Handed} {
+		for _, m := range []*ebpf.Map{s.maps.Ifaces, s.maps.Addrs4, s.maps.Addrs6, s.settings, s.maps.Stats, s.maps.Handed} {
 			info, err := m.Info()
 			if err != nil {
 				return err
@@ -1017,7 +1017,7 @@ func TestNexthopCache(t *testing.T) {
 			}
 			defer s.Close()
 			var cfg fastpathSettings
-			if err := s.maps.Config.Lookup(uint32(0), &cfg); err != nil {
+			if err := s.settings.Lookup(uint32(0), &cfg); err != nil {
 				return err
 			}
 			flags = cfg.Flags
@@ -1059,7 +1059,7 @@ func TestApplyAgesHandedMarks(t *testing.T) {
 		t.Skip("no conntrack kfuncs here: no NAT check, no marks")
 	}
 	settings := func(s *progSet) (cfg fastpathSettings) {
-		if err := s.maps.Config.Lookup(uint32(0), &cfg); err != nil {
+		if err := s.settings.Lookup(uint32(0), &cfg); err != nil {
 			t.Fatal(err)
 		}
 		return cfg

@@ -213,7 +213,7 @@ var objectHash = func() uint64 {
 	return binary.LittleEndian.Uint64(h[:8])
 }()
 
-// buildID is what a program set's config map records: the object, and whether the kernel had
+// buildID is what a program set's settings record: the object, and whether the kernel had
 // the conntrack kfuncs when it was loaded (they are linked at load time, so a set loaded
 // before nf_conntrack is replaced once it is there).
 func buildID(withConntrack bool) uint64 {

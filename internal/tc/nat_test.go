@@ -54,7 +54,7 @@ func TestNAT(t *testing.T) {
 			return err
 		}
 		defer s.Close()
-		return s.maps.Config.Put(uint32(0), fastpathSettings{Classes: 0b11, NatCheck: 3, Build: 1})
+		return s.settings.Put(uint32(0), fastpathSettings{Classes: 0b11, NatCheck: 3, Build: 1})
 	})
 	if res := e.apply(); !res.Loaded {
 		t.Errorf("upgrade apply = %+v, want a new program set", res)

@@ -16,11 +16,16 @@ import (
 // progSet is a loaded program with its maps: loaded by this process (loadSet) or found in
 // the kernel by a later one (openSet).
 type progSet struct {
-	prog  *ebpf.Program
-	id    ebpf.ProgramID
-	maps  fastpathMaps
-	build uint64 // from the config map: buildID at load
+	prog     *ebpf.Program
+	id       ebpf.ProgramID
+	maps     fastpathMaps
+	settings *ebpf.Map // settingsMap: the program's struct settings
+	build    uint64    // from the settings: buildID at load
 }
+
+// settingsMap is the map of the program's writable globals (.bss): its one, agent_settings
+// (struct settings), which the program reads without a lookup. One element, written whole.
+const settingsMap = ".bss"
 
 // removeMemlock lifts RLIMIT_MEMLOCK for kernels before 5.11 (best effort).
 var removeMemlock = sync.OnceFunc(func() { _ = rlimit.RemoveMemlock() })
@@ -49,11 +54,14 @@ func loadSet(withConntrack bool) (*progSet, error) {
 	if err := spec.Variables[fastpathVarSlotMask].Set(slots - 1); err != nil {
 		return nil, err
 	}
-	var objs fastpathObjects
+	var objs struct {
+		fastpathObjects
+		Settings *ebpf.Map `ebpf:".bss"`
+	}
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		return nil, fmt.Errorf("loading the tc program: %w", err)
 	}
-	s := &progSet{prog: objs.HostaccelFp, maps: objs.fastpathMaps, build: buildID(withConntrack)}
+	s := &progSet{prog: objs.HostaccelFp, maps: objs.fastpathMaps, settings: objs.Settings, build: buildID(withConntrack)}
 	if info, err := s.prog.Info(); err == nil {
 		s.id, _ = info.ID()
 	}
@@ -92,7 +100,7 @@ func openSet(id ebpf.ProgramID) (*progSet, error) {
 		return s, nil
 	}
 	var cfg fastpathSettings
-	if s.maps.Config.Lookup(uint32(0), &cfg) == nil {
+	if s.settings.Lookup(uint32(0), &cfg) == nil {
 		s.build = cfg.Build
 	}
 	return s, nil
@@ -103,7 +111,7 @@ func (s *progSet) fields() map[string]**ebpf.Map {
 	m := &s.maps
 	return map[string]**ebpf.Map{
 		fastpathMapIfaces: &m.Ifaces, fastpathMapAddrs4: &m.Addrs4, fastpathMapAddrs6: &m.Addrs6,
-		fastpathMapConfig: &m.Config, fastpathMapStats: &m.Stats, fastpathMapHanded: &m.Handed,
+		settingsMap: &s.settings, fastpathMapStats: &m.Stats, fastpathMapHanded: &m.Handed,
 		fastpathMapHandedMarks: &m.HandedMarks, fastpathMapNexthops: &m.Nexthops, fastpathMapPairs4: &m.Pairs4, fastpathMapPairs6: &m.Pairs6,
 		fastpathMapPairBits: &m.PairBits, fastpathMapSlots4: &m.Slots4, fastpathMapSlots6: &m.Slots6,
 	}
@@ -115,6 +123,7 @@ func (s *progSet) Close() {
 	}
 	s.prog.Close()
 	s.maps.Close() // nil maps close as no-ops
+	s.settings.Close()
 }
 
 // usable reports whether the set has every map this build uses.
@@ -164,8 +173,8 @@ func (s *progSet) read() (contents, error) {
 	}); err != nil {
 		return c, fmt.Errorf("addrs6: %w", err)
 	}
-	if err := s.maps.Config.Lookup(uint32(0), &c.settings); err != nil {
-		return c, fmt.Errorf("config: %w", err)
+	if err := s.settings.Lookup(uint32(0), &c.settings); err != nil {
+		return c, fmt.Errorf("settings: %w", err)
 	}
 	c.settings = policy(c.settings)
 	return c, nil
@@ -199,11 +208,11 @@ func readAll[K, V any](m *ebpf.Map, fn func(K, V)) error {
 	}
 }
 
-// setSettings writes the config map, recording the set's build.
+// setSettings writes the program's settings, recording the set's build.
 func (s *progSet) setSettings(st fastpathSettings) error {
 	st.Build = s.build
-	if err := s.maps.Config.Put(uint32(0), st); err != nil {
-		return fmt.Errorf("config: %w", err)
+	if err := s.settings.Put(uint32(0), st); err != nil {
+		return fmt.Errorf("settings: %w", err)
 	}
 	return nil
 }

@@ -43,7 +43,7 @@ func (r *Role) UnmarshalText(b []byte) error {
 }
 
 // Supported lists the classes the tc datapath serves: those that need no NAT, so that a
-// router without state of its own can carry them. Their bits in the program's config map are
+// router without state of its own can carry them. Their bits in the program's settings are
 // 1 << index. Which datapath serves which class is the plan's choice (internal/datapath) and
 // config validation's; Render serves the enabled classes of this list and no other.
 var Supported = model.TCClasses
@@ -116,7 +116,7 @@ func canonical(ps []netip.Prefix) []netip.Prefix {
 	return slices.Compact(out)
 }
 
-// classBits is the config map's class mask for cs.
+// classBits is the settings' class mask for cs.
 func classBits(cs []model.Class) uint32 {
 	var bits uint32
 	for i, c := range Supported {
@@ -127,7 +127,7 @@ func classBits(cs []model.Class) uint32 {
 	return bits
 }
 
-// natCheckBits is the config map's nat_check for n (enum nat_check in bpf/fastpath.c).
+// natCheckBits is the settings' nat_check for n (enum nat_check in bpf/fastpath.c).
 func natCheckBits(n NATCheck) uint32 {
 	switch n {
 	case model.NATCheckOff:

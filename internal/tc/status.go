@@ -159,7 +159,7 @@ func (m *Manager) Status(ctx context.Context) (Status, error) {
 	// The settings, read once; nil where they cannot be read. Only a set of the build that
 	// calls conntrack's kfuncs checks for NAT.
 	var cfg *fastpathSettings
-	if c := new(fastpathSettings); set.maps.Config.Lookup(uint32(0), c) == nil {
+	if c := new(fastpathSettings); set.settings.Lookup(uint32(0), c) == nil {
 		cfg = c
 	}
 	kfuncs := set.build == buildID(true)
