@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"net"
 	"net/netip"
 	"slices"
@@ -1048,6 +1049,51 @@ func TestNexthopCache(t *testing.T) {
 	}
 	if n, flags, _ := kept(); n != 0 || flags&settingsNexthopCache != 0 {
 		t.Errorf("with a policy routing rule: %d next hops kept (flags %b), want none", n, flags)
+	}
+}
+
+// An apply voids every kept pair (a new generation) and clears their filter bits, so that a
+// packet without a pair skips that lookup again; the pairs kept after it set their bits anew.
+func TestApplyClearsPairBits(t *testing.T) {
+	e := newEnv(t, "")
+	e.apply()
+	set := func() (n int) {
+		e.do(func() error {
+			s, err := openSet(e.status().ProgramID)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			var k uint32
+			var w uint64
+			it := s.maps.PairBits.Iterate()
+			for it.Next(&k, &w) {
+				n += bits.OnesCount64(w)
+			}
+			return it.Err()
+		})
+		return n
+	}
+	if n := set(); n != 0 {
+		t.Fatalf("after the first apply: %d pair bits set, want 0", n)
+	}
+	if err := udp(e.topo, false, 10); err != nil {
+		t.Fatal(err)
+	}
+	if n := set(); n < 2 {
+		t.Fatalf("after UDP both ways: %d pair bits set, want one per direction at least", n)
+	}
+	if res := e.apply(); res.Loaded {
+		t.Fatalf("second apply loaded a new program (%+v): the bits would be new anyway", res)
+	}
+	if n := set(); n != 0 {
+		t.Errorf("after an update: %d pair bits set, want 0", n)
+	}
+	if err := udp(e.topo, false, 10); err != nil {
+		t.Fatal(err)
+	}
+	if n := set(); n < 2 {
+		t.Errorf("after UDP again: %d pair bits set, want one per direction at least", n)
 	}
 }
 

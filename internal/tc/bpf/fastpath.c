@@ -240,12 +240,14 @@ struct {
 /* A bit per hash of a pair key, set when the pair is kept: a packet whose bit is clear has no
  * pair and skips that lookup for an inlined array read (packets the program hands to the stack
  * never have one). The agent clears the bits when it bumps the generation (which voids every
- * pair). */
+ * pair): mapped into its memory (BPF_F_MMAPABLE), 128 KiB of zeros in one copy instead of
+ * 16,384 element writes (~7 ms of every apply). */
 #define PAIR_BITS_WORDS 16384 /* 2^20 bits */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, PAIR_BITS_WORDS);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
 	__type(value, __u64);
 } pair_bits SEC(".maps");
