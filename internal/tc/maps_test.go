@@ -234,3 +234,31 @@ func TestReadAllTrie(t *testing.T) {
 		t.Fatalf("read %d entries, want %d", len(got), len(want))
 	}
 }
+
+// clearPairBits zeroes the filter whether it can map it (the program's, BPF_F_MMAPABLE) or
+// must write it element by element (a map without the flag).
+func TestClearPairBits(t *testing.T) {
+	testbed.RequireRoot(t)
+	for _, flags := range []uint32{unix.BPF_F_MMAPABLE, 0} {
+		m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1024, Flags: flags})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		for _, k := range []uint32{0, 511, 1023} {
+			if err := m.Put(k, ^uint64(0)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := (&progSet{maps: fastpathMaps{PairBits: m}}).clearPairBits(); err != nil {
+			t.Fatalf("flags %#x: %v", flags, err)
+		}
+		var k uint32
+		var w uint64
+		for it := m.Iterate(); it.Next(&k, &w); {
+			if w != 0 {
+				t.Errorf("flags %#x: word %d = %#x after clearing", flags, k, w)
+			}
+		}
+	}
+}

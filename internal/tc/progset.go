@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
 
 	"github.com/hostaccel/hostaccel/internal/bpfobj"
 )
@@ -138,18 +139,20 @@ func (s *progSet) usable() bool {
 
 // clearPairBits clears the program's filter of kept pairs (pair_bits): after a new generation
 // every pair is void, and a pair kept again sets its bit again. The map is mapped into this
-// process's memory (BPF_F_MMAPABLE) and zeroed in one copy; where it cannot be mapped, one
-// batch write (16,384 elements, ~7 ms).
+// process's memory (BPF_F_MMAPABLE), zeroed in one copy and unmapped (a mapping holds the map:
+// ebpf.Map.Memory's would keep it until the garbage collector ran); where it cannot be mapped
+// (a set loaded without the flag), one batch write (16,384 elements, ~7 ms).
 func (s *progSet) clearPairBits() error {
-	if mem, err := s.maps.PairBits.Memory(); err == nil {
-		_, err = mem.WriteAt(make([]byte, mem.Size()), 0)
-		return err
+	m := s.maps.PairBits
+	if b, err := unix.Mmap(m.FD(), 0, int(m.MaxEntries()*m.ValueSize()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err == nil {
+		clear(b)
+		return unix.Munmap(b)
 	}
-	keys := make([]uint32, s.maps.PairBits.MaxEntries())
+	keys := make([]uint32, m.MaxEntries())
 	for i := range keys {
 		keys[i] = uint32(i)
 	}
-	_, err := s.maps.PairBits.BatchUpdate(keys, make([]uint64, len(keys)), nil)
+	_, err := m.BatchUpdate(keys, make([]uint64, len(keys)), nil)
 	return err
 }
 
