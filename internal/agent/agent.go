@@ -311,6 +311,9 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 	}
 	rt := a.LB()
 	rt.FullEvery = cfg.Agent.ResyncPeriod.Duration * 9 / 10 // each periodic resync repairs drift
+	if a.mgrs.TC != nil {
+		a.mgrs.TC.FullEvery = rt.FullEvery // so does the tc datapath's
+	}
 	o, err := Apply(ctx, cfg, Inputs{
 		Links: links, Caps: *a.caps, Mgrs: a.mgrs,
 		LB: func(ctx context.Context, c lb.Config) (string, error) { return "", rt.Sync(ctx, c) },

@@ -1052,6 +1052,62 @@ func TestNexthopCache(t *testing.T) {
 	}
 }
 
+// With FullEvery, an Apply within it diffs against what the last one wrote instead of reading
+// the maps back: a map entry deleted behind its back stays deleted until the next whole
+// reading, which restores it and reports the drift.
+func TestApplyReadsMapsWholeEvery(t *testing.T) {
+	e := newEnv(t, "")
+	e.m.FullEvery = time.Hour
+	if res := e.apply(); !res.FullRead || !res.Loaded {
+		t.Fatalf("first apply = %+v, want a new program, its maps read", res)
+	}
+	if res := e.apply(); res.FullRead || res.Drift != nil {
+		t.Errorf("second apply within FullEvery = %+v, want no reading, no drift", res)
+	}
+	id := e.status().ProgramID
+	// present reports whether the remote Pod CIDR is in the map; del deletes it.
+	onSet := func(fn func(s *progSet) error) {
+		e.do(func() error {
+			s, err := openSet(id)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			return fn(s)
+		})
+	}
+	cidr := e.topo.V4.RemotePodCIDR
+	present := func() (ok bool) {
+		onSet(func(s *progSet) error {
+			var a fastpathAddr
+			ok = s.addrMap(cidr).Lookup(lpmKey(cidr), &a) == nil
+			return nil
+		})
+		return ok
+	}
+	if !present() {
+		t.Fatal("the remote Pod CIDR is not in the map after the apply")
+	}
+	onSet(func(s *progSet) error { return s.deleteAddr(cidr) })
+	if res := e.apply(); res.FullRead || res.Drift != nil || res.ElementsAdded != 0 {
+		t.Errorf("apply within FullEvery after a deletion = %+v, want nothing read, nothing seen", res)
+	}
+	if present() {
+		t.Error("the deleted entry came back without a whole reading")
+	}
+	e.m.fullRead = time.Time{} // FullEvery has passed
+	res := e.apply()
+	if !res.FullRead || res.ElementsAdded != 1 || !slices.Equal(res.Drift, []string{"map addrs4/addrs6: 1 entries removed or changed, 0 added"}) {
+		t.Errorf("apply when FullEvery is due = %+v, want the entry restored, reported as drift", res)
+	}
+	if !present() {
+		t.Error("the deleted entry is still missing after the whole reading")
+	}
+	if err := udp(e.topo, false, 10); err != nil {
+		t.Error(err)
+	}
+}
+
 // An apply voids every kept pair (a new generation) and clears their filter bits, so that a
 // packet without a pair skips that lookup again; the pairs kept after it set their bits anew.
 func TestApplyClearsPairBits(t *testing.T) {
