@@ -297,13 +297,25 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 
 	// Probe again while the kernel lacks something a datapath could use: a module loaded
 	// later (nf_flow_table, nf_conntrack with its kfuncs) then counts from a later sync on.
-	// Not in a sync someone waits for (TriggerNow), and at most every reprobeEvery: probing
-	// runs nft and loads programs (~0.1-0.2 s), which an event's sync must not pay each time.
-	// A config without a datapath has no use for what a probe could find.
-	if a.caps == nil || !a.urgent.Load() && time.Since(a.probed) >= reprobeEvery && cfg.Datapath != model.DatapathNone &&
-		(!a.caps.Has(probe.Flowtable) || !a.caps.Has(probe.ConntrackKfuncs)) {
+	// Not in a sync someone waits for (TriggerNow), at most every reprobeEvery, and, while
+	// the agent is healthy, after this sync's change is in the kernel: probing runs nft and
+	// loads programs (~0.15 s), which the change of an event must not wait for. (An agent
+	// whose last sync failed, for want of the feature perhaps, probes first.) A config
+	// without a datapath has no use for what a probe could find.
+	a.mu.Lock()
+	healthy := a.state.Healthy
+	a.mu.Unlock()
+	switch {
+	case a.caps == nil:
 		caps := a.opts.Probe(ctx)
 		a.caps, a.probed = &caps, time.Now()
+	case !a.urgent.Load() && time.Since(a.probed) >= reprobeEvery && cfg.Datapath != model.DatapathNone &&
+		(!a.caps.Has(probe.Flowtable) || !a.caps.Has(probe.ConntrackKfuncs)):
+		if healthy {
+			defer a.reprobe(ctx)
+		} else {
+			a.reprobe(ctx)
+		}
 	}
 	links, err := a.opts.Links()
 	if err != nil {
@@ -355,6 +367,20 @@ const (
 	DriftSockmap   = "sockmap"
 	DriftLB        = "lb"
 )
+
+// reprobe probes the kernel again after a sync; what the kernel has now counts from the next
+// sync, which it asks for when the kernel has gained a feature.
+func (a *Agent) reprobe(ctx context.Context) {
+	caps := a.opts.Probe(ctx)
+	gained := false
+	for _, f := range []string{probe.Flowtable, probe.ConntrackKfuncs} {
+		gained = gained || caps.Has(f) && !a.caps.Has(f)
+	}
+	a.caps, a.probed = &caps, time.Now()
+	if gained {
+		a.Trigger()
+	}
+}
 
 // reprobeEvery is how often a sync probes the kernel again while it lacks a feature.
 var reprobeEvery = 30 * time.Second

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -172,8 +173,9 @@ func TestDriftRepairLoggedAndCounted(t *testing.T) {
 }
 
 // A kernel that lacks a feature is probed again, for a module loaded later, but not at every
-// sync: at most every reprobeEvery (an EndpointSlice's sync must not pay a probe). Once the
-// feature is there, no more probes.
+// sync: at most every reprobeEvery, after the sync's change (an EndpointSlice's sync must not
+// wait for a probe). A probe that finds more asks for a sync. Once the feature is there, no
+// more probes.
 func TestReprobeAtMostEvery(t *testing.T) {
 	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}, {Name: "eth1", Up: true}}
 	a, _ := newTestAgent(t, false, &links)
@@ -194,11 +196,58 @@ func TestReprobeAtMostEvery(t *testing.T) {
 	defer func(d time.Duration) { reprobeEvery = d }(reprobeEvery)
 	reprobeEvery = 0
 	loaded = true // the module is loaded
+	select {      // the syncs so far asked for none
+	case <-a.wake:
+	default:
+	}
 	if err := a.Sync(ctx); err != nil || probes != 2 {
 		t.Errorf("after reprobeEvery: %d probes, err %v; want 2, the flowtable found", probes, err)
+	}
+	select {
+	case <-a.wake:
+	default:
+		t.Error("the probe found the flowtable and asked for no sync")
 	}
 	a.Sync(ctx)
 	if probes != 2 {
 		t.Errorf("a kernel with every feature was probed again (%d)", probes)
+	}
+}
+
+// A healthy agent probes again after the sync's change is in the kernel, not before: the
+// change of an event does not wait for the probe.
+func TestReprobeAfterTheChange(t *testing.T) {
+	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}, {Name: "eth1", Up: true}}
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte(cfgText), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ft, f := flowtable.NewFakeManager()
+	var probes []bool // per probe: the new peer CIDR was in the kernel
+	a, err := New(Options{
+		ConfigPath: path,
+		Probe: func(ctx context.Context) probe.Result {
+			probes = append(probes, strings.Contains(f.Dump(), "10.244.3.0/24"))
+			return caps(true)(ctx) // no conntrack kfuncs: probed again every reprobeEvery
+		},
+		Links: func() ([]config.Link, error) { return links, nil },
+	}, &datapath.Managers{Flowtable: ft})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := a.Sync(ctx); err != nil || !a.State().Healthy {
+		t.Fatalf("first sync: %v, %+v", err, a.State())
+	}
+	defer func(d time.Duration) { reprobeEvery = d }(reprobeEvery)
+	reprobeEvery = 0
+	if err := os.WriteFile(path, []byte(strings.Replace(cfgText, "[10.244.2.0/24]", "[10.244.2.0/24, 10.244.3.0/24]", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(probes, []bool{false, true}) {
+		t.Errorf("probes saw the new CIDR in the kernel: %v, want [false true] (the second after the change)", probes)
 	}
 }
