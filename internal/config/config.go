@@ -406,10 +406,13 @@ func noOverlap(errs *Errors, a, b []field) {
 	for i, f := range b {
 		all = append(all, entry{f, 1, i})
 	}
-	slices.SortStableFunc(all, func(x, y entry) int { return model.ComparePrefix(x.p, y.p) })
+	// (in prefix order, a's entries before b's where equal, each list in its order: the order
+	// of a stable sort, without moving the entries)
+	order := model.SortedOrder(len(all), func(i int) netip.Prefix { return all[i].p })
 	var chain [2][]entry // per list: the entries containing the current one, outermost first
 	var found [][2]entry // [reported, the one it overlaps]
-	for _, e := range all {
+	for _, i := range order {
+		e := all[i]
 		for l := range chain {
 			c := chain[l]
 			for len(c) > 0 && !c[len(c)-1].p.Contains(e.p.Addr()) {

@@ -122,7 +122,7 @@ func (s *State) Normalize() {
 		*l = slices.Compact(*l)
 	}
 	for _, l := range []*[]netip.Prefix{&s.LocalPodCIDRs, &s.PeerPodCIDRs, &s.ServiceCIDRs, &s.LoadBalancerIPs, &s.Exclude} {
-		slices.SortFunc(*l, ComparePrefix)
+		SortPrefixes(*l)
 		*l = slices.Compact(*l)
 	}
 	for _, l := range []*[]netip.Addr{&s.NodeIPs, &s.PeerNodeIPs} {

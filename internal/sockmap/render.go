@@ -66,6 +66,6 @@ func canonical(ps []netip.Prefix) []netip.Prefix {
 		}
 		out = append(out, netip.PrefixFrom(a, bits).Masked())
 	}
-	slices.SortFunc(out, model.ComparePrefix)
+	model.SortPrefixes(out)
 	return slices.Compact(out)
 }

@@ -1,7 +1,6 @@
 package tc
 
 import (
-	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"net/netip"
@@ -76,9 +75,7 @@ func flatten(d *Desired) map[netip.Prefix]uint32 {
 	for p := range own {
 		ps = append(ps, p)
 	}
-	slices.SortFunc(ps, func(a, b netip.Prefix) int {
-		return cmp.Or(cmp.Compare(a.Addr().BitLen(), b.Addr().BitLen()), a.Addr().Compare(b.Addr()), a.Bits()-b.Bits())
-	})
+	model.SortPrefixes(ps) // IPv4 first, then by address, then length
 	out := make(map[netip.Prefix]uint32, len(ps))
 	var open []netip.Prefix
 	for _, p := range ps {

@@ -112,7 +112,7 @@ func canonical(ps []netip.Prefix) []netip.Prefix {
 		}
 		out = append(out, p.Masked())
 	}
-	slices.SortFunc(out, model.ComparePrefix)
+	model.SortPrefixes(out)
 	return slices.Compact(out)
 }
 
