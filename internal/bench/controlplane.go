@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hostaccel/hostaccel/internal/lb"
+	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
 // The control-plane benchmark: how long `hostaccel apply` and `hostaccel render` take, and
@@ -26,7 +27,7 @@ import (
 // fresh network namespace.
 
 // CPParts are the parts measured by default.
-var CPParts = []string{"tc", "flowtable", "lb", "lb-one", "lb-api", "lb-health"}
+var CPParts = []string{"tc", "tc-agent", "flowtable", "lb", "lb-one", "lb-api", "lb-health"}
 
 // CPPartsAll are every part there is: the defaults and k8s (it needs the binaries of
 // scripts/k8s-build-test-bins.sh, and a size is Services: 5,000 Services on 1,000 Nodes).
@@ -114,7 +115,7 @@ func ControlPlane(ctx context.Context, o CPOptions, prog *Progress) (*CPReport, 
 // agentProc is a hostaccel agent the bench runs in a namespace, its output in log.
 type agentProc struct {
 	cmd *exec.Cmd
-	log strings.Builder
+	log testbed.SyncBuffer // read while the agent writes it
 }
 
 // startAgent runs `hostaccel agent args...` in network namespace ns.
@@ -164,6 +165,8 @@ func (r *cpRun) run(ctx context.Context) error {
 	switch r.part {
 	case "tc":
 		return r.tc(ctx)
+	case "tc-agent":
+		return r.tcAgent(ctx)
 	case "flowtable":
 		return r.flowtable(ctx)
 	case "lb":
@@ -424,6 +427,7 @@ func (rep *CPReport) JSON() ([]byte, error) {
 
 var cpPartTitles = map[string]string{
 	"tc":        "tc datapath: peer Pod CIDRs (one route each), `hostaccel apply`",
+	"tc-agent":  "tc datapath agent: peer Pod CIDRs (one route each); the config file rewritten (renamed over) with one CIDR replaced, then back, 10 a repetition 1.5 s apart, until the program's map has the new CIDR (looked up every millisecond); the agent's start until the map has every CIDR; its resident memory after them",
 	"flowtable": "flowtable datapath: peer Pod CIDRs, `hostaccel render` (this host has no flowtable to apply to)",
 	"lb":        "load balancer: services of 100 backends (dnat, rr), `hostaccel apply`",
 	"lb-one":    "load balancer: one service with all the backends, `hostaccel apply`",

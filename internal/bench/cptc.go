@@ -1,0 +1,139 @@
+package bench
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/hostaccel/hostaccel/internal/bpfobj"
+)
+
+// tcAgent runs the agent with the tc datapath and r.n peer Pod CIDRs (one route each) and
+// rewrites its config file (renamed over, as config management does) with one CIDR replaced,
+// then back, 10 times a repetition, 1.5 s apart (past minSyncInterval: each an event after a
+// quiet spell): the agent's watch of the file, its parse of all of it and the sync, until the
+// program's map holds the new CIDR (a lookup every millisecond from here: BPF maps tell no one
+// of a change). Also the agent's start until the maps hold every CIDR, and its memory.
+func (r *cpRun) tcAgent(ctx context.Context) error {
+	if err := r.node(ctx, r.n); err != nil {
+		return err
+	}
+	p := filepath.Join(r.dir, "tc-agent.yaml")
+	write := func(changed bool) error {
+		tmp := p + ".tmp"
+		if err := os.WriteFile(tmp, []byte(nodeConfig("tc", r.n, changed)), 0o644); err != nil {
+			return err
+		}
+		return os.Rename(tmp, p)
+	}
+	if err := write(false); err != nil {
+		return err
+	}
+	start := time.Now()
+	agent, err := r.startAgent(ctx, r.ns, "-f", p,
+		"--lock-file", filepath.Join(r.dir, "lock"), "--state-file", filepath.Join(r.dir, "agent-state.json"))
+	if err != nil {
+		return err
+	}
+	defer func() { agent.stop(); r.keepLog(agent) }()
+
+	up := r.rep.cell(r.part, r.n, "agent start until every peer CIDR is in the program's map")
+	var addrs *ebpf.Map
+	for addrs == nil {
+		if time.Since(start) > r.o.Timeout || agent.cmd.ProcessState != nil {
+			up.Seconds = append(up.Seconds, math.NaN())
+			up.Errors = append(up.Errors, "the agent did not load the program: "+firstLines(agent.log.String(), 2))
+			return errors.New("agent start: timed out")
+		}
+		time.Sleep(20 * time.Millisecond)
+		if addrs, err = r.tcAddrs(ctx); err != nil {
+			return err
+		}
+	}
+	defer addrs.Close()
+	last := peerCIDR(r.n - 1)
+	for !hasPrefix(addrs, last) {
+		if time.Since(start) > r.o.Timeout {
+			up.Seconds = append(up.Seconds, math.NaN())
+			up.Errors = append(up.Errors, fmt.Sprintf("%s not in the map: %s", last, firstLines(agent.log.String(), 2)))
+			return errors.New("agent start: timed out")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	up.Seconds = append(up.Seconds, time.Since(start).Seconds())
+
+	file := r.rep.cell(r.part, r.n, "one CIDR replaced: config file rewritten until the program's map has it")
+	for k := range 10 {
+		changed := k%2 == 0
+		want := peerCIDR(0)
+		if changed {
+			want = peerCIDR(r.n)
+		}
+		time.Sleep(1500 * time.Millisecond)
+		t0 := time.Now()
+		if err := write(changed); err != nil {
+			return err
+		}
+		for !hasPrefix(addrs, want) {
+			if time.Since(t0) > 10*time.Second {
+				file.Seconds = append(file.Seconds, math.NaN())
+				file.Errors = append(file.Errors, fmt.Sprintf("%s not in the map after 10s", want))
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if time.Since(t0) <= 10*time.Second {
+			file.Seconds = append(file.Seconds, time.Since(t0).Seconds())
+		}
+	}
+	r.said = append(r.said, fmt.Sprintf("agent start %.2fs, file rewrites %v", up.Seconds[len(up.Seconds)-1], file.Seconds[len(file.Seconds)-10:]))
+	if rss, _ := procMemMiB(agent.cmd.Process.Pid); !math.IsNaN(rss) {
+		file.MaxRSSMiB = append(file.MaxRSSMiB, rss)
+	}
+	return nil
+}
+
+// tcAddrs opens the IPv4 prefix map of the tc program attached in the namespace (nil while
+// there is none yet), found by `hostaccel status`.
+func (r *cpRun) tcAddrs(ctx context.Context) (*ebpf.Map, error) {
+	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", r.ns, r.o.Bin, "status", "-o", "json").Output()
+	if err != nil {
+		return nil, nil // not yet
+	}
+	var st struct {
+		TC *struct {
+			ProgramID ebpf.ProgramID `json:"programID"`
+		} `json:"tc"`
+	}
+	if json.Unmarshal(out, &st) != nil || st.TC == nil || st.TC.ProgramID == 0 {
+		return nil, nil
+	}
+	var m *ebpf.Map
+	prog, err := bpfobj.Open(st.TC.ProgramID, "hostaccel_fp", map[string]**ebpf.Map{"addrs4": &m})
+	if prog == nil || err != nil {
+		return nil, err
+	}
+	prog.Close()
+	return m, nil
+}
+
+// hasPrefix reports whether the program's IPv4 trie holds p (its key: the length, then the
+// address; bpf/fastpath.c struct lpm4).
+func hasPrefix(m *ebpf.Map, p netip.Prefix) bool {
+	var k [8]byte
+	binary.NativeEndian.PutUint32(k[:4], uint32(p.Bits()))
+	a := p.Addr().As4()
+	copy(k[4:], a[:])
+	var v [8]byte
+	return m.Lookup(k[:], v[:]) == nil
+}
