@@ -128,6 +128,13 @@ func (r *cpRun) startAgent(ctx context.Context, ns string, args ...string) (*age
 	return a, nil
 }
 
+// startFileAgent runs `hostaccel agent -f cfg args...` in the run's namespace, its lock and
+// state files in the run's directory.
+func (r *cpRun) startFileAgent(ctx context.Context, cfg string, args ...string) (*agentProc, error) {
+	return r.startAgent(ctx, r.ns, append([]string{"-f", cfg,
+		"--lock-file", filepath.Join(r.dir, "lock"), "--state-file", filepath.Join(r.dir, "agent-state.json")}, args...)...)
+}
+
 // stop ends the agent (SIGTERM: it leaves the kernel's state) and waits for it.
 func (a *agentProc) stop() {
 	_ = a.cmd.Process.Signal(syscall.SIGTERM)
@@ -595,8 +602,7 @@ func (r *cpRun) lbAPI(ctx context.Context) error {
 		return err
 	}
 	start := time.Now()
-	agent, err := r.startAgent(ctx, r.ns, "-f", p,
-		"--lock-file", filepath.Join(r.dir, "lock"), "--state-file", filepath.Join(r.dir, "agent-state.json"))
+	agent, err := r.startFileAgent(ctx, p)
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -60,8 +59,7 @@ func (r *cpRun) lbHealth(ctx context.Context) error {
 	}
 	const metricsAddr = "127.0.0.1:9464"
 	start := time.Now()
-	agent, err := r.startAgent(ctx, r.ns, "-f", p, "--metrics-address", metricsAddr,
-		"--lock-file", filepath.Join(r.dir, "lock"), "--state-file", filepath.Join(r.dir, "agent-state.json"))
+	agent, err := r.startFileAgent(ctx, p, "--metrics-address", metricsAddr)
 	if err != nil {
 		return err
 	}

@@ -40,8 +40,7 @@ func (r *cpRun) tcAgent(ctx context.Context) error {
 		return err
 	}
 	start := time.Now()
-	agent, err := r.startAgent(ctx, r.ns, "-f", p,
-		"--lock-file", filepath.Join(r.dir, "lock"), "--state-file", filepath.Join(r.dir, "agent-state.json"))
+	agent, err := r.startFileAgent(ctx, p)
 	if err != nil {
 		return err
 	}
