@@ -434,7 +434,7 @@ func (rep *CPReport) JSON() ([]byte, error) {
 
 var cpPartTitles = map[string]string{
 	"tc":        "tc datapath: peer Pod CIDRs (one route each), `hostaccel apply`",
-	"tc-agent":  "tc datapath agent: peer Pod CIDRs (one route each); the config file rewritten (renamed over) with one CIDR replaced, then back, 10 a repetition 1.5 s apart, until the program's map has the new CIDR (looked up every millisecond); the agent's start until the map has every CIDR; its resident memory after them",
+	"tc-agent":  "tc datapath agent: peer Pod CIDRs (one route each); the config file rewritten (renamed over) with one CIDR replaced, then back, 24 a repetition 1.5 s apart (a resync period among them), until the program's map has the new CIDR (looked up every millisecond); the agent's start until the map has every CIDR; its resident memory after them",
 	"flowtable": "flowtable datapath: peer Pod CIDRs, `hostaccel render` (this host has no flowtable to apply to)",
 	"lb":        "load balancer: services of 100 backends (dnat, rr), `hostaccel apply`",
 	"lb-one":    "load balancer: one service with all the backends, `hostaccel apply`",

@@ -20,8 +20,9 @@ import (
 
 // tcAgent runs the agent with the tc datapath and r.n peer Pod CIDRs (one route each) and
 // rewrites its config file (renamed over, as config management does) with one CIDR replaced,
-// then back, 10 times a repetition, 1.5 s apart (past minSyncInterval: each an event after a
-// quiet spell): the agent's watch of the file, its parse of all of it and the sync, until the
+// then back, 24 times a repetition, 1.5 s apart (past minSyncInterval: each an event after a
+// quiet spell; 36 s: what the agent does every resync period, 30 s by default, falls among
+// them): the agent's watch of the file, its parse of all of it and the sync, until the
 // program's map holds the new CIDR (a lookup every millisecond from here: BPF maps tell no one
 // of a change). Also the agent's start until the maps hold every CIDR, and its memory.
 func (r *cpRun) tcAgent(ctx context.Context) error {
@@ -72,7 +73,8 @@ func (r *cpRun) tcAgent(ctx context.Context) error {
 	up.Seconds = append(up.Seconds, time.Since(start).Seconds())
 
 	file := r.rep.cell(r.part, r.n, "one CIDR replaced: config file rewritten until the program's map has it")
-	for k := range 10 {
+	const rewrites = 24
+	for k := range rewrites {
 		changed := k%2 == 0
 		want := peerCIDR(0)
 		if changed {
@@ -95,7 +97,7 @@ func (r *cpRun) tcAgent(ctx context.Context) error {
 			file.Seconds = append(file.Seconds, time.Since(t0).Seconds())
 		}
 	}
-	r.said = append(r.said, fmt.Sprintf("agent start %.2fs, file rewrites %v", up.Seconds[len(up.Seconds)-1], file.Seconds[len(file.Seconds)-10:]))
+	r.said = append(r.said, fmt.Sprintf("agent start %.2fs, file rewrites %v", up.Seconds[len(up.Seconds)-1], file.Seconds[len(file.Seconds)-rewrites:]))
 	if rss, _ := procMemMiB(agent.cmd.Process.Pid); !math.IsNaN(rss) {
 		file.MaxRSSMiB = append(file.MaxRSSMiB, rss)
 	}
