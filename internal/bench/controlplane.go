@@ -135,6 +135,21 @@ func (r *cpRun) startFileAgent(ctx context.Context, cfg string, args ...string) 
 		"--lock-file", filepath.Join(r.dir, "lock"), "--state-file", filepath.Join(r.dir, "agent-state.json")}, args...)...)
 }
 
+// awaitAgent polls done every period until it holds. Past the run's timeout (counted from
+// start) it records the failure in c, with what and the agent's first lines, and returns an
+// error.
+func (r *cpRun) awaitAgent(c *CPCell, agent *agentProc, start time.Time, every time.Duration, what string, done func() bool) error {
+	for !done() {
+		if time.Since(start) > r.o.Timeout {
+			c.Seconds = append(c.Seconds, math.NaN())
+			c.Errors = append(c.Errors, what+": "+firstLines(agent.log.String(), 2))
+			return errors.New("agent start: timed out")
+		}
+		time.Sleep(every)
+	}
+	return nil
+}
+
 // stop ends the agent (SIGTERM: it leaves the kernel's state) and waits for it.
 func (a *agentProc) stop() {
 	_ = a.cmd.Process.Signal(syscall.SIGTERM)
@@ -609,17 +624,11 @@ func (r *cpRun) lbAPI(ctx context.Context) error {
 	defer func() { agent.stop(); r.keepLog(agent) }()
 	last := fmt.Sprintf("s%d-backends-v4", services-1)
 	c := r.rep.cell(r.part, r.n, "agent start until the last service is in the kernel")
-	for {
+	if err := r.awaitAgent(c, agent, start, 50*time.Millisecond, "the agent did not install the services", func() bool {
 		out, _ := r.sh(ctx, true, "", "nft", "list", "map", "inet", "hostaccel-lb", last)
-		if strings.Contains(out, " : ") {
-			break
-		}
-		if time.Since(start) > r.o.Timeout || agent.cmd.ProcessState != nil {
-			c.Seconds = append(c.Seconds, math.NaN())
-			c.Errors = append(c.Errors, "the agent did not install the services: "+firstLines(agent.log.String(), 2))
-			return errors.New("agent start: timed out")
-		}
-		time.Sleep(50 * time.Millisecond)
+		return strings.Contains(out, " : ")
+	}); err != nil {
+		return err
 	}
 	c.Seconds = append(c.Seconds, time.Since(start).Seconds())
 	r.said = append(r.said, fmt.Sprintf("agent start %.2fs", time.Since(start).Seconds()))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"net/netip"
@@ -49,26 +48,21 @@ func (r *cpRun) tcAgent(ctx context.Context) error {
 
 	up := r.rep.cell(r.part, r.n, "agent start until every peer CIDR is in the program's map")
 	var addrs *ebpf.Map
-	for addrs == nil {
-		if time.Since(start) > r.o.Timeout || agent.cmd.ProcessState != nil {
-			up.Seconds = append(up.Seconds, math.NaN())
-			up.Errors = append(up.Errors, "the agent did not load the program: "+firstLines(agent.log.String(), 2))
-			return errors.New("agent start: timed out")
-		}
-		time.Sleep(20 * time.Millisecond)
-		if addrs, err = r.tcAddrs(ctx); err != nil {
-			return err
-		}
+	if err := r.awaitAgent(up, agent, start, 20*time.Millisecond, "the agent did not load the program", func() bool {
+		addrs, err = r.tcAddrs(ctx)
+		return addrs != nil || err != nil
+	}); err != nil {
+		return err
+	}
+	if err != nil {
+		return err
 	}
 	defer addrs.Close()
 	last := peerCIDR(r.n - 1)
-	for !hasPrefix(addrs, last) {
-		if time.Since(start) > r.o.Timeout {
-			up.Seconds = append(up.Seconds, math.NaN())
-			up.Errors = append(up.Errors, fmt.Sprintf("%s not in the map: %s", last, firstLines(agent.log.String(), 2)))
-			return errors.New("agent start: timed out")
-		}
-		time.Sleep(5 * time.Millisecond)
+	if err := r.awaitAgent(up, agent, start, 5*time.Millisecond, last.String()+" not in the map", func() bool {
+		return hasPrefix(addrs, last)
+	}); err != nil {
+		return err
 	}
 	up.Seconds = append(up.Seconds, time.Since(start).Seconds())
 
@@ -85,16 +79,15 @@ func (r *cpRun) tcAgent(ctx context.Context) error {
 		if err := write(changed); err != nil {
 			return err
 		}
-		for !hasPrefix(addrs, want) {
-			if time.Since(t0) > 10*time.Second {
-				file.Seconds = append(file.Seconds, math.NaN())
-				file.Errors = append(file.Errors, fmt.Sprintf("%s not in the map after 10s", want))
-				break
-			}
+		found := hasPrefix(addrs, want)
+		for ; !found && time.Since(t0) <= 10*time.Second; found = hasPrefix(addrs, want) {
 			time.Sleep(time.Millisecond)
 		}
-		if time.Since(t0) <= 10*time.Second {
+		if found {
 			file.Seconds = append(file.Seconds, time.Since(t0).Seconds())
+		} else {
+			file.Seconds = append(file.Seconds, math.NaN())
+			file.Errors = append(file.Errors, fmt.Sprintf("%s not in the map after 10s", want))
 		}
 	}
 	r.said = append(r.said, fmt.Sprintf("agent start %.2fs, file rewrites %v", up.Seconds[len(up.Seconds)-1], file.Seconds[len(file.Seconds)-rewrites:]))
