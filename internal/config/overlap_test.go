@@ -12,7 +12,7 @@ import (
 func fields(name string, ps ...string) []field {
 	var out []field
 	for i, p := range ps {
-		out = append(out, field{fmt.Sprintf("%s[%d]", name, i), netip.MustParsePrefix(p)})
+		out = append(out, field{name, i, netip.MustParsePrefix(p)})
 	}
 	return out
 }
@@ -37,7 +37,7 @@ func bruteOverlap(a, b []field) []string {
 		}
 		for _, y := range others[start:] {
 			if x.p.Overlaps(y.p) {
-				out = append(out, fmt.Sprintf("%s: %s overlaps %s %s", x.name, x.p, y.name, y.p))
+				out = append(out, fmt.Sprintf("%s: %s overlaps %s %s", x.name(), x.p, y.name(), y.p))
 			}
 		}
 	}
@@ -98,7 +98,7 @@ func TestNoOverlapMatchesEveryPair(t *testing.T) {
 			}
 			if !seen[p] {
 				seen[p] = true
-				out = append(out, field{fmt.Sprintf("%s[%d]", name, len(out)), p})
+				out = append(out, field{name, len(out), p})
 			}
 		}
 		return out
@@ -140,5 +140,21 @@ func BenchmarkNoOverlap40k(b *testing.B) {
 		if len(errs) > 0 {
 			b.Fatal(errs)
 		}
+	}
+}
+
+// TestOverlapWithoutLocalPodCIDRs: a config without local Pod CIDRs (no datapath) reported its
+// peer CIDRs' overlaps twice, and its service CIDRs' among themselves (allowed elsewhere), when
+// the checks between two lists read the empty one as "within the first".
+func TestOverlapWithoutLocalPodCIDRs(t *testing.T) {
+	_, err := Parse([]byte(`
+datapath: none
+node:
+  peerPodCIDRs: [10.244.0.0/16, 10.244.2.0/24]
+  serviceCIDRs: [10.96.0.0/12, 10.96.0.0/16]
+`))
+	want := "node.peerPodCIDRs[0]: 10.244.0.0/16 overlaps node.peerPodCIDRs[1] 10.244.2.0/24"
+	if err == nil || err.Error() != want {
+		t.Fatalf("got %v\nwant %s", err, want)
 	}
 }
