@@ -437,11 +437,12 @@ func (s *Service) validate(f string) []error {
 		a netip.Addr
 		p int
 	}
-	bseen := map[bkey]bool{}
-	bfam := map[bool]int{}
-	slots := map[bool]int{}
+	// (sized once: at 10,000 backends growing the set cost a one-shot apply ~3 ms; per family,
+	// 0 IPv4 and 1 IPv6, the backends and their map entries)
+	bseen := make(map[bkey]bool, len(s.Backends))
+	var bfam, slots [2]int
 	for i, b := range s.Backends {
-		bf := fmt.Sprintf("backends[%d]", i)
+		bf := listEntry{"backends", i} // spelled only in an error
 		a, err := model.ParseAddr(b.Address)
 		if err != nil {
 			bad("%s.address: %v", bf, err)
@@ -452,7 +453,7 @@ func (s *Service) validate(f string) []error {
 				bad("%s: %s port %d is listed twice", bf, a, b.Port)
 			}
 			bseen[bkey{a, b.Port}] = true
-			bfam[a.Is6()]++
+			bfam[famIndex(a.Is6())]++
 		}
 		switch {
 		case b.Port < 0 || b.Port > 65535:
@@ -465,7 +466,7 @@ func (s *Service) validate(f string) []error {
 		if b.Weight != nil && (*b.Weight < 1 || *b.Weight > maxWeight) {
 			bad("%s.weight: %d is not between 1 and %d", bf, *b.Weight, maxWeight)
 		}
-		slots[a.Is6()] += b.weight()
+		slots[famIndex(a.Is6())] += b.weight()
 		if b.Priority < 0 {
 			bad("%s.priority: %d is negative (0 is a primary, higher numbers are backups)", bf, b.Priority)
 		}
@@ -480,15 +481,15 @@ func (s *Service) validate(f string) []error {
 			}
 		}
 	}
-	for is6, n := range slots {
+	for f, n := range slots {
 		if n > maxSlots {
-			bad("backends: the %s weights add up to %d map entries (at most %d)", famName(is6), n, maxSlots)
+			bad("backends: the %s weights add up to %d map entries (at most %d)", famName(f == 1), n, maxSlots)
 		}
 	}
 	if topo != DSR && len(s.Backends) > 0 {
 		// NAT cannot change the family: every VIP family needs backends of its own.
 		for i, v := range s.VIPs {
-			if a, err := netip.ParseAddr(v); err == nil && bfam[a.Is6()] == 0 {
+			if a, err := netip.ParseAddr(v); err == nil && bfam[famIndex(a.Is6())] == 0 {
 				bad("vips[%d]: %s is %s but no backend is (%s cannot translate between families)", i, a, famName(a.Is6()), topo)
 			}
 		}
@@ -506,6 +507,22 @@ func (b *Backend) weight() int {
 	}
 	return *b.Weight
 }
+
+// famIndex is a family's index: 0 IPv4, 1 IPv6.
+func famIndex(is6 bool) int {
+	if is6 {
+		return 1
+	}
+	return 0
+}
+
+// listEntry names entry i of a list in an error: list[i].
+type listEntry struct {
+	list string
+	i    int
+}
+
+func (e listEntry) String() string { return fmt.Sprintf("%s[%d]", e.list, e.i) }
 
 func famName(is6 bool) string {
 	if is6 {

@@ -759,7 +759,7 @@ func (d *tableDiff) keepSlots() {
 		}) {
 			continue
 		}
-		left := map[string]int{} // wanted values not placed yet
+		left := make(map[string]int, len(idx)) // wanted values not placed yet
 		for _, i := range idx {
 			left[d.ev[i]]++
 		}

@@ -230,6 +230,15 @@ func known(t *Table) *kernelTable {
 		_, dyn := t.Dynamic[mp.Name]
 		kt.Maps[mp.Name] = &kernelMap{Dynamic: dyn, Comment: *mp.Comment, Elems: map[string]string{}}
 	}
+	n := make(map[string]int, len(kt.Maps)) // elements per map: each map sized once
+	for _, e := range t.Elements {
+		n[e.Set+e.Map]++
+	}
+	for name, k := range n {
+		if m := kt.Maps[name]; m != nil && k > 8 {
+			m.Elems = make(map[string]string, k)
+		}
+	}
 	for _, e := range t.Elements {
 		kt.Maps[e.Set+e.Map].Elems[elemKey(e)] = elemValue(e)
 	}
