@@ -65,7 +65,11 @@ func policy(s fastpathSettings) fastpathSettings {
 // a local Pod CIDR is both). Prefixes are nested or disjoint: after sorting by address, then
 // length, a stack of the open prefixes holds exactly the ones containing the next. O(n log n).
 func flatten(d *Desired) map[netip.Prefix]uint32 {
-	own := map[netip.Prefix]uint32{}
+	n := 0
+	for _, r := range addrRoles {
+		n += len(r.get(d))
+	}
+	own := make(map[netip.Prefix]uint32, n) // sized once (10,000 peer CIDRs)
 	for _, r := range addrRoles {
 		for _, p := range r.get(d) {
 			own[p] |= r.flag
@@ -144,7 +148,9 @@ func want(d *Desired, n netState) (contents, []string) {
 	}
 	slices.Sort(missing)
 	routes := indexRoutes(n.routes)
-	for p, f := range flatten(d) {
+	flat := flatten(d)
+	c.addrs = make(map[netip.Prefix]fastpathAddr, len(flat)+len(n.addrs))
+	for p, f := range flat {
 		var e uint32
 		if f&(addrLocalPod|addrPeerPod|addrPeerNode) != 0 {
 			if e = routes.egress(p); c.ifaces[e] == (fastpathIface{}) {
