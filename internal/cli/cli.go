@@ -14,6 +14,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	pprofruntime "runtime/pprof"
 	"slices"
 	"strings"
@@ -49,6 +50,17 @@ func Main(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// oneShotGC lets a one-shot command's heap grow to five times what it keeps (GOGC=400)
+// before the garbage collector runs, unless GOGC says otherwise: the process exits within
+// tens of milliseconds, and at 10,000 backends the collector's work was ~10 ms of one
+// change's apply (issue 13). Its peak memory grows by a few MiB (at 10,000 backends or peer
+// CIDRs 39-45 MiB before, 43-46 after): most of what it allocates stays live until it exits.
+func oneShotGC() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(400)
+	}
 }
 
 // EnvCPUProfile names a file that receives a CPU profile of the command (go tool pprof):
@@ -204,6 +216,7 @@ func applyCmd(g *globals) *cobra.Command {
 		Short: "Install the config; nothing changes when the config or the kernel cannot do it",
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx := c.Context()
+			oneShotGC()
 			slog.SetDefault(g.logger()) // --log-level debug: how the load balancer read the kernel
 			cfg, err := config.Load(file)
 			if err != nil {
