@@ -55,8 +55,8 @@ func Main(args []string) int {
 // oneShotGC lets a one-shot command's heap grow to five times what it keeps (GOGC=400)
 // before the garbage collector runs, unless GOGC says otherwise: the process exits within
 // tens of milliseconds, and at 10,000 backends the collector's work was ~10 ms of one
-// change's apply (issue 13). Its peak memory grows by a few MiB (at 10,000 backends or peer
-// CIDRs 39-45 MiB before, 43-46 after): most of what it allocates stays live until it exits.
+// change's apply (issue 13). Its peak memory grows by 5-12 MiB at 10,000 backends or peer
+// CIDRs (39-44 MiB before, 47-56 after, in bench control-plane), not at 100.
 func oneShotGC() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(400)
