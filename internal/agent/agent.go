@@ -325,6 +325,12 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 	rt.FullEvery = cfg.Agent.ResyncPeriod.Duration * 9 / 10 // each periodic resync repairs drift
 	if a.mgrs.TC != nil {
 		a.mgrs.TC.FullEvery = rt.FullEvery // so does the tc datapath's
+		// and it lists the routes only when the kernel announced a change (or with the maps)
+		if cfg.Datapath == model.DatapathTC || cfg.Datapath == model.DatapathAuto {
+			if err := a.mgrs.TC.WatchRoutes(ctx); err != nil {
+				log.Warn("the tc datapath lists the routes at every sync", "err", err)
+			}
+		}
 	}
 	o, err := Apply(ctx, cfg, Inputs{
 		Links: links, Caps: *a.caps, Mgrs: a.mgrs,

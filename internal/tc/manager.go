@@ -29,9 +29,10 @@ type Manager struct {
 	// balancer's: at 10,000 peer CIDRs the reading is ~10 ms of a sync's ~55 ms of CPU.
 	FullEvery time.Duration
 
-	last     *applied  // after the last successful Apply; nil: none since New or Remove
-	fullRead time.Time // the last whole reading of the maps
-	aged     time.Time // the last aging of the handed marks (ageHanded)
+	last     *applied    // after the last successful Apply; nil: none since New or Remove
+	routes   *routeWatch // WatchRoutes: the routes kept between Applies; nil: listed every time
+	fullRead time.Time   // the last whole reading of the maps
+	aged     time.Time   // the last aging of the handed marks (ageHanded)
 }
 
 // applied is the kernel as an Apply left it: the devices the program was attached to (name ->
@@ -130,7 +131,12 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 		return r.c, r.err
 	}
 	defer await() // on every early return: the set is closed only after its maps were read
-	n, err := o.netState()
+	n, err := o.netState(func() ([]route, bool, error) {
+		if m.routes == nil {
+			return mainRoutes()
+		}
+		return m.routes.list(full) // listed again with the maps read whole
+	})
 	if err != nil {
 		return res, err
 	}

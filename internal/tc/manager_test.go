@@ -1207,3 +1207,85 @@ func TestApplyAgesHandedMarks(t *testing.T) {
 		t.Errorf("aged again within %s", handedAgeEvery)
 	}
 }
+
+// A Manager that watches the routes (the agent's) lists them again only when the kernel
+// announced a change, or with the maps read whole: and a changed route reaches the map at the
+// next apply.
+func TestApplyKeepsRoutesUntilAnnounced(t *testing.T) {
+	e := newEnv(t, "")
+	e.m.FullEvery = time.Hour
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e.do(func() error { return e.m.WatchRoutes(ctx) })
+	listed := func() int {
+		e.m.routes.mu.Lock()
+		defer e.m.routes.mu.Unlock()
+		return e.m.routes.listed
+	}
+	e.apply()
+	e.apply() // (the first apply's own attachments may have been announced)
+	n := listed()
+	if e.apply(); listed() != n {
+		t.Fatalf("an apply with nothing announced listed the routes (%d listings, %d before)", listed(), n)
+	}
+	cidr := e.topo.V4.RemotePodCIDR
+	egress := func() (idx uint32) {
+		e.do(func() error {
+			s, err := openSet(e.status().ProgramID)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			var a fastpathAddr
+			if err := s.addrMap(cidr).Lookup(lpmKey(cidr), &a); err != nil {
+				return err
+			}
+			idx = a.Egress
+			return nil
+		})
+		return idx
+	}
+	var gw, transport uint32
+	e.do(func() error {
+		for name, idx := range map[string]*uint32{e.topo.GatewayName: &gw, e.topo.TransportName: &transport} {
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			*idx = uint32(l.Attrs().Index)
+		}
+		return nil
+	})
+	if got := egress(); got != transport {
+		t.Fatalf("egress of %s = %d, want the transport's %d", cidr, got, transport)
+	}
+	if out, err := e.topo.Node.Exec("ip", "route", "replace", cidr.String(), "dev", e.topo.GatewayName); err != nil {
+		t.Fatal(err, out)
+	}
+	if e.apply(); listed() != n+1 {
+		t.Errorf("the apply after a route changed listed %d times, want %d", listed()-n, 1)
+	}
+	if got := egress(); got != gw {
+		t.Errorf("egress of %s after its route moved = %d, want the gateway's %d", cidr, got, gw)
+	}
+	if e.apply(); listed() != n+1 {
+		t.Errorf("an apply with nothing announced since listed the routes again")
+	}
+	e.m.fullRead = time.Time{} // FullEvery has passed: the routes are listed with the maps
+	if res := e.apply(); !res.FullRead || listed() != n+2 {
+		t.Errorf("a whole reading (%v) listed the routes %d times, want 1", res.FullRead, listed()-n-1)
+	}
+	cancel() // the watch ends: every apply lists
+	e.m.routes.mu.Lock()
+	for e.m.routes.s != nil {
+		e.m.routes.mu.Unlock()
+		time.Sleep(time.Millisecond)
+		e.m.routes.mu.Lock()
+	}
+	e.m.routes.mu.Unlock()
+	e.apply()
+	e.apply()
+	if listed() != n+4 {
+		t.Errorf("after the watch ended, two applies listed the routes %d times, want 2", listed()-n-2)
+	}
+}

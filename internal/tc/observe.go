@@ -142,7 +142,7 @@ func PeerElsewhere(l netlink.Link) bool {
 }
 
 // netState reads what want needs from the namespace.
-func (o *observed) netState() (netState, error) {
+func (o *observed) netState(listRoutes func() ([]route, bool, error)) (netState, error) {
 	n := netState{links: map[string]device{}, keep: o.flags(), addrs: map[string][]netip.Addr{}}
 	for name, l := range o.links {
 		n.links[name] = device{index: uint32(l.Attrs().Index), mtu: uint32(l.Attrs().MTU), peer: PeerElsewhere(l)}
@@ -161,7 +161,7 @@ func (o *observed) netState() (netState, error) {
 			n.addrs[name] = append(n.addrs[name], ip.Unmap())
 		}
 	}
-	routes, routeMTU, err := mainRoutes()
+	routes, routeMTU, err := listRoutes()
 	if err != nil {
 		return n, err
 	}
