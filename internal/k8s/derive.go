@@ -148,7 +148,11 @@ func (dr *deriver) derive(base *config.Config, snap Snapshot, p Params) (*Derive
 	c.Node.NodeIPs = union(c.Node.NodeIPs, sum.NodeIPs)
 	c.Node.PeerNodeIPs = union(c.Node.PeerNodeIPs, peerIPs)
 	c.Node.LoadBalancerIPs = union(c.Node.LoadBalancerIPs, hostPrefixes(lbIPs))
-	c.LoadBalancer.Services = append(c.LoadBalancer.Services, svcs...)
+	if len(c.LoadBalancer.Services) == 0 {
+		c.LoadBalancer.Services = svcs // (lbServices' own slice: no copy of 5,000 services per change)
+	} else {
+		c.LoadBalancer.Services = append(c.LoadBalancer.Services, svcs...)
+	}
 
 	defer dr.endDerivation(len(c.LoadBalancer.Services))
 	if !dr.slow {

@@ -58,6 +58,16 @@ type deriver struct {
 	was []lb.Service
 	// slow derives the way it always was (tests compare the two).
 	slow bool
+	// usedKeys, usedNames, slicesOf: scratch maps of lbServices and balance, emptied by each
+	// derivation instead of made anew.
+	// spare: the array of services the derivation before the last one validated against (a
+	// dr.was no longer read), filled by the next finish instead of a new one.
+	spare []lb.Service
+	// svcScratch: lbServices' array of services, reused by each derivation.
+	svcScratch []lb.Service
+	usedKeys   map[svcKey]string
+	usedNames  map[string]bool
+	slicesOf   map[nsName][]*discoveryv1.EndpointSlice
 }
 
 // svcMemo is what a derivation found for one load balancer service.
@@ -251,7 +261,12 @@ func (dr *deriver) finish(c *config.Config, derived []*svcMemo) (*config.Config,
 	svcs := c.LoadBalancer.Services
 	static := len(svcs) - len(derived)
 	raw := make([][]byte, len(svcs))
-	parsed := make([]lb.Service, len(svcs))
+	// (the array of two derivations ago, no longer read: dr.was is the last one's)
+	parsed := dr.spare[:0]
+	if cap(parsed) < len(svcs) {
+		parsed = make([]lb.Service, len(svcs))
+	}
+	parsed = parsed[:len(svcs)]
 	for i := range svcs {
 		var m *svcMemo
 		if i < static {
@@ -324,10 +339,10 @@ func (dr *deriver) finish(c *config.Config, derived []*svcMemo) (*config.Config,
 		dr.was = nil
 		return nil, nil, false
 	}
-	dr.was = parsed
-	if dr.was == nil {
-		dr.was = []lb.Service{}
+	if parsed == nil {
+		parsed = []lb.Service{} // (nil would ask the next check for a full validation)
 	}
+	dr.spare, dr.was = dr.was, parsed
 	return cfg, out.Bytes(), true
 }
 
