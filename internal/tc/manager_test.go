@@ -68,6 +68,20 @@ func (e *env) do(fn func() error) {
 	}
 }
 
+// onSet runs fn on the program set attached in the Node namespace, opened as another process
+// would.
+func (e *env) onSet(fn func(s *progSet) error) {
+	e.t.Helper()
+	e.do(func() error {
+		s, err := openSet(e.status().ProgramID)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		return fn(s)
+	})
+}
+
 func (e *env) apply() Result {
 	e.t.Helper()
 	var res Result
@@ -1011,12 +1025,7 @@ func TestNexthopCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	kept := func() (n int, flags, gen uint32) {
-		e.do(func() error {
-			s, err := openSet(e.status().ProgramID)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
+		e.onSet(func(s *progSet) error {
 			var cfg fastpathSettings
 			if err := s.settings.Lookup(uint32(0), &cfg); err != nil {
 				return err
@@ -1114,12 +1123,7 @@ func TestApplyClearsPairBits(t *testing.T) {
 	e := newEnv(t, "")
 	e.apply()
 	set := func() (n int) {
-		e.do(func() error {
-			s, err := openSet(e.status().ProgramID)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
+		e.onSet(func(s *progSet) error {
 			var k uint32
 			var w uint64
 			it := s.maps.PairBits.Iterate()
@@ -1167,17 +1171,12 @@ func TestApplyAgesHandedMarks(t *testing.T) {
 		return cfg
 	}
 	fill := func() {
-		e.do(func() error {
-			s, err := openSet(e.status().ProgramID)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
+		e.onSet(func(s *progSet) error {
 			keys, marks := make([]uint32, 600), make([]uint64, 600)
 			for i := range keys {
 				keys[i], marks[i] = uint32(i*6), uint64(settings(s).HandedEpoch)
 			}
-			_, err = s.maps.HandedMarks.BatchUpdate(keys, marks, nil)
+			_, err := s.maps.HandedMarks.BatchUpdate(keys, marks, nil)
 			return err
 		})
 	}
@@ -1188,12 +1187,7 @@ func TestApplyAgesHandedMarks(t *testing.T) {
 	if r := e.apply(); !r.HandedAged {
 		t.Errorf("600 of the first %d marks counting: not aged (%+v)", handedSample, r)
 	}
-	e.do(func() error {
-		s, err := openSet(e.status().ProgramID)
-		if err != nil {
-			return err
-		}
-		defer s.Close()
+	e.onSet(func(s *progSet) error {
 		if cfg := settings(s); cfg.HandedEpoch != handedFirstEpoch+1 || cfg.HandedSince != cfg.HandedEpoch {
 			t.Errorf("after aging: epoch %d, since %d; want both %d", cfg.HandedEpoch, cfg.HandedSince, handedFirstEpoch+1)
 		}
@@ -1230,12 +1224,7 @@ func TestApplyKeepsRoutesUntilAnnounced(t *testing.T) {
 	}
 	cidr := e.topo.V4.RemotePodCIDR
 	egress := func() (idx uint32) {
-		e.do(func() error {
-			s, err := openSet(e.status().ProgramID)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
+		e.onSet(func(s *progSet) error {
 			var a fastpathAddr
 			if err := s.addrMap(cidr).Lookup(lpmKey(cidr), &a); err != nil {
 				return err
