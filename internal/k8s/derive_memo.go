@@ -58,16 +58,16 @@ type deriver struct {
 	was []lb.Service
 	// slow derives the way it always was (tests compare the two).
 	slow bool
-	// usedKeys, usedNames, slicesOf: scratch maps of lbServices and balance, emptied by each
-	// derivation instead of made anew.
 	// spare: the array of services the derivation before the last one validated against (a
 	// dr.was no longer read), filled by the next finish instead of a new one.
 	spare []lb.Service
 	// svcScratch: lbServices' array of services, reused by each derivation.
 	svcScratch []lb.Service
-	usedKeys   map[svcKey]string
-	usedNames  map[string]bool
-	slicesOf   map[nsName][]*discoveryv1.EndpointSlice
+	// usedKeys, usedNames, slicesOf: scratch maps of lbServices and balance, emptied by each
+	// derivation instead of made anew.
+	usedKeys  map[svcKey]string
+	usedNames map[string]bool
+	slicesOf  map[nsName][]*discoveryv1.EndpointSlice
 }
 
 // svcMemo is what a derivation found for one load balancer service.

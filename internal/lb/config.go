@@ -481,9 +481,9 @@ func (s *Service) validate(f string) []error {
 			}
 		}
 	}
-	for f, n := range slots {
+	for fi, n := range slots {
 		if n > maxSlots {
-			bad("backends: the %s weights add up to %d map entries (at most %d)", famName(f == 1), n, maxSlots)
+			bad("backends: the %s weights add up to %d map entries (at most %d)", famName(fi == 1), n, maxSlots)
 		}
 	}
 	if topo != DSR && len(s.Backends) > 0 {
