@@ -294,6 +294,7 @@ func (c *Config) validate(lbWas []lb.Service) error {
 	}
 	noOverlap(&errs, local, nil)
 	noOverlap(&errs, peer, nil)
+	noOverlap(&errs, svc, nil) // (an nft interval set refuses overlapping elements)
 	between(peer, local)
 	between(svc, local)
 	between(svc, peer)

@@ -143,18 +143,25 @@ func BenchmarkNoOverlap40k(b *testing.B) {
 	}
 }
 
-// TestOverlapWithoutLocalPodCIDRs: a config without local Pod CIDRs (no datapath) reported its
-// peer CIDRs' overlaps twice, and its service CIDRs' among themselves (allowed elsewhere), when
-// the checks between two lists read the empty one as "within the first".
-func TestOverlapWithoutLocalPodCIDRs(t *testing.T) {
-	_, err := Parse([]byte(`
+// TestOverlapWithinEachList: entries within one list may not overlap, whatever the other
+// lists hold. Overlapping service CIDRs passed with local Pod CIDRs present (and nft then
+// refused them in the flowtable's interval set: "conflicting intervals specified"); without
+// local Pod CIDRs the checks between two lists read the empty one as "within the first",
+// which reported the peer CIDRs' overlaps twice.
+func TestOverlapWithinEachList(t *testing.T) {
+	for _, c := range []struct{ name, yaml, want string }{
+		{"with local Pod CIDRs", strings.Replace(good, "  gateways:", "  serviceCIDRs: [10.96.0.0/12, 10.96.0.0/16]\n  gateways:", 1),
+			"node.serviceCIDRs[0]: 10.96.0.0/12 overlaps node.serviceCIDRs[1] 10.96.0.0/16"},
+		{"without local Pod CIDRs", `
 datapath: none
 node:
   peerPodCIDRs: [10.244.0.0/16, 10.244.2.0/24]
   serviceCIDRs: [10.96.0.0/12, 10.96.0.0/16]
-`))
-	want := "node.peerPodCIDRs[0]: 10.244.0.0/16 overlaps node.peerPodCIDRs[1] 10.244.2.0/24"
-	if err == nil || err.Error() != want {
-		t.Fatalf("got %v\nwant %s", err, want)
+`, "node.peerPodCIDRs[0]: 10.244.0.0/16 overlaps node.peerPodCIDRs[1] 10.244.2.0/24\n" +
+			"node.serviceCIDRs[0]: 10.96.0.0/12 overlaps node.serviceCIDRs[1] 10.96.0.0/16"},
+	} {
+		if _, err := Parse([]byte(c.yaml)); err == nil || err.Error() != c.want {
+			t.Errorf("%s: got %v\nwant %s", c.name, err, c.want)
+		}
 	}
 }
