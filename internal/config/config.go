@@ -286,20 +286,14 @@ func (c *Config) validate(lbWas []lb.Service) error {
 	if fastpath && len(c.Node.LocalPodCIDRs) == 0 {
 		bad("node.localPodCIDRs: at least one local Pod CIDR is required")
 	}
-	// (between two lists only when both have entries: noOverlap reads a nil b as "within a")
-	between := func(a, b []field) {
-		if len(a) > 0 && len(b) > 0 {
-			noOverlap(&errs, a, b)
-		}
-	}
-	noOverlap(&errs, local, nil)
-	noOverlap(&errs, peer, nil)
-	noOverlap(&errs, svc, nil) // (an nft interval set refuses overlapping elements)
-	between(peer, local)
-	between(svc, local)
-	between(svc, peer)
-	noOverlap(&errs, lb, nil)
-	noOverlap(&errs, excl, nil)
+	noOverlap(&errs, local)
+	noOverlap(&errs, peer)
+	noOverlap(&errs, svc) // (an nft interval set refuses overlapping elements)
+	noOverlapWith(&errs, peer, local)
+	noOverlapWith(&errs, svc, local)
+	noOverlapWith(&errs, svc, peer)
+	noOverlap(&errs, lb)
+	noOverlap(&errs, excl)
 	// The tc datapath reads an IPv4-mapped IPv6 prefix as IPv4, the flowtable as IPv6 (where
 	// it never matches), and the overlap checks above as IPv6: only one spelling is allowed.
 	for _, fs := range [][]field{local, peer, svc, lb, excl} {
@@ -401,12 +395,22 @@ func parseAddrs(errs *Errors, name string, in []string) []netip.Addr {
 	return out
 }
 
-// noOverlap reports overlapping prefixes within a (when b is nil) or between a and b. CIDRs
-// either nest or are disjoint, so one sweep over the prefixes sorted by first address, keeping
-// the chain of entries that contain the current one (one per prefix length at most), finds
-// every overlapping pair: O(n log n) plus the pairs (comparing every pair took 20 s for 40k
+// noOverlap reports overlapping prefixes within a.
+func noOverlap(errs *Errors, a []field) { overlaps(errs, a, nil, true) }
+
+// noOverlapWith reports the prefixes of a that overlap one of b (none when either is empty).
+func noOverlapWith(errs *Errors, a, b []field) {
+	if len(a) > 0 && len(b) > 0 {
+		overlaps(errs, a, b, false)
+	}
+}
+
+// overlaps reports overlapping prefixes within a, or between a and b. CIDRs either nest or
+// are disjoint, so one sweep over the prefixes sorted by first address, keeping the chain of
+// entries that contain the current one (one per prefix length at most), finds every
+// overlapping pair: O(n log n) plus the pairs (comparing every pair took 20 s for 40k
 // excludes). Copies of a prefix are reported against its first entry, not against each other.
-func noOverlap(errs *Errors, a, b []field) {
+func overlaps(errs *Errors, a, b []field, within bool) {
 	// an entry: its list (0: a, 1: b) and its index there (16 bytes, where a copy of the
 	// field was 64: at 10,000 peer CIDRs the copies cost a new process ~4 ms of fresh memory)
 	type entry struct{ list, idx int }
@@ -435,7 +439,7 @@ func noOverlap(errs *Errors, a, b []field) {
 			chain[l] = c
 		}
 		other := 1 - e.list
-		if b == nil {
+		if within {
 			other = 0
 		}
 		c := chain[other]
