@@ -223,21 +223,16 @@ func known(t *Table) *kernelTable {
 	for _, r := range t.Rules {
 		kt.Chains[r.Chain].Rules = append(kt.Chains[r.Chain].Rules, &nftjson.Rule{Comment: *r.Comment})
 	}
-	for _, s := range t.Sets {
-		kt.Maps[s.Name] = &kernelMap{IsSet: true, Comment: *s.Comment, Elems: map[string]string{}}
-	}
-	for _, mp := range t.Maps {
-		_, dyn := t.Dynamic[mp.Name]
-		kt.Maps[mp.Name] = &kernelMap{Dynamic: dyn, Comment: *mp.Comment, Elems: map[string]string{}}
-	}
-	n := make(map[string]int, len(kt.Maps)) // elements per map: each map sized once
+	n := make(map[string]int, len(t.Sets)+len(t.Maps)) // elements per map: each map sized once
 	for _, e := range t.Elements {
 		n[e.Set+e.Map]++
 	}
-	for name, k := range n {
-		if m := kt.Maps[name]; m != nil && k > 8 {
-			m.Elems = make(map[string]string, k)
-		}
+	for _, s := range t.Sets {
+		kt.Maps[s.Name] = &kernelMap{IsSet: true, Comment: *s.Comment, Elems: make(map[string]string, n[s.Name])}
+	}
+	for _, mp := range t.Maps {
+		_, dyn := t.Dynamic[mp.Name]
+		kt.Maps[mp.Name] = &kernelMap{Dynamic: dyn, Comment: *mp.Comment, Elems: make(map[string]string, n[mp.Name])}
 	}
 	for _, e := range t.Elements {
 		kt.Maps[e.Set+e.Map].Elems[elemKey(e)] = elemValue(e)

@@ -124,7 +124,6 @@ type device struct {
 func want(d *Desired, n netState) (contents, []string) {
 	c := contents{
 		ifaces:   map[uint32]fastpathIface{},
-		addrs:    map[netip.Prefix]fastpathAddr{},
 		settings: fastpathSettings{Classes: classBits(d.Classes), NatCheck: natCheckBits(d.NATCheck), TickNs: tickNS()},
 	}
 	if n.destOnly {
@@ -149,7 +148,7 @@ func want(d *Desired, n netState) (contents, []string) {
 	slices.Sort(missing)
 	routes := indexRoutes(n.routes)
 	flat := flatten(d)
-	c.addrs = make(map[netip.Prefix]fastpathAddr, len(flat)+len(n.addrs))
+	c.addrs = make(map[netip.Prefix]fastpathAddr, len(flat)) // (plus the gateways' own addresses, below)
 	for p, f := range flat {
 		var e uint32
 		if f&(addrLocalPod|addrPeerPod|addrPeerNode) != 0 {
