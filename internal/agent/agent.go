@@ -74,6 +74,7 @@ type Agent struct {
 	caps    *probe.Result
 	probed  time.Time // when caps was probed
 	lb      lbRuntime // the load balancer (lb.go)
+	gc      *idleGC   // collects between syncs (idlegc.go)
 }
 
 // New builds an agent; the config must load and validate.
@@ -87,7 +88,7 @@ func New(opts Options, mgrs *datapath.Managers) (*Agent, error) {
 	if opts.Links == nil {
 		opts.Links = Links
 	}
-	a := &Agent{opts: opts, mgrs: mgrs, wake: make(chan struct{}, 1)}
+	a := &Agent{opts: opts, mgrs: mgrs, wake: make(chan struct{}, 1), gc: newIdleGC()}
 	if _, err := a.loadConfig(); err != nil {
 		return nil, err
 	}
@@ -261,6 +262,9 @@ func (a *Agent) Sync(ctx context.Context) error {
 	a.publish(snapshot)
 	if a.opts.OnSync != nil {
 		a.opts.OnSync(time.Since(start), snapshot, err)
+	}
+	if a.gc != nil && a.gc.afterSync() {
+		a.opts.Log.Debug("garbage collection started between syncs")
 	}
 	return err
 }
