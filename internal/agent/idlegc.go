@@ -13,12 +13,14 @@ import (
 // Services, that moment falls inside a sync: the sync's own allocations cross the goal. The
 // collection then marks the whole heap (~100 MB at 5,000 Services, ~50 ms of CPU) beside the
 // sync. Its background worker and the assists it charges the sync's allocations delay the
-// change on its way to the kernel. On a node with one core free, every change that met a
-// collection took 40-100 ms instead of 15-25 (issue 13's Kubernetes bench beside a busy core:
-// each slow sample came with a collection, `GODEBUG=gctrace=1`).
+// change on its way to the kernel. On a node with one core free, the syncs that met a
+// collection took 41-77 ms from the derivation to the kernel instead of 14-24 (issue 13's
+// Kubernetes bench beside a busy core, `GODEBUG=gctrace=1`; docs/benchmarks/
+// 2026-11-27-785e21c-k8s-idle-gc.md).
 //
-// So after each sync, idleGC compares the heap's room to its goal with what a sync allocates
-// (the most of the last ones, decaying). When the room is under two syncs' worth plus an
+// So after each sync, idleGC compares the heap's room under its goal with what was allocated
+// from one sync's end to the next (the most of the last times, decaying: the Kubernetes
+// source's derivation between two syncs counts with the sync it leads to). When the room is under two syncs' worth plus an
 // eighth of the goal (the runtime starts a cycle before the goal), it starts the cycle now,
 // on a goroutine of its own, while the agent waits for the next event. Collections happen about
 // as often as before, a sync or two earlier, and no longer inside the sync that crossed the
@@ -31,7 +33,7 @@ type idleGC struct {
 
 	mu         sync.Mutex // Sync is exported: callers other than Run may call it
 	lastAllocs uint64
-	perSync    uint64 // the most a sync allocated lately (halved at every sync that allocated less)
+	perSync    uint64 // the most allocated between two syncs' ends lately (halved whenever less was)
 }
 
 func newIdleGC() *idleGC {
