@@ -129,7 +129,8 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 			r.mu.Unlock()
 			return err
 		}
-		r.mgr.DeferFull = true // the periodic full read runs apart (readFull)
+		r.mgr.DeferFull = true     // the periodic full read runs apart (readFull)
+		r.mgr.DeferReadBack = true // a rebuilt table is read back apart (settleLater)
 		r.mgr.Log = r.Log
 	}
 	mgr, prev := r.mgr, r.desired
