@@ -432,10 +432,16 @@ func TestApplyChangesLeavesTheReadBackToSettle(t *testing.T) {
 		t.Fatalf("Settle: %d chain listings, unsettled %v", *chainLists, m.Unsettled())
 	}
 
-	// Someone rewrites the scheduler rule, keeping its comment: the next full read sees it.
+	editSeenAfterSettle(t, m, f, svcs)
+}
+
+// editSeenAfterSettle rewrites svc-web-v4's scheduler rule, keeping its comment (someone's
+// edit), and checks that the next full read sees it as drift and repairs it.
+func editSeenAfterSettle(t *testing.T, m *Manager, f *knftables.Fake, svcs []Service) {
+	t.Helper()
 	editSchedule(t, f, "svc-web-v4")
 	m.FullEvery = 0
-	res, d = apply(t, m, svcs, nil)
+	res, d := apply(t, m, svcs, nil)
 	if !slices.Contains(res.Drift, "inet hostaccel-lb: chain svc-web-v4: rules changed") {
 		t.Errorf("an edit after Settle not seen: %+v", res)
 	}
@@ -468,20 +474,9 @@ func TestApplyLeavesTheReadBackToSettle(t *testing.T) {
 // its start, ~0.4 s. Its chains are left to Settle, and from then on an edit of their rules
 // is drift, as after a read-back. Without it (a one-shot apply) the table is read back.
 func TestDeferredReadBackOfARebuiltTable(t *testing.T) {
-	tableLists := func(m *Manager) *int {
-		n := new(int)
-		list := m.List
-		m.List = func(ctx context.Context, args ...string) ([]byte, error) {
-			if slices.Contains(args, "table") {
-				*n++
-			}
-			return list(ctx, args...)
-		}
-		return n
-	}
 	m, _ := NewFakeManager()
 	m.FullEvery = time.Hour
-	read := tableLists(m)
+	read := countLists(m, "table")
 	res, _ := apply(t, m, svcSet(), nil)
 	if len(res.Rebuilt) == 0 || *read == 0 || m.Unsettled() {
 		t.Fatalf("without DeferReadBack: %d table listings, unsettled %v, want > 0 and false: %+v", *read, m.Unsettled(), res)
@@ -489,7 +484,7 @@ func TestDeferredReadBackOfARebuiltTable(t *testing.T) {
 
 	m, f := NewFakeManager()
 	m.FullEvery, m.DeferReadBack = time.Hour, true
-	read = tableLists(m)
+	read = countLists(m, "table")
 	svcs := svcSet()
 	res, d := apply(t, m, svcs, nil)
 	if len(res.Rebuilt) == 0 || *read != 0 || !m.Unsettled() {
@@ -506,13 +501,7 @@ func TestDeferredReadBackOfARebuiltTable(t *testing.T) {
 	if err := m.Settle(context.Background()); err != nil || m.Unsettled() || *read == 0 {
 		t.Fatalf("Settle: %v, unsettled %v, %d table listings", err, m.Unsettled(), *read)
 	}
-	editSchedule(t, f, "svc-web-v4")
-	m.FullEvery = 0
-	res, d = apply(t, m, svcs, nil)
-	if !slices.Contains(res.Drift, "inet hostaccel-lb: chain svc-web-v4: rules changed") {
-		t.Errorf("an edit after Settle not seen: %+v", res)
-	}
-	checkKernel(t, f, freshDump(t, d), "edit repaired")
+	editSeenAfterSettle(t, m, f, svcs)
 }
 
 // Settle's reading runs without the manager (the agent lets syncs through meanwhile). A
@@ -604,11 +593,14 @@ func editSchedule(t *testing.T, f *knftables.Fake, chain string) {
 }
 
 // countChainLists makes m count its nft listings of single chains.
-func countChainLists(m *Manager) *int {
+func countChainLists(m *Manager) *int { return countLists(m, "chain") }
+
+// countLists makes m count its nft listings of a kind of object ("table", "chain").
+func countLists(m *Manager, kind string) *int {
 	n := new(int)
 	list := m.List
 	m.List = func(ctx context.Context, args ...string) ([]byte, error) {
-		if slices.Contains(args, "chain") {
+		if slices.Contains(args, kind) {
 			*n++
 		}
 		return list(ctx, args...)
@@ -623,14 +615,7 @@ func countChainLists(m *Manager) *int {
 func TestDeferredFullRead(t *testing.T) {
 	m, f := NewFakeManager()
 	m.DeferFull, m.FullEvery = true, time.Millisecond
-	lists := 0
-	list := m.List
-	m.List = func(ctx context.Context, args ...string) ([]byte, error) {
-		if slices.Contains(args, "table") {
-			lists++
-		}
-		return list(ctx, args...)
-	}
+	lists := countLists(m, "table")
 	svcs := svcSet()
 	apply(t, m, svcs, nil) // the first apply reads (nothing there yet)
 	tx := f.NewTransaction()
@@ -642,9 +627,9 @@ func TestDeferredFullRead(t *testing.T) {
 	if !m.FullDue() {
 		t.Fatal("no full read due")
 	}
-	lists = 0
-	if res, _ := apply(t, m, svcs, nil); res.FullRead || lists != 0 || res.Drift != nil {
-		t.Fatalf("a due full read was done in Apply (%d table listings): %+v", lists, res)
+	*lists = 0
+	if res, _ := apply(t, m, svcs, nil); res.FullRead || *lists != 0 || res.Drift != nil {
+		t.Fatalf("a due full read was done in Apply (%d table listings): %+v", *lists, res)
 	}
 
 	stale := m.StartFullRead()
@@ -663,10 +648,10 @@ func TestDeferredFullRead(t *testing.T) {
 	if !m.FinishFullRead(fr) || m.FullDue() {
 		t.Fatalf("a current reading was not kept (or another is still due: %v)", m.FullDue())
 	}
-	lists = 0
+	*lists = 0
 	res, d := apply(t, m, svcs, nil)
-	if !res.FullRead || lists != 0 || len(res.Drift) != 1 || !strings.HasPrefix(res.Drift[0], "inet hostaccel-lb: map web-backends-v4: ") {
-		t.Fatalf("the apply after the reading (%d listings of its own): %+v", lists, res)
+	if !res.FullRead || *lists != 0 || len(res.Drift) != 1 || !strings.HasPrefix(res.Drift[0], "inet hostaccel-lb: map web-backends-v4: ") {
+		t.Fatalf("the apply after the reading (%d listings of its own): %+v", *lists, res)
 	}
 	checkKernel(t, f, freshDump(t, d), "map emptied, repaired from the deferred reading")
 }
