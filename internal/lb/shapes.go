@@ -2,7 +2,6 @@ package lb
 
 import (
 	"log/slog"
-	"slices"
 	"strings"
 )
 
@@ -116,9 +115,13 @@ func (c *kernelCache) texts(ref TableRef, chains []string) map[ruleKey]string {
 	if t == nil {
 		return nil
 	}
+	want := make(map[string]bool, len(chains))
+	for _, ch := range chains {
+		want[ch] = true
+	}
 	texts := map[ruleKey]string{}
 	for _, rl := range t.Rules {
-		if rl.Comment != nil && slices.Contains(chains, rl.Chain) {
+		if rl.Comment != nil && want[rl.Chain] {
 			texts[ruleKey{ref, rl.Chain, *rl.Comment}] = rl.Rule
 		}
 	}
