@@ -480,7 +480,7 @@ func writeStatus(out io.Writer, st agent.Status) {
 			fmt.Fprintf(out, "  client ends handed to the stack, marked: %d of %d (aged %d times)\n", h.Marked, h.Of, h.Epoch-1)
 		}
 		if t.NATCarry {
-			fmt.Fprintln(out, "  NAT-ed TCP flows the flowtable offloaded: carried here (via nat-carried)")
+			fmt.Fprintln(out, "  NAT-ed TCP flows the flowtable offloaded: carried here (via nat-carried; by the NAT express lane: in via express too)")
 		}
 		fmt.Fprintln(out, "  redirected past the host stack:")
 		table(out, "CLASS\tFAMILY\tPACKETS\tBYTES", len(t.Classes), func(i int) []any {

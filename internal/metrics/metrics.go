@@ -92,7 +92,7 @@ var (
 	tcPassed = prometheus.NewDesc("hostaccel_tc_passed_packets_total",
 		"Packets the tc datapath handed to the normal stack, by reason.", []string{"reason"}, nil)
 	tcVia = prometheus.NewDesc("hostaccel_tc_redirected_via_packets_total",
-		"Packets the tc datapath redirected another way than to the FIB's next hop as it is: peer (into a Pod's namespace), neigh (next hop resolved by the neighbour code), forwarding-off (the agent's route), nat-carried (translated as conntrack says: a NAT-ed flow the flowtable offloaded, in no class).", []string{"via"}, nil)
+		"Packets the tc datapath redirected another way than to the FIB's next hop as it is: peer (into a Pod's namespace), neigh (next hop resolved by the neighbour code), forwarding-off (the agent's route), nat-carried (translated as conntrack says: a NAT-ed flow the flowtable offloaded, in no class), express (by an express lane: a CPU's slot for the pair or the carried flow).", []string{"via"}, nil)
 	tcHandedMarked = prometheus.NewDesc("hostaccel_tc_handed_marked",
 		"Client ends handed to the stack that the tc program has marked now (replies to them take the handed lookup and, if NAT-ed, the stack), of 262,144 marks; aged once more than 1/16 are set.", nil, nil)
 	tcHandedAgings = prometheus.NewDesc("hostaccel_tc_handed_agings_total",

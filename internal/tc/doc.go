@@ -114,16 +114,41 @@
 // slot lasts no longer than its next hop's answer. A slot's packets count once, in a block of
 // their own (STAT_EXPRESS_CLASS: by class and family, then again for those that go into a Pod's
 // namespace); the agent adds them to their class, to peer where they went into a Pod, and to
-// `via express` in `hostaccel status` and the metrics, the share of the redirected packets
-// that took the lane. Kernel memory: 136 bytes per slot and CPU (a 56-byte IPv4 and an 80-byte
-// IPv6 slot): 4,096 slots per CPU (544 KiB) up to 56 CPUs; on larger machines the agent loads
-// fewer (a power of two, at least 256: slotsPerCPU) so that both maps stay within 32 MiB, and
-// sets the program's slot_mask to match (a load-time constant: 3-4 instructions per packet).
+// `via express` in `hostaccel status` and the metrics (with the NAT express lane's, below: the
+// redirected and carried packets that cost the least). Kernel memory: 136 bytes per slot and
+// CPU (a 56-byte IPv4 and an 80-byte IPv6 slot), 360 with the NAT express lane's: 4,096 slots
+// per CPU (1.4 MiB) up to 22 CPUs; on larger machines the agent loads fewer (a power of two, at
+// least 256: slotsPerCPU) so that the four maps stay within 32 MiB, and sets the program's
+// slot_mask to match (a load-time constant: 3-4 instructions per packet).
 // Measured: BenchmarkProgram in the VM under icount, where a nanosecond is an instruction
 // (vmtest/run-in-vm.sh -i): 711 -> 330 instructions per redirected packet, against 83 for a
 // program that only writes the MACs and redirects (docs/benchmarks/2026-11-26-a1debbe-express.md);
 // 293 since both MACs are written in two copies instead of twelve bytes and the handed check
 // compares a mark instead of testing a bit (2026-11-27).
+//
+// # The NAT express lane
+//
+// Carried flows (NAT carry, above) have a lane of their own beside it: per CPU, the carried
+// flows this CPU translated lately (nat_slots4, nat_slots6: per-CPU arrays of as many slots as
+// the pairs' lane, direct-mapped by the hash of the packet's addresses and ports, an IPv6
+// address folded to one word), each with what the packet becomes (addresses, ports, the
+// checksums' changes) and the way it is sent (the flow's kept FIB answer: device, MTU, MACs,
+// peer or not). A TCP packet without SYN, FIN or RST whose slot holds its addresses, ports and
+// ingress device, of the packet's generation, within what is left of conntrack's answer (the
+// slot's expiry is the answer's 100 ms: conntrack is asked again as often as on the full way),
+// with hops left, that fits the MTU and whose flow was not voided since, is translated (the
+// addresses, ports and IPv4 checksum written in place, TCP's checksum by bpf_l4_csum_replace
+// as on the full way), its TTL / hop limit decremented and redirected: no LPM lookup, no
+// nat_flows lookup, no struct flow built. The full way fills the slot whenever it carries a
+// packet by the flow's kept answer (so the packets right after each conntrack answer go the full
+// way). Voiding: a packet with SYN, FIN or RST of a flow (which takes the full way, where
+// carried() forgets the flow's answer) bumps the flow's word in nat_voids, a shared array of
+// 65,536 words indexed by the same hash, which every slot of that flow on every CPU compares
+// with the word it was filled with; a new generation voids every slot. Its packets count once,
+// in STAT_NAT_EXPRESS (then again for those moved into a Pod's namespace); the agent adds them
+// to nat-carried, to express, and to peer. Kernel memory: 88 (IPv4) and 136 (IPv6) bytes per
+// slot and CPU, in the same 32 MiB budget as the pairs' slots (4,096 slots per CPU up to 22
+// CPUs), and 256 KiB for nat_voids. Measured: docs/benchmarks/2026-11-27-*-nat-express.md.
 //
 // "Pass" is TC_ACT_UNSPEC, not TC_ACT_OK: the next tcx program or tc filter still runs (with
 // tcx, TC_ACT_OK would skip them), then the stack.

@@ -83,6 +83,70 @@ type fastpathNatKey struct {
 	Dst fastpathEndpoint
 }
 
+type fastpathNatSlot4 struct {
+	_        structs.HostLayout
+	Saddr    uint32
+	Daddr    uint32
+	Sport    uint16
+	Dport    uint16
+	Ingress  uint32
+	Nsaddr   uint32
+	Ndaddr   uint32
+	Nsport   uint16
+	Ndport   uint16
+	AddrDiff uint32
+	PortDiff uint32
+	Voided   uint32
+	Changes  uint8
+	Pad      [3]uint8
+	_        [4]byte
+	W        struct {
+		_          structs.HostLayout
+		Until      uint64
+		Generation uint32
+		Ifindex    uint32
+		Mtu        uint32
+		Stat       uint16
+		Flags      uint8
+		Pad        uint8
+		Dmac       [6]uint8
+		Smac       [6]uint8
+		_          [4]byte
+	}
+}
+
+type fastpathNatSlot6 struct {
+	_        structs.HostLayout
+	Saddr    [16]uint8
+	Daddr    [16]uint8
+	Sport    uint16
+	Dport    uint16
+	Ingress  uint32
+	Nsaddr   [16]uint8
+	Ndaddr   [16]uint8
+	Nsport   uint16
+	Ndport   uint16
+	AddrDiff uint32
+	PortDiff uint32
+	Voided   uint32
+	Changes  uint8
+	Pad      [3]uint8
+	_        [4]byte
+	W        struct {
+		_          structs.HostLayout
+		Until      uint64
+		Generation uint32
+		Ifindex    uint32
+		Mtu        uint32
+		Stat       uint16
+		Flags      uint8
+		Pad        uint8
+		Dmac       [6]uint8
+		Smac       [6]uint8
+		_          [4]byte
+	}
+}
+
 type fastpathNexthop struct {
 	_          structs.HostLayout
 	Expires    uint64
@@ -185,6 +249,9 @@ const (
 	fastpathMapHandedMarks     = "handed_marks"
 	fastpathMapIfaces          = "ifaces"
 	fastpathMapNatFlows        = "nat_flows"
+	fastpathMapNatSlots4       = "nat_slots4"
+	fastpathMapNatSlots6       = "nat_slots6"
+	fastpathMapNatVoids        = "nat_voids"
 	fastpathMapNexthops        = "nexthops"
 	fastpathMapPairBits        = "pair_bits"
 	fastpathMapPairs4          = "pairs4"
@@ -253,6 +320,9 @@ type fastpathMapSpecs struct {
 	HandedMarks *ebpf.MapSpec `ebpf:"handed_marks"`
 	Ifaces      *ebpf.MapSpec `ebpf:"ifaces"`
 	NatFlows    *ebpf.MapSpec `ebpf:"nat_flows"`
+	NatSlots4   *ebpf.MapSpec `ebpf:"nat_slots4"`
+	NatSlots6   *ebpf.MapSpec `ebpf:"nat_slots6"`
+	NatVoids    *ebpf.MapSpec `ebpf:"nat_voids"`
 	Nexthops    *ebpf.MapSpec `ebpf:"nexthops"`
 	PairBits    *ebpf.MapSpec `ebpf:"pair_bits"`
 	Pairs4      *ebpf.MapSpec `ebpf:"pairs4"`
@@ -297,6 +367,9 @@ type fastpathMaps struct {
 	HandedMarks *ebpf.Map `ebpf:"handed_marks"`
 	Ifaces      *ebpf.Map `ebpf:"ifaces"`
 	NatFlows    *ebpf.Map `ebpf:"nat_flows"`
+	NatSlots4   *ebpf.Map `ebpf:"nat_slots4"`
+	NatSlots6   *ebpf.Map `ebpf:"nat_slots6"`
+	NatVoids    *ebpf.Map `ebpf:"nat_voids"`
 	Nexthops    *ebpf.Map `ebpf:"nexthops"`
 	PairBits    *ebpf.Map `ebpf:"pair_bits"`
 	Pairs4      *ebpf.Map `ebpf:"pairs4"`
@@ -314,6 +387,9 @@ func (m *fastpathMaps) Close() error {
 		m.HandedMarks,
 		m.Ifaces,
 		m.NatFlows,
+		m.NatSlots4,
+		m.NatSlots6,
+		m.NatVoids,
 		m.Nexthops,
 		m.PairBits,
 		m.Pairs4,

@@ -297,13 +297,19 @@ func TestNATCarry(t *testing.T) {
 							t.Errorf("%s %s: no masqueraded [OFFLOAD] entry in conntrack:\n%s", fam(v6), k.what, ct)
 						}
 					}
+					// of them by the NAT express lane: no other traffic takes an express lane here
+					ex := after.Via[ViaExpress].Packets - st.Via[ViaExpress].Packets
 					switch want := c.carry && c.offload; {
 					case want && n < 100:
 						t.Errorf("%s %s: %d packets carried, want >= 100 of 4 MiB each way", fam(v6), k.what, n)
 					case !want && n != 0:
 						t.Errorf("%s %s: %d packets carried, want 0", fam(v6), k.what, n)
+					case want && ex < n/2:
+						t.Errorf("%s %s: %d of %d carried packets by the NAT express lane, want at least half", fam(v6), k.what, ex, n)
+					case ex > n:
+						t.Errorf("%s %s: %d packets by an express lane, of %d carried", fam(v6), k.what, ex, n)
 					default:
-						t.Logf("%s %s: %d packets carried; passed to the stack: nat %d", fam(v6), k.what, n,
+						t.Logf("%s %s: %d packets carried, %d of them by the express lane; passed to the stack: nat %d", fam(v6), k.what, n, ex,
 							after.Passed[PassNAT].Packets-st.Passed[PassNAT].Packets)
 					}
 					if c.offload && !strings.Contains(ct, "[OFFLOAD]") {

@@ -599,7 +599,7 @@ func TestExpressLaneSize(t *testing.T) {
 	for _, c := range []struct {
 		cpus int
 		want uint32
-	}{{1, 4096}, {2, 4096}, {56, 4096}, {64, 2048}, {128, 1024}, {256, 512}, {512, 256}, {4096, 256}} {
+	}{{1, 4096}, {2, 4096}, {22, 4096}, {23, 2048}, {64, 1024}, {128, 512}, {256, 256}, {4096, 256}} {
 		if got := slotsPerCPU(c.cpus); got != c.want {
 			t.Errorf("slotsPerCPU(%d) = %d, want %d", c.cpus, got, c.want)
 		}

@@ -51,7 +51,9 @@ func loadSet(withConntrack bool) (*progSet, error) {
 		return nil, err
 	}
 	slots := slotsFor(cpus)
-	spec.Maps[fastpathMapSlots4].MaxEntries, spec.Maps[fastpathMapSlots6].MaxEntries = slots, slots
+	for _, name := range []string{fastpathMapSlots4, fastpathMapSlots6, fastpathMapNatSlots4, fastpathMapNatSlots6} {
+		spec.Maps[name].MaxEntries = slots
+	}
 	if err := spec.Variables[fastpathVarSlotMask].Set(slots - 1); err != nil {
 		return nil, err
 	}
@@ -75,11 +77,11 @@ var slotsFor = slotsPerCPU
 // slotBudget bounds the express lane's slots over all CPUs (both families).
 const slotBudget = 32 << 20
 
-// slotsPerCPU is the express lane's slots per CPU for a machine of cpus (possible) CPUs: 4,096
-// where the budget allows (544 KiB per CPU), else the largest power of two within it, never
-// fewer than 256. A pair whose slot another pair holds takes the pair maps' way.
+// slotsPerCPU is the express lanes' slots per CPU for a machine of cpus (possible) CPUs: 4,096
+// where the budget allows (1.4 MiB per CPU), else the largest power of two within it, never
+// fewer than 256. A pair (or carried flow) whose slot another holds takes the full way.
 func slotsPerCPU(cpus int) uint32 {
-	per := binary.Size(fastpathSlot4{}) + binary.Size(fastpathSlot6{})
+	per := binary.Size(fastpathSlot4{}) + binary.Size(fastpathSlot6{}) + binary.Size(fastpathNatSlot4{}) + binary.Size(fastpathNatSlot6{})
 	n := uint32(4096)
 	for n > 256 && int(n)*per*max(cpus, 1) > slotBudget {
 		n /= 2
@@ -115,6 +117,7 @@ func (s *progSet) fields() map[string]**ebpf.Map {
 		settingsMap: &s.settings, fastpathMapStats: &m.Stats, fastpathMapHanded: &m.Handed,
 		fastpathMapHandedMarks: &m.HandedMarks, fastpathMapNexthops: &m.Nexthops, fastpathMapPairs4: &m.Pairs4, fastpathMapPairs6: &m.Pairs6,
 		fastpathMapPairBits: &m.PairBits, fastpathMapSlots4: &m.Slots4, fastpathMapSlots6: &m.Slots6,
+		fastpathMapNatSlots4: &m.NatSlots4, fastpathMapNatSlots6: &m.NatSlots6, fastpathMapNatVoids: &m.NatVoids,
 	}
 }
 
@@ -265,7 +268,7 @@ func (s *progSet) deleteIface(idx uint32) error {
 // counters reads the per-CPU stats, summed over CPUs, by index (enum stat).
 func (s *progSet) counters() ([]Counter, error) {
 	classes := len(Supported) * 2
-	out := make([]Counter, numStats+classes*2)
+	out := make([]Counter, numStats+classes*2+2)
 	for i := range out {
 		var per []fastpathCounter
 		if err := s.maps.Stats.Lookup(uint32(i), &per); err != nil {
@@ -278,12 +281,21 @@ func (s *progSet) counters() ([]Counter, error) {
 	}
 	// The express lane counts a packet once, in STAT_EXPRESS_CLASS + class*2 + family (plus
 	// classes where it went into a Pod's namespace): it belongs to its class, express, and peer.
+	// The NAT express lane's (STAT_NAT_EXPRESS, then into a Pod's namespace) are carried,
+	// express, and the second peer.
 	add := func(to *Counter, c Counter) { to.Packets += c.Packets; to.Bytes += c.Bytes }
-	express, peer := &out[stat(ViaExpress)], &out[stat(ViaPeer)]
-	for i, c := range out[numStats:] {
+	express, peer, carried := &out[stat(ViaExpress)], &out[stat(ViaPeer)], &out[stat(ViaNATCarried)]
+	for i, c := range out[numStats : numStats+classes*2] {
 		add(&out[i%classes], c)
 		add(express, c)
 		if i >= classes {
+			add(peer, c)
+		}
+	}
+	for i, c := range out[numStats+classes*2:] {
+		add(carried, c)
+		add(express, c)
+		if i == 1 {
 			add(peer, c)
 		}
 	}

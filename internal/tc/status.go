@@ -50,8 +50,8 @@ const (
 	// ViaNATCarried: translated as conntrack says and redirected, packets of a NAT-ed TCP flow
 	// the flowtable offloaded (Desired.NATCarry); in no class counter.
 	ViaNATCarried = "nat-carried"
-	// ViaExpress: by the express lane, a CPU's slot for the pair (internal/tc doc.go): the
-	// share of the redirected packets that cost the least.
+	// ViaExpress: by an express lane, a CPU's slot for the pair or for the carried flow
+	// (internal/tc doc.go): the redirected and carried packets that cost the least.
 	ViaExpress = "express"
 )
 

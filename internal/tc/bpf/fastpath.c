@@ -88,7 +88,11 @@ enum stat {
 	 * those moved into a Pod's namespace (the agent adds each to its class, the second block to
 	 * STAT_PEER, both to STAT_EXPRESS). */
 	STAT_EXPRESS_CLASS,
-	NUM_STATS = STAT_EXPRESS_CLASS + NUM_CLASSES * 4,
+	/* The NAT express lane's packets (carried flows, struct nat_slot4), counted once, then
+	 * those moved into a Pod's namespace (the agent adds both to STAT_NAT_CARRIED and
+	 * STAT_EXPRESS, the second to STAT_PEER). */
+	STAT_NAT_EXPRESS = STAT_EXPRESS_CLASS + NUM_CLASSES * 4,
+	NUM_STATS = STAT_NAT_EXPRESS + 2,
 };
 
 struct iface {
@@ -311,6 +315,71 @@ struct {
 	__type(key, __u32);
 	__type(value, struct slot6);
 } slots6 SEC(".maps");
+
+/* The NAT express lane: per CPU, the carried flows (struct nat_flow, below) this CPU
+ * translated lately, direct-mapped by the hash of the packet's addresses and ports, each with
+ * what the packet becomes and the way it is sent (the flow's kept FIB answer). A TCP packet
+ * without SYN, FIN or RST whose slot holds its addresses, ports and device, of the current
+ * generation, within its answer's time (conntrack is asked again after HANDED_TTL_NS, as the
+ * full way asks), not voided since (nat_voids), with hops left and that fits, is translated
+ * and redirected: one hash, one per-CPU lookup, one array read, no LPM lookup, no conntrack
+ * answer looked up. The full way fills the slot where it carries a packet by the flow's kept
+ * answer. */
+struct nat_slot4 {
+	__be32 saddr, daddr; /* the packet's, as it arrives */
+	__be16 sport, dport;
+	__u32 ingress;
+	__be32 nsaddr, ndaddr; /* what it becomes */
+	__be16 nsport, ndport;
+	__u32 addr_diff, port_diff; /* struct nat_flow's */
+	__u32 voided;               /* nat_voids' word of the flow when filled */
+	__u8 changes;               /* NAT_ADDRS, NAT_PORTS */
+	__u8 pad[3];
+	struct slot_way w;
+};
+
+struct nat_slot6 {
+	__u8 saddr[16], daddr[16];
+	__be16 sport, dport;
+	__u32 ingress;
+	__u8 nsaddr[16], ndaddr[16];
+	__be16 nsport, ndport;
+	__u32 addr_diff, port_diff;
+	__u32 voided;
+	__u8 changes;
+	__u8 pad[3];
+	struct slot_way w;
+};
+
+_Static_assert(offsetof(struct nat_slot4, w) % 8 == 0 && offsetof(struct nat_slot6, w) % 8 == 0,
+	       "express() reads the way's MACs 8-aligned");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SLOTS);
+	__type(key, __u32);
+	__type(value, struct nat_slot4);
+} nat_slots4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SLOTS);
+	__type(key, __u32);
+	__type(value, struct nat_slot6);
+} nat_slots6 SEC(".maps");
+
+/* A word per hash of a TCP flow's addresses and ports (nat_hash4, nat_hash6), bumped when the
+ * full way sees a SYN, FIN or RST of the flow (carried() then forgets its kept answer): a NAT
+ * slot filled before no longer holds, on any CPU. A shared array, not per CPU: the packet that
+ * voids a flow may arrive on another CPU than the one whose slot holds it. */
+#define NAT_VOIDS 65536
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, NAT_VOIDS);
+	__type(key, __u32);
+	__type(value, __u32);
+} nat_voids SEC(".maps");
 
 /* One end of a connection: an address (IPv4 in the first 4 bytes), a port, a protocol. */
 struct endpoint {
@@ -562,6 +631,32 @@ static __always_inline __u32 words_hash(__u32 *w, int n)
 	for (i = 0; i < n; i++)
 		h = hash_step(h, w[i]);
 	return hash_end(h);
+}
+
+/* nat_hash4 is the NAT express lane's hash of an IPv4 TCP flow (nat_slots4, nat_voids): its
+ * addresses and its ports' word, as the packet holds them. */
+static __always_inline __u32 nat_hash4(__u32 saddr, __u32 daddr, __u32 ports)
+{
+	return hash_end(hash_step(hash_step(hash_step(HASH_SEED, saddr), daddr), ports));
+}
+
+/* nat_hash6 is nat_hash4 of an IPv6 flow, each address folded to one word (its four words
+ * XOR-ed): a collision only costs a miss, the slot's key is compared whole. */
+static __always_inline __u32 nat_hash6(const __u8 *saddr, const __u8 *daddr, __u32 ports)
+{
+	__u32 a[4], b[4];
+
+	__builtin_memcpy(a, saddr, 16);
+	__builtin_memcpy(b, daddr, 16);
+	return nat_hash4(a[0] ^ a[1] ^ a[2] ^ a[3], b[0] ^ b[1] ^ b[2] ^ b[3], ports);
+}
+
+/* nat_void returns the word of nat_voids for a flow of hash h. */
+static __always_inline __u32 *nat_void(__u32 h)
+{
+	__u32 i = h & (NAT_VOIDS - 1);
+
+	return bpf_map_lookup_elem(&nat_voids, &i);
 }
 
 /* handed_slot returns the mark of handed_marks for an end of hash h. */
@@ -1282,6 +1377,102 @@ none:
 	return NULL;
 }
 
+/* nat_way fills w with the way of carried flow n, sent by its kept answer, for what is left of
+ * n's time: false where it cannot be kept (no jiffy known, the answer about to expire, or of
+ * another generation than the packet's). */
+static __always_inline bool nat_way(struct slot_way *w, struct settings *cfg, struct flow *f,
+				    struct nat_flow *n)
+{
+	__u64 now = bpf_ktime_get_coarse_ns();
+	__u32 tick = cfg->tick_ns;
+
+	if (!tick || now - n->asked >= HANDED_TTL_NS || n->nh.generation != f->gen)
+		return false;
+	/* valid while jiffies < until: at most what is left of conntrack's answer */
+	w->until = bpf_jiffies64() + (n->asked + HANDED_TTL_NS - now) / tick;
+	w->generation = f->gen;
+	w->ifindex = n->nh.ifindex;
+	w->mtu = n->nh.mtu;
+	w->stat = STAT_NAT_EXPRESS;
+	w->flags = 0;
+	if (n->nh.flags & IFACE_PEER) {
+		w->stat++;
+		w->flags = SLOT_PEER;
+	}
+	__builtin_memcpy(w->dmac, n->nh.dmac, ETH_ALEN);
+	__builtin_memcpy(w->smac, n->nh.smac, ETH_ALEN);
+	return true;
+}
+
+/* fill_nat_slot puts carried flow f, translated and sent as n says (by its kept answer), in
+ * this CPU's NAT express lane. */
+static __always_inline void fill_nat_slot(struct __sk_buff *skb, struct settings *cfg, struct flow *f,
+					  struct nat_flow *n)
+{
+	__be16 p[2] = {f->src.port, f->dst.port};
+	__u32 saddr, daddr, ports, h, i, *v;
+	struct nat_slot4 *s4;
+	struct nat_slot6 *s6;
+
+	__builtin_memcpy(&ports, p, 4);
+	if (f->v6) {
+		h = nat_hash6(f->src.addr, f->dst.addr, ports);
+		i = h & slot_mask;
+		if (!(v = nat_void(h)) || !(s6 = bpf_map_lookup_elem(&nat_slots6, &i)) || !nat_way(&s6->w, cfg, f, n))
+			return;
+		__builtin_memcpy(s6->saddr, f->src.addr, 16);
+		__builtin_memcpy(s6->daddr, f->dst.addr, 16);
+		s6->sport = f->src.port;
+		s6->dport = f->dst.port;
+		s6->ingress = skb->ingress_ifindex;
+		__builtin_memcpy(s6->nsaddr, n->saddr, 16);
+		__builtin_memcpy(s6->ndaddr, n->daddr, 16);
+		s6->nsport = n->sport;
+		s6->ndport = n->dport;
+		s6->addr_diff = n->addr_diff;
+		s6->port_diff = n->port_diff;
+		s6->changes = n->changes;
+		s6->voided = *v;
+		return;
+	}
+	__builtin_memcpy(&saddr, f->src.addr, 4);
+	__builtin_memcpy(&daddr, f->dst.addr, 4);
+	h = nat_hash4(saddr, daddr, ports);
+	i = h & slot_mask;
+	if (!(v = nat_void(h)) || !(s4 = bpf_map_lookup_elem(&nat_slots4, &i)) || !nat_way(&s4->w, cfg, f, n))
+		return;
+	s4->saddr = saddr;
+	s4->daddr = daddr;
+	s4->sport = f->src.port;
+	s4->dport = f->dst.port;
+	s4->ingress = skb->ingress_ifindex;
+	__builtin_memcpy(&s4->nsaddr, n->saddr, 4);
+	__builtin_memcpy(&s4->ndaddr, n->daddr, 4);
+	s4->nsport = n->sport;
+	s4->ndport = n->dport;
+	s4->addr_diff = n->addr_diff;
+	s4->port_diff = n->port_diff;
+	s4->changes = n->changes;
+	s4->voided = *v;
+}
+
+/* unslot voids the NAT express lane's slots of a TCP packet's flow f (on every CPU) if the
+ * packet has SYN, FIN or RST: conntrack sees the change of state, and the flow's packets that
+ * follow ask it again (as carried() does). */
+static __always_inline void unslot(struct flow *f)
+{
+	__be16 p[2] = {f->src.port, f->dst.port};
+	__u32 ports, a, b, *v;
+
+	if (!(f->tcpflags & (TCP_SYN | TCP_FIN | TCP_RST)))
+		return;
+	__builtin_memcpy(&ports, p, 4);
+	__builtin_memcpy(&a, f->src.addr, 4);
+	__builtin_memcpy(&b, f->dst.addr, 4);
+	if ((v = nat_void(f->v6 ? nat_hash6(f->src.addr, f->dst.addr, ports) : nat_hash4(a, b, ports))))
+		__sync_fetch_and_add(v, 1);
+}
+
 /* by_pair sends a packet as its pair says. */
 static __always_inline int by_pair(struct __sk_buff *skb, struct flow *f, struct pair *p)
 {
@@ -1318,6 +1509,8 @@ static __always_inline int forward(struct __sk_buff *skb, struct settings *cfg, 
 		count(class == CARRY ? STAT_NAT_CARRIED : class * 2 + f->v6, skb);
 		if (class != CARRY)
 			keep_pair(skb, cfg, f, class, dflags, nh);
+		else
+			fill_nat_slot(skb, cfg, f, n);
 		return emit(skb, nh->dmac, nh->smac, nh->ifindex, nh->flags);
 	}
 	if (!(out = route(skb, fib, egress, &how)))
@@ -1361,12 +1554,14 @@ static __always_inline int forward4(struct __sk_buff *skb, struct settings *cfg)
 	f.dst.port = ports[1];
 	f.src.proto = f.dst.proto = ip->protocol;
 	f.hops = ip->ttl;
+	f.tcpflags = tcp_flags(ip->protocol, (void *)ports, end);
+	if (ip->protocol == IPPROTO_TCP && (cfg->flags & SETTINGS_NAT_CARRY))
+		unslot(&f);
 	if ((p = kept_pair(skb, cfg, &f, skb->gso_size ? 0 : bpf_ntohs(ip->tot_len))))
 		return by_pair(skb, &f, p);
 	if (!(in = bpf_map_lookup_elem(&ifaces, &key)))
 		return PASS;
 	f.role = in->role;
-	f.tcpflags = tcp_flags(ip->protocol, (void *)ports, end);
 	f.opens = opens(f.tcpflags);
 	if ((class = decide(skb, in, cfg, &f, &egress, &dflags, &n)) < 0)
 		return PASS;
@@ -1413,12 +1608,14 @@ static __always_inline int forward6(struct __sk_buff *skb, struct settings *cfg)
 	f.dst.port = ports[1];
 	f.src.proto = f.dst.proto = ip6->nexthdr;
 	f.hops = ip6->hop_limit;
+	f.tcpflags = tcp_flags(ip6->nexthdr, (void *)ports, end);
+	if (ip6->nexthdr == IPPROTO_TCP && (cfg->flags & SETTINGS_NAT_CARRY))
+		unslot(&f);
 	if ((p = kept_pair(skb, cfg, &f, skb->gso_size ? 0 : sizeof(*ip6) + bpf_ntohs(ip6->payload_len))))
 		return by_pair(skb, &f, p);
 	if (!(in = bpf_map_lookup_elem(&ifaces, &key)))
 		return PASS;
 	f.role = in->role;
-	f.tcpflags = tcp_flags(ip6->nexthdr, (void *)ports, end);
 	f.opens = opens(f.tcpflags);
 	if ((class = decide(skb, in, cfg, &f, &egress, &dflags, &n)) < 0)
 		return PASS;
@@ -1517,6 +1714,102 @@ static __always_inline int express4(struct __sk_buff *skb, struct settings *cfg)
 	return express(skb, &s->w, data);
 }
 
+/* nat_express4 translates and sends an IPv4 packet of a carried flow as its NAT slot says
+ * (struct nat_slot4), or misses untouched. */
+static __always_inline int nat_express4(struct __sk_buff *skb, struct settings *cfg)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + ETH_HLEN;
+	__be16 *ports = (void *)(ip + 1);
+	__u8 *l4 = (void *)ports;
+	__u32 saddr, daddr, pw, h, i, sum, *v;
+	struct nat_slot4 *s;
+
+	if (!(cfg->flags & SETTINGS_NAT_CARRY))
+		return EXPRESS_MISS;
+	if ((void *)(l4 + TCP_CSUM_OFF + 2) > end || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)) ||
+	    ip->protocol != IPPROTO_TCP || (l4[TCP_FLAGS_OFF] & (TCP_SYN | TCP_FIN | TCP_RST)))
+		return EXPRESS_MISS;
+	saddr = ip->saddr;
+	daddr = ip->daddr;
+	pw = *(__u32 *)ports;
+	h = nat_hash4(saddr, daddr, pw);
+	i = h & slot_mask;
+	if (!(s = bpf_map_lookup_elem(&nat_slots4, &i)) || s->saddr != saddr || s->daddr != daddr ||
+	    *(__u32 *)&s->sport != pw || s->ingress != skb->ingress_ifindex)
+		return EXPRESS_MISS;
+	if (ip->ttl <= 1 || !slot_holds(skb, cfg, &s->w, bpf_ntohs(ip->tot_len)))
+		return EXPRESS_MISS;
+	if (!(v = nat_void(h)) || *v != s->voided)
+		return EXPRESS_MISS;
+	/* as translate() and hop() do */
+	ip->saddr = s->nsaddr;
+	ip->daddr = s->ndaddr;
+	ports[0] = s->nsport;
+	ports[1] = s->ndport;
+	if (s->changes & NAT_ADDRS) {
+		sum = (__u16)~ip->check + fold16(s->addr_diff);
+		ip->check = (__u16)~fold16(sum);
+	}
+	hop4(ip);
+	if ((s->changes & NAT_ADDRS) &&
+	    bpf_l4_csum_replace(skb, ETH_HLEN + sizeof(*ip) + TCP_CSUM_OFF, 0, s->addr_diff, BPF_F_PSEUDO_HDR))
+		return TC_ACT_SHOT; /* half rewritten: cannot be handed on */
+	if ((s->changes & NAT_PORTS) &&
+	    bpf_l4_csum_replace(skb, ETH_HLEN + sizeof(*ip) + TCP_CSUM_OFF, 0, s->port_diff, 0))
+		return TC_ACT_SHOT;
+	data = (void *)(long)skb->data;
+	if (data + ETH_HLEN > (void *)(long)skb->data_end)
+		return TC_ACT_SHOT;
+	return express(skb, &s->w, data);
+}
+
+/* nat_express6 is nat_express4 for IPv6 (no extension headers). */
+static __always_inline int nat_express6(struct __sk_buff *skb, struct settings *cfg)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip6 = data + ETH_HLEN;
+	__be16 *ports = (void *)(ip6 + 1);
+	__u8 *l4 = (void *)ports;
+	struct nat_slot6 *s;
+	__u32 pw, h, i, *v;
+
+	if (!(cfg->flags & SETTINGS_NAT_CARRY))
+		return EXPRESS_MISS;
+	if ((void *)(l4 + TCP_CSUM_OFF + 2) > end || ip6->nexthdr != IPPROTO_TCP ||
+	    (l4[TCP_FLAGS_OFF] & (TCP_SYN | TCP_FIN | TCP_RST)))
+		return EXPRESS_MISS;
+	pw = *(__u32 *)ports;
+	h = nat_hash6((__u8 *)&ip6->saddr, (__u8 *)&ip6->daddr, pw);
+	i = h & slot_mask;
+	if (!(s = bpf_map_lookup_elem(&nat_slots6, &i)) || *(__u32 *)&s->sport != pw ||
+	    s->ingress != skb->ingress_ifindex || !same_addr(s->saddr, (__u8 *)&ip6->saddr) ||
+	    !same_addr(s->daddr, (__u8 *)&ip6->daddr))
+		return EXPRESS_MISS;
+	/* payload_len 0: a BIG TCP packet, whose length is the buffer's */
+	if (ip6->hop_limit <= 1 ||
+	    !slot_holds(skb, cfg, &s->w, ip6->payload_len ? sizeof(*ip6) + bpf_ntohs(ip6->payload_len) : 0))
+		return EXPRESS_MISS;
+	if (!(v = nat_void(h)) || *v != s->voided)
+		return EXPRESS_MISS;
+	/* as translate() and hop() do */
+	__builtin_memcpy(&ip6->saddr, s->nsaddr, 16);
+	__builtin_memcpy(&ip6->daddr, s->ndaddr, 16);
+	ports[0] = s->nsport;
+	ports[1] = s->ndport;
+	ip6->hop_limit--;
+	if ((s->changes & NAT_ADDRS) &&
+	    bpf_l4_csum_replace(skb, ETH_HLEN + sizeof(*ip6) + TCP_CSUM_OFF, 0, s->addr_diff, BPF_F_PSEUDO_HDR))
+		return TC_ACT_SHOT; /* half rewritten: cannot be handed on */
+	if ((s->changes & NAT_PORTS) &&
+	    bpf_l4_csum_replace(skb, ETH_HLEN + sizeof(*ip6) + TCP_CSUM_OFF, 0, s->port_diff, 0))
+		return TC_ACT_SHOT;
+	data = (void *)(long)skb->data;
+	if (data + ETH_HLEN > (void *)(long)skb->data_end)
+		return TC_ACT_SHOT;
+	return express(skb, &s->w, data);
+}
+
 static __always_inline int express6(struct __sk_buff *skb, struct settings *cfg)
 {
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
@@ -1567,12 +1860,12 @@ int hostaccel_fp(struct __sk_buff *skb)
 	if (!cfg->classes)
 		return PASS;
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
-		if ((ret = express4(skb, cfg)) != EXPRESS_MISS)
+		if ((ret = express4(skb, cfg)) != EXPRESS_MISS || (ret = nat_express4(skb, cfg)) != EXPRESS_MISS)
 			return ret;
 		return forward4(skb, cfg);
 	}
 	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
-		if ((ret = express6(skb, cfg)) != EXPRESS_MISS)
+		if ((ret = express6(skb, cfg)) != EXPRESS_MISS || (ret = nat_express6(skb, cfg)) != EXPRESS_MISS)
 			return ret;
 		return forward6(skb, cfg);
 	}
