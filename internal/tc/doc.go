@@ -148,7 +148,7 @@
 // in STAT_NAT_EXPRESS (then again for those moved into a Pod's namespace); the agent adds them
 // to nat-carried, to express, and to peer. Kernel memory: 88 (IPv4) and 136 (IPv6) bytes per
 // slot and CPU, in the same 32 MiB budget as the pairs' slots (4,096 slots per CPU up to 22
-// CPUs), and 256 KiB for nat_voids. Measured: docs/benchmarks/2026-11-27-*-nat-express.md.
+// CPUs), and 256 KiB for nat_voids. Measured: docs/benchmarks/2026-11-27-abd5b1b-nat-express.md.
 //
 // "Pass" is TC_ACT_UNSPEC, not TC_ACT_OK: the next tcx program or tc filter still runs (with
 // tcx, TC_ACT_OK would skip them), then the stack.
