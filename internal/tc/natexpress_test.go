@@ -5,6 +5,8 @@ import (
 	"math"
 	"net/netip"
 	"testing"
+
+	"github.com/cilium/ebpf"
 )
 
 const (
@@ -137,33 +139,32 @@ func (p *progEnv) putNATSlot(s natSlot) {
 		changes |= 2 // NAT_PORTS
 		portDiff = fold32(uint64(^old) + uint64(new))
 	}
-	stat := uint16(numStats + len(Supported)*4) // STAT_NAT_EXPRESS
+	w := fastpathNatSlot4{}.W // the way, of the same type in both slots
+	w.Until, w.Generation, w.Ifindex, w.Mtu, w.Dmac, w.Smac = s.until, s.gen, lo, s.mtu, nhDstMAC, nhSrcMAC
+	w.Stat = uint16(numStats + len(Supported)*4) // STAT_NAT_EXPRESS
 	idx := natHash(s.from, s.to) & (p.set.maps.NatSlots4.MaxEntries() - 1)
 	if s.from.Addr().Is4() {
-		v := fastpathNatSlot4{
+		putPerCPU(p, p.set.maps.NatSlots4, idx, fastpathNatSlot4{
 			Saddr: le32(s.from.Addr().AsSlice()), Daddr: le32(s.to.Addr().AsSlice()), Sport: htons(s.from.Port()), Dport: htons(s.to.Port()), Ingress: s.ingress,
 			Nsaddr: le32(s.nfrom.Addr().AsSlice()), Ndaddr: le32(s.nto.Addr().AsSlice()), Nsport: htons(s.nfrom.Port()), Ndport: htons(s.nto.Port()),
-			AddrDiff: addrDiff, PortDiff: portDiff, Voided: s.voided, Changes: changes,
-		}
-		v.W.Until, v.W.Generation, v.W.Ifindex, v.W.Mtu, v.W.Stat, v.W.Dmac, v.W.Smac = s.until, s.gen, lo, s.mtu, stat, nhDstMAC, nhSrcMAC
-		all := make([]fastpathNatSlot4, p.cpus())
-		for i := range all {
-			all[i] = v
-		}
-		p.must(p.set.maps.NatSlots4.Put(idx, all))
+			AddrDiff: addrDiff, PortDiff: portDiff, Voided: s.voided, Changes: changes, W: w,
+		})
 		return
 	}
-	v := fastpathNatSlot6{
+	putPerCPU(p, p.set.maps.NatSlots6, idx, fastpathNatSlot6{
 		Saddr: s.from.Addr().As16(), Daddr: s.to.Addr().As16(), Sport: htons(s.from.Port()), Dport: htons(s.to.Port()), Ingress: s.ingress,
 		Nsaddr: s.nfrom.Addr().As16(), Ndaddr: s.nto.Addr().As16(), Nsport: htons(s.nfrom.Port()), Ndport: htons(s.nto.Port()),
-		AddrDiff: addrDiff, PortDiff: portDiff, Voided: s.voided, Changes: changes,
-	}
-	v.W.Until, v.W.Generation, v.W.Ifindex, v.W.Mtu, v.W.Stat, v.W.Dmac, v.W.Smac = s.until, s.gen, lo, s.mtu, stat, nhDstMAC, nhSrcMAC
-	all := make([]fastpathNatSlot6, p.cpus())
+		AddrDiff: addrDiff, PortDiff: portDiff, Voided: s.voided, Changes: changes, W: w,
+	})
+}
+
+// putPerCPU writes v as every CPU's value of key k in per-CPU map m.
+func putPerCPU[T any](p *progEnv, m *ebpf.Map, k uint32, v T) {
+	all := make([]T, p.cpus())
 	for i := range all {
 		all[i] = v
 	}
-	p.must(p.set.maps.NatSlots6.Put(idx, all))
+	p.must(m.Put(k, all))
 }
 
 // TestProgramNATExpress: a carried flow's packets whose NAT slot holds (filled here as the

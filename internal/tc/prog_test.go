@@ -701,6 +701,20 @@ func BenchmarkProgram(b *testing.B) {
 		}()
 		run(b, p.set.prog, frame(remote, pod, 255), actRedirect)
 	})
+	// A carried flow's packet by the NAT express lane (a ClusterIP's DNAT: the destination's
+	// address and port rewritten, both checksums updated): the flow's slot, and the reverse
+	// translation's for the frame the run before rewrote (the runs share the frame).
+	b.Run("nat-express", func(b *testing.B) {
+		p.cfg.Flags |= settingsNATCarry
+		p.bump()
+		defer func() { p.cfg.Flags &^= settingsNATCarry; p.bump() }()
+		client, vip := netip.AddrPortFrom(pod, 40000), netip.MustParseAddrPort("10.96.0.10:80")
+		backend := netip.AddrPortFrom(remote, 8080)
+		for _, s := range [][2]netip.AddrPort{{vip, backend}, {backend, vip}} {
+			p.putNATSlot(natSlot{from: client, to: s[0], nfrom: client, nto: s[1], gen: p.cfg.Generation, mtu: 1500, ingress: lo, until: math.MaxUint64})
+		}
+		run(b, p.set.prog, tcpFrame(client, vip, 255, tcpACK), actRedirect)
+	})
 	// The least a redirect costs: the MACs written, bpf_redirect_peer (as the bench's tc-floor).
 	b.Run("floor", func(b *testing.B) {
 		floor, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL",

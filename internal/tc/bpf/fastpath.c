@@ -1714,6 +1714,24 @@ static __always_inline int express4(struct __sk_buff *skb, struct settings *cfg)
 	return express(skb, &s->w, data);
 }
 
+/* nat_send finishes a packet of the NAT express lane whose addresses, ports and hops its slot
+ * rewrote: TCP's checksum (at l4) by the slot's changes, as translate() does, then the slot's
+ * way w. */
+static __always_inline int nat_send(struct __sk_buff *skb, struct slot_way *w, __u8 changes, __u32 addr_diff,
+				    __u32 port_diff, __u32 l4)
+{
+	void *data;
+
+	if ((changes & NAT_ADDRS) && bpf_l4_csum_replace(skb, l4 + TCP_CSUM_OFF, 0, addr_diff, BPF_F_PSEUDO_HDR))
+		return TC_ACT_SHOT; /* half rewritten: cannot be handed on */
+	if ((changes & NAT_PORTS) && bpf_l4_csum_replace(skb, l4 + TCP_CSUM_OFF, 0, port_diff, 0))
+		return TC_ACT_SHOT;
+	data = (void *)(long)skb->data;
+	if (data + ETH_HLEN > (void *)(long)skb->data_end)
+		return TC_ACT_SHOT;
+	return express(skb, w, data);
+}
+
 /* nat_express4 translates and sends an IPv4 packet of a carried flow as its NAT slot says
  * (struct nat_slot4), or misses untouched. */
 static __always_inline int nat_express4(struct __sk_buff *skb, struct settings *cfg)
@@ -1752,16 +1770,7 @@ static __always_inline int nat_express4(struct __sk_buff *skb, struct settings *
 		ip->check = (__u16)~fold16(sum);
 	}
 	hop4(ip);
-	if ((s->changes & NAT_ADDRS) &&
-	    bpf_l4_csum_replace(skb, ETH_HLEN + sizeof(*ip) + TCP_CSUM_OFF, 0, s->addr_diff, BPF_F_PSEUDO_HDR))
-		return TC_ACT_SHOT; /* half rewritten: cannot be handed on */
-	if ((s->changes & NAT_PORTS) &&
-	    bpf_l4_csum_replace(skb, ETH_HLEN + sizeof(*ip) + TCP_CSUM_OFF, 0, s->port_diff, 0))
-		return TC_ACT_SHOT;
-	data = (void *)(long)skb->data;
-	if (data + ETH_HLEN > (void *)(long)skb->data_end)
-		return TC_ACT_SHOT;
-	return express(skb, &s->w, data);
+	return nat_send(skb, &s->w, s->changes, s->addr_diff, s->port_diff, ETH_HLEN + sizeof(*ip));
 }
 
 /* nat_express6 is nat_express4 for IPv6 (no extension headers). */
@@ -1798,16 +1807,7 @@ static __always_inline int nat_express6(struct __sk_buff *skb, struct settings *
 	ports[0] = s->nsport;
 	ports[1] = s->ndport;
 	ip6->hop_limit--;
-	if ((s->changes & NAT_ADDRS) &&
-	    bpf_l4_csum_replace(skb, ETH_HLEN + sizeof(*ip6) + TCP_CSUM_OFF, 0, s->addr_diff, BPF_F_PSEUDO_HDR))
-		return TC_ACT_SHOT; /* half rewritten: cannot be handed on */
-	if ((s->changes & NAT_PORTS) &&
-	    bpf_l4_csum_replace(skb, ETH_HLEN + sizeof(*ip6) + TCP_CSUM_OFF, 0, s->port_diff, 0))
-		return TC_ACT_SHOT;
-	data = (void *)(long)skb->data;
-	if (data + ETH_HLEN > (void *)(long)skb->data_end)
-		return TC_ACT_SHOT;
-	return express(skb, &s->w, data);
+	return nat_send(skb, &s->w, s->changes, s->addr_diff, s->port_diff, ETH_HLEN + sizeof(*ip6));
 }
 
 static __always_inline int express6(struct __sk_buff *skb, struct settings *cfg)
