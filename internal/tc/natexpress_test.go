@@ -123,6 +123,7 @@ type natSlot struct {
 	gen, mtu, ingress    uint32
 	until                uint64
 	voided               uint32
+	peer                 bool // into a Pod's namespace (bpf_redirect_peer)
 }
 
 // put writes s into every CPU's slot of its flow.
@@ -142,6 +143,10 @@ func (p *progEnv) putNATSlot(s natSlot) {
 	w := fastpathNatSlot4{}.W // the way, of the same type in both slots
 	w.Until, w.Generation, w.Ifindex, w.Mtu, w.Dmac, w.Smac = s.until, s.gen, lo, s.mtu, nhDstMAC, nhSrcMAC
 	w.Stat = uint16(numStats + len(Supported)*4) // STAT_NAT_EXPRESS
+	if s.peer {
+		w.Stat++
+		w.Flags = 1 // SLOT_PEER
+	}
 	idx := natHash(s.from, s.to) & (p.set.maps.NatSlots4.MaxEntries() - 1)
 	if s.from.Addr().Is4() {
 		putPerCPU(p, p.set.maps.NatSlots4, idx, fastpathNatSlot4{
@@ -203,12 +208,26 @@ func natExpress(t *testing.T, p *progEnv, client, vip, backend netip.AddrPort) {
 		hdr, ttlAt, srcAt, dstAt = 40, 7, 8, 24
 	}
 	addr := func(b []byte) netip.Addr { a, _ := netip.AddrFromSlice(b); return a }
-	p.putNATSlot(holding())
-
+	// into a Pod's namespace: counted as peer too
+	peer := holding()
+	peer.peer = true
+	p.putNATSlot(peer)
 	before := p.counters()
+	if ret, _ := p.run(tcpFrame(client, vip, 64, tcpACK)); ret != actRedirect {
+		t.Errorf("by its NAT slot, to a Pod's namespace: return %d, want TC_ACT_REDIRECT", int32(ret))
+	}
+	after := p.counters()
+	for _, c := range []string{ViaNATCarried, ViaExpress, ViaPeer} {
+		if d := after[stat(c)].Packets - before[stat(c)].Packets; d != 1 {
+			t.Errorf("by its NAT slot, to a Pod's namespace: via %s +%d, want +1", c, d)
+		}
+	}
+
+	p.putNATSlot(holding())
+	before = p.counters()
 	in := tcpFrame(client, vip, 64, tcpACK)
 	ret, out := p.run(in)
-	after := p.counters()
+	after = p.counters()
 	if ret != actRedirect {
 		t.Fatalf("by its NAT slot: return %d, want TC_ACT_REDIRECT", int32(ret))
 	}

@@ -74,7 +74,8 @@ func loadSet(withConntrack bool) (*progSet, error) {
 // slotsFor is slotsPerCPU (tests make it smaller).
 var slotsFor = slotsPerCPU
 
-// slotBudget bounds the express lane's slots over all CPUs (both families).
+// slotBudget bounds the express lanes' slots over all CPUs (the pairs' and the NAT lane's, both
+// families: four maps).
 const slotBudget = 32 << 20
 
 // slotsPerCPU is the express lanes' slots per CPU for a machine of cpus (possible) CPUs: 4,096
