@@ -1404,6 +1404,18 @@ static __always_inline bool nat_way(struct slot_way *w, struct settings *cfg, st
 	return true;
 }
 
+/* NAT_SLOT_CHANGES sets what a NAT slot s (either family's) keeps of carried flow n besides its
+ * addresses: the ports, the checksums' changes, and the flow's nat_voids word. */
+#define NAT_SLOT_CHANGES(s, n, voids)              \
+	do {                                       \
+		(s)->nsport = (n)->sport;          \
+		(s)->ndport = (n)->dport;          \
+		(s)->addr_diff = (n)->addr_diff;   \
+		(s)->port_diff = (n)->port_diff;   \
+		(s)->changes = (n)->changes;       \
+		(s)->voided = (voids);             \
+	} while (0)
+
 /* fill_nat_slot puts carried flow f, translated and sent as n says (by its kept answer), in
  * this CPU's NAT express lane. */
 static __always_inline void fill_nat_slot(struct __sk_buff *skb, struct settings *cfg, struct flow *f,
@@ -1427,12 +1439,7 @@ static __always_inline void fill_nat_slot(struct __sk_buff *skb, struct settings
 		s6->ingress = skb->ingress_ifindex;
 		__builtin_memcpy(s6->nsaddr, n->saddr, 16);
 		__builtin_memcpy(s6->ndaddr, n->daddr, 16);
-		s6->nsport = n->sport;
-		s6->ndport = n->dport;
-		s6->addr_diff = n->addr_diff;
-		s6->port_diff = n->port_diff;
-		s6->changes = n->changes;
-		s6->voided = *v;
+		NAT_SLOT_CHANGES(s6, n, *v);
 		return;
 	}
 	__builtin_memcpy(&saddr, f->src.addr, 4);
@@ -1448,12 +1455,7 @@ static __always_inline void fill_nat_slot(struct __sk_buff *skb, struct settings
 	s4->ingress = skb->ingress_ifindex;
 	__builtin_memcpy(&s4->nsaddr, n->saddr, 4);
 	__builtin_memcpy(&s4->ndaddr, n->daddr, 4);
-	s4->nsport = n->sport;
-	s4->ndport = n->dport;
-	s4->addr_diff = n->addr_diff;
-	s4->port_diff = n->port_diff;
-	s4->changes = n->changes;
-	s4->voided = *v;
+	NAT_SLOT_CHANGES(s4, n, *v);
 }
 
 /* unslot voids the NAT express lane's slots of a TCP packet's flow f (on every CPU) if the
