@@ -1416,21 +1416,34 @@ static __always_inline bool nat_way(struct slot_way *w, struct settings *cfg, st
 		(s)->voided = (voids);             \
 	} while (0)
 
+/* flow_nat_hash is nat_hash4 / nat_hash6 of flow f, from the addresses and ports it was
+ * built from (the packet's, as it arrived). */
+static __always_inline __u32 flow_nat_hash(struct flow *f)
+{
+	__be16 p[2] = {f->src.port, f->dst.port};
+	__u32 ports, a, b;
+
+	__builtin_memcpy(&ports, p, 4);
+	if (f->v6)
+		return nat_hash6(f->src.addr, f->dst.addr, ports);
+	__builtin_memcpy(&a, f->src.addr, 4);
+	__builtin_memcpy(&b, f->dst.addr, 4);
+	return nat_hash4(a, b, ports);
+}
+
 /* fill_nat_slot puts carried flow f, translated and sent as n says (by its kept answer), in
  * this CPU's NAT express lane. */
 static __always_inline void fill_nat_slot(struct __sk_buff *skb, struct settings *cfg, struct flow *f,
 					  struct nat_flow *n)
 {
-	__be16 p[2] = {f->src.port, f->dst.port};
-	__u32 saddr, daddr, ports, h, i, *v;
+	__u32 h = flow_nat_hash(f), i = h & slot_mask, *v;
 	struct nat_slot4 *s4;
 	struct nat_slot6 *s6;
 
-	__builtin_memcpy(&ports, p, 4);
+	if (!(v = nat_void(h)))
+		return;
 	if (f->v6) {
-		h = nat_hash6(f->src.addr, f->dst.addr, ports);
-		i = h & slot_mask;
-		if (!(v = nat_void(h)) || !(s6 = bpf_map_lookup_elem(&nat_slots6, &i)) || !nat_way(&s6->w, cfg, f, n))
+		if (!(s6 = bpf_map_lookup_elem(&nat_slots6, &i)) || !nat_way(&s6->w, cfg, f, n))
 			return;
 		__builtin_memcpy(s6->saddr, f->src.addr, 16);
 		__builtin_memcpy(s6->daddr, f->dst.addr, 16);
@@ -1442,14 +1455,10 @@ static __always_inline void fill_nat_slot(struct __sk_buff *skb, struct settings
 		NAT_SLOT_CHANGES(s6, n, *v);
 		return;
 	}
-	__builtin_memcpy(&saddr, f->src.addr, 4);
-	__builtin_memcpy(&daddr, f->dst.addr, 4);
-	h = nat_hash4(saddr, daddr, ports);
-	i = h & slot_mask;
-	if (!(v = nat_void(h)) || !(s4 = bpf_map_lookup_elem(&nat_slots4, &i)) || !nat_way(&s4->w, cfg, f, n))
+	if (!(s4 = bpf_map_lookup_elem(&nat_slots4, &i)) || !nat_way(&s4->w, cfg, f, n))
 		return;
-	s4->saddr = saddr;
-	s4->daddr = daddr;
+	__builtin_memcpy(&s4->saddr, f->src.addr, 4);
+	__builtin_memcpy(&s4->daddr, f->dst.addr, 4);
 	s4->sport = f->src.port;
 	s4->dport = f->dst.port;
 	s4->ingress = skb->ingress_ifindex;
@@ -1463,15 +1472,9 @@ static __always_inline void fill_nat_slot(struct __sk_buff *skb, struct settings
  * follow ask it again (as carried() does). */
 static __always_inline void unslot(struct flow *f)
 {
-	__be16 p[2] = {f->src.port, f->dst.port};
-	__u32 ports, a, b, *v;
+	__u32 *v;
 
-	if (!(f->tcpflags & (TCP_SYN | TCP_FIN | TCP_RST)))
-		return;
-	__builtin_memcpy(&ports, p, 4);
-	__builtin_memcpy(&a, f->src.addr, 4);
-	__builtin_memcpy(&b, f->dst.addr, 4);
-	if ((v = nat_void(f->v6 ? nat_hash6(f->src.addr, f->dst.addr, ports) : nat_hash4(a, b, ports))))
+	if ((f->tcpflags & (TCP_SYN | TCP_FIN | TCP_RST)) && (v = nat_void(flow_nat_hash(f))))
 		__sync_fetch_and_add(v, 1);
 }
 
