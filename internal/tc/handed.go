@@ -121,15 +121,27 @@ const handedMarks = 1 << 18
 // handedSlot is handed_mark() of bpf/fastpath.c (mark_hash): the index of e's mark in
 // handed_marks.
 func handedSlot(e fastpathEndpoint) uint32 {
-	var addr uint32
-	for i := 0; i < 16; i += 4 {
-		addr ^= binary.LittleEndian.Uint32(e.Addr[i:])
-	}
+	return progHash(foldAddr(e.Addr), uint32(e.Port)|uint32(e.Proto)<<16) & (handedMarks - 1)
+}
+
+// progHash is the program's hash of words (bpf/fastpath.c: from HASH_SEED, hash_step per
+// word, then hash_end), each word as the program loads it on a little-endian machine.
+func progHash(words ...uint32) uint32 {
 	h := uint32(0x9e3779b9)
-	h = (h ^ addr) * 0x01000193
-	h = (h ^ (uint32(e.Port) | uint32(e.Proto)<<16)) * 0x01000193
-	h ^= h >> 15
-	return h & (handedMarks - 1)
+	for _, w := range words {
+		h = (h ^ w) * 0x01000193
+	}
+	return h ^ h>>15
+}
+
+// foldAddr is an address as the program folds it to one word: its four words XOR-ed (an IPv4
+// address, in the first four bytes, is its first word).
+func foldAddr(a [16]byte) uint32 {
+	var w uint32
+	for i := 0; i < 16; i += 4 {
+		w ^= binary.LittleEndian.Uint32(a[i:])
+	}
+	return w
 }
 
 // handedSample is how many marks handedFill reads: the first 1/64 of them (the hash spreads

@@ -66,26 +66,19 @@ func tcpChecksum(ip, tcp []byte) uint16 {
 }
 
 // natHash is nat_hash4() / nat_hash6() of bpf/fastpath.c: the hash of a TCP flow as the packet
-// holds it (the words as the program loads them on a little-endian machine; an IPv6 address
-// folded to one word).
+// holds it (an IPv6 address folded to one word).
 func natHash(src, dst netip.AddrPort) uint32 {
 	var ports [4]byte
 	binary.BigEndian.PutUint16(ports[0:], src.Port())
 	binary.BigEndian.PutUint16(ports[2:], dst.Port())
-	h := uint32(0x9e3779b9)
-	for _, w := range []uint32{folded(src.Addr()), folded(dst.Addr()), le32(ports[:])} {
-		h = (h ^ w) * 0x01000193
-	}
-	return h ^ h>>15
+	return progHash(folded(src.Addr()), folded(dst.Addr()), le32(ports[:]))
 }
 
+// folded is foldAddr of a as the program holds it (an IPv4 address in the first four bytes).
 func folded(a netip.Addr) uint32 {
-	var w uint32
-	b := a.AsSlice()
-	for i := 0; i < len(b); i += 4 {
-		w ^= le32(b[i:])
-	}
-	return w
+	var b [16]byte
+	copy(b[:], a.AsSlice())
+	return foldAddr(b)
 }
 
 func le32(b []byte) uint32 { return binary.LittleEndian.Uint32(b) }
