@@ -161,19 +161,27 @@ func (c *kernelCache) leaveUnread(t *Table, chains []string) {
 		}
 	}
 	var unknown []string
-	isUnknown := map[string]bool{}
 	for _, ch := range chains {
 		if !c.recall(ref, ch, rules[ch]) {
 			unknown = append(unknown, ch)
-			isUnknown[ch] = true
 		}
 	}
+	isUnknown := nameSet(unknown)
 	for k := range c.exprs {
 		if k.table == ref && isUnknown[k.chain] {
 			delete(c.exprs, k)
 		}
 	}
 	c.markUnread(ref, unknown...)
+}
+
+// nameSet is the set of names.
+func nameSet(names []string) map[string]bool {
+	set := make(map[string]bool, len(names))
+	for _, n := range names {
+		set[n] = true
+	}
+	return set
 }
 
 // markUnread adds chains to ref's unread ones, each once.
@@ -184,10 +192,7 @@ func (c *kernelCache) markUnread(ref TableRef, chains ...string) {
 	if c.unread == nil {
 		c.unread = map[TableRef][]string{}
 	}
-	have := make(map[string]bool, len(c.unread[ref])+len(chains))
-	for _, ch := range c.unread[ref] {
-		have[ch] = true
-	}
+	have := nameSet(c.unread[ref])
 	for _, ch := range chains {
 		if !have[ch] {
 			have[ch] = true
@@ -231,10 +236,7 @@ func (c *kernelCache) recall(ref TableRef, chain string, rules []*knftables.Rule
 
 // readRules remembers the expressions of the rules of kt's chains (all, or those named).
 func (c *kernelCache) readRules(ref TableRef, kt *kernelTable, chains ...string) {
-	only := make(map[string]bool, len(chains))
-	for _, c := range chains {
-		only[c] = true
-	}
+	only := nameSet(chains)
 	if c.unread == nil {
 		c.unread = map[TableRef][]string{}
 	}

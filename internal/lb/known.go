@@ -308,11 +308,7 @@ func (f *knownFile) cache() kernelCache {
 			kt.Counters[name] = Counter{Comment: cm}
 		}
 		for name, vals := range t.Allowed {
-			a := make(map[string]bool, len(vals))
-			for _, v := range vals {
-				a[v] = true
-			}
-			c.allowed[mapKey{ref, name}] = a
+			c.allowed[mapKey{ref, name}] = nameSet(vals)
 		}
 		for _, e := range t.Exprs {
 			c.exprs[ruleKey{ref, e[0], e[1]}] = e[2]

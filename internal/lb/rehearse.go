@@ -78,10 +78,7 @@ type rehearsalScript struct {
 // chain, no rule naming a device), their rules and what those name, in an empty ruleset;
 // false when none can, or too many for a rehearsal to cost less than a listing.
 func rehearsal(t *Table, chains []string) (rehearsalScript, bool) {
-	want := make(map[string]bool, len(chains))
-	for _, c := range chains {
-		want[c] = true
-	}
+	want := nameSet(chains)
 	byName := make(map[string]*knftables.Chain, len(chains))
 	for _, c := range t.Chains {
 		if want[c.Name] && c.Hook == nil {

@@ -115,10 +115,7 @@ func (c *kernelCache) texts(ref TableRef, chains []string) map[ruleKey]string {
 	if t == nil {
 		return nil
 	}
-	want := make(map[string]bool, len(chains))
-	for _, ch := range chains {
-		want[ch] = true
-	}
+	want := nameSet(chains)
 	texts := map[ruleKey]string{}
 	for _, rl := range t.Rules {
 		if rl.Comment != nil && want[rl.Chain] {
