@@ -20,9 +20,10 @@ import (
 //
 // So after each sync, idleGC compares the heap's room under its goal with what was allocated
 // from one sync's end to the next (the most of the last times, decaying: the Kubernetes
-// source's derivation between two syncs counts with the sync it leads to). When the room is under two syncs' worth plus an
-// eighth of the goal (the runtime starts a cycle before the goal), it starts the cycle now,
-// on a goroutine of its own, while the agent waits for the next event. Collections happen about
+// source's derivation between two syncs counts with the sync it leads to). When the room is
+// under two syncs' worth plus an eighth of the goal (the runtime starts a cycle before the
+// goal), it starts the cycle now, on a goroutine of its own, while the agent waits for the
+// next event. Collections happen about
 // as often as before, a sync or two earlier, and no longer inside the sync that crossed the
 // goal. GOGC and GOMEMLIMIT keep their meaning: they set the goal this reads.
 type idleGC struct {
