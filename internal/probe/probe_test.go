@@ -189,6 +189,36 @@ func TestRunHost(t *testing.T) {
 	}
 }
 
+// ForTC agrees with Run on every feature it reports. Where the kernel has tcx, it does not
+// try cls_bpf and flower in a throwaway namespace (the tc datapath attaches with tcx there);
+// where it has not, it tries them as Run does.
+func TestForTCAgreesWithRun(t *testing.T) {
+	testbed.RequireRoot(t)
+	all := Run(context.Background())
+	start := time.Now()
+	r := ForTC(context.Background())
+	t.Logf("ForTC took %v", time.Since(start))
+	for _, f := range r.Features {
+		if run := all.Get(f.Name); run.Available != f.Available {
+			t.Errorf("%s: ForTC says available=%v (%s), Run %v (%s)", f.Name, f.Available, f.Detail, run.Available, run.Detail)
+		}
+	}
+	for _, name := range []string{TCX, RedirectNeigh, RedirectPeer, ConntrackKfuncs} {
+		if r.Get(name).Detail == "not probed" {
+			t.Errorf("ForTC did not probe %s", name)
+		}
+	}
+	for _, name := range []string{ClsBPF, ClsFlower} {
+		probed := r.Get(name).Detail != "not probed"
+		if all.Has(TCX) && probed {
+			t.Errorf("the kernel has tcx, yet ForTC tried %s", name)
+		}
+		if !all.Has(TCX) && !probed {
+			t.Errorf("the kernel lacks tcx, yet ForTC did not try %s", name)
+		}
+	}
+}
+
 func TestAllListsWhatRunProbes(t *testing.T) {
 	r := Run(context.Background())
 	if len(r.Features) != len(All) {

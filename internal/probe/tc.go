@@ -94,6 +94,14 @@ func probeTCHere() []Feature {
 	return append(fs, feature(TCX, err, hintTCX))
 }
 
+// tcxQuery asks the kernel for the tcx programs of the loopback device (ifindex 1 in every
+// network namespace): kernels without tcx reject the attach type, and a process without
+// CAP_NET_ADMIN is refused.
+func tcxQuery() error {
+	_, err := link.QueryPrograms(link.QueryOptions{Target: 1, Attach: ebpf.AttachTCXIngress})
+	return err
+}
+
 // loadTrivialProgram loads a SchedCLS program that returns TC_ACT_OK.
 func loadTrivialProgram() (*ebpf.Program, error) {
 	removeMemlock()
