@@ -460,3 +460,28 @@ func overlaps(errs *Errors, a, b []field, within bool) {
 		*errs = append(*errs, fmt.Errorf("%s: %s overlaps %s %s", x.name(), x.p, y.name(), y.p))
 	}
 }
+
+// PeekDatapath returns the datapath a config names on a top-level line of its own
+// (`datapath: tc`, a comment may follow), without parsing the rest: a one-shot `apply`
+// starts the kernel's probe for it while the config is parsed (at 10,000 peer CIDRs the
+// parse is ~8 ms, the probe 20-50 ms at any size). "" when no such line names one, or two
+// lines do (a flow-style or JSON config, a key quoted): the caller then waits for Parse,
+// whose answer is the one that counts.
+func PeekDatapath(b []byte) string {
+	found := ""
+	for line := range bytes.Lines(b) {
+		rest, ok := bytes.CutPrefix(line, []byte("datapath:"))
+		if !ok {
+			continue
+		}
+		if i := bytes.IndexByte(rest, '#'); i >= 0 {
+			rest = rest[:i]
+		}
+		v := string(bytes.TrimSpace(rest))
+		if found != "" || !slices.Contains([]string{model.DatapathFlowtable, model.DatapathTC, model.DatapathSockmap, model.DatapathAuto, model.DatapathNone}, v) {
+			return ""
+		}
+		found = v
+	}
+	return found
+}

@@ -347,3 +347,50 @@ func TestParseJSONAsParse(t *testing.T) {
 		}
 	}
 }
+
+// PeekDatapath names the datapath of a top-level `datapath:` line alone; anything it cannot
+// tell for sure is "", and what it names is what Parse decides.
+func TestPeekDatapath(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"datapath: tc\nnode: {}\n", "tc"},
+		{"node:\n  gateways: [gw]\ndatapath:   none   # a comment\n", "none"},
+		{"datapath: auto\r\n", "auto"},
+		{"node: {}\n", ""},                     // the default is Parse's to say
+		{"{datapath: tc}\n", ""},               // flow style
+		{`{"datapath": "tc"}`, ""},             // JSON
+		{"datapath: \"tc\"\n", ""},             // quoted
+		{"datapath: tc\ndatapath: none\n", ""}, // twice: Parse refuses it
+		{"datapath: bogus\n", ""},              // not a datapath
+		{"node:\n  datapath: tc\n", ""},        // not top-level
+		{"description: |\n  datapath: tc\ndatapath: none\n", "none"},
+	} {
+		if got := PeekDatapath([]byte(c.in)); got != c.want {
+			t.Errorf("PeekDatapath(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+	// Every example config: what it peeks is what it parses to.
+	files, _ := filepath.Glob("../../examples/*.yaml")
+	if len(files) == 0 {
+		t.Fatal("no example configs")
+	}
+	peeked := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := Parse(b)
+		if err != nil {
+			continue // not a node config (the Kubernetes examples, say)
+		}
+		if got := PeekDatapath(b); got != "" {
+			peeked++
+			if got != c.Datapath {
+				t.Errorf("%s: peeked %q, parsed %q", f, got, c.Datapath)
+			}
+		}
+	}
+	if peeked == 0 {
+		t.Error("no example config names its datapath on a line of its own")
+	}
+}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -9,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/hostaccel/hostaccel/internal/agent"
+	"github.com/hostaccel/hostaccel/internal/bpfobj"
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/probe"
 	"github.com/hostaccel/hostaccel/internal/tc"
@@ -20,6 +24,26 @@ func needTC(t *testing.T) {
 	t.Helper()
 	if !(caps.Has(probe.TCX) || caps.Has(probe.ClsBPF)) || !caps.Has(probe.RedirectNeigh) {
 		t.Skip("this kernel cannot run the tc datapath")
+	}
+}
+
+// deleteRemotePodCIDR deletes IPv4 prefix p from the prefix map of tc program id, as
+// someone else might (its key: the length, then the address; bpf/fastpath.c struct lpm4).
+func deleteRemotePodCIDR(t *testing.T, id ebpf.ProgramID, p netip.Prefix) {
+	t.Helper()
+	var m *ebpf.Map
+	prog, err := bpfobj.Open(id, "hostaccel_fp", map[string]**ebpf.Map{"addrs4": &m})
+	if prog == nil || err != nil {
+		t.Fatalf("program %d: %v", id, err)
+	}
+	prog.Close()
+	defer m.Close()
+	var k [8]byte
+	binary.NativeEndian.PutUint32(k[:4], uint32(p.Bits()))
+	a := p.Addr().As4()
+	copy(k[4:], a[:])
+	if err := m.Delete(k[:]); err != nil {
+		t.Fatalf("deleting %s: %v", p, err)
 	}
 }
 
@@ -126,6 +150,15 @@ func TestTCDatapathApply(t *testing.T) {
 	}
 	if out := mustHA(t, tp.Node.Name, "apply", "-f", cfg); !strings.Contains(out, "attached [], missing [], elements +0 ~0 -0") {
 		t.Errorf("second apply changed something: %s", out)
+	}
+	// An entry deleted behind its back: the next apply (which reads the kernel while it
+	// probes it) finds it missing and puts it back, and nothing else.
+	deleteRemotePodCIDR(t, st.TC.ProgramID, tp.V4.RemotePodCIDR)
+	if out := mustHA(t, tp.Node.Name, "apply", "-f", cfg); !strings.Contains(out, "attached [], missing [], elements +1 ~0 -0") {
+		t.Errorf("apply after an entry was deleted behind its back: %s", out)
+	}
+	if err := reachable(tp, tp.V4, 5104); err != nil {
+		t.Errorf("no traffic after the entry was put back: %v", err)
 	}
 
 	if out := mustHA(t, tp.Node.Name, "cleanup"); !strings.Contains(out, "the tc datapath") {
