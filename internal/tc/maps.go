@@ -60,38 +60,47 @@ func policy(s fastpathSettings) fastpathSettings {
 	return s
 }
 
+// flatPrefix is a prefix of a Desired with its roles: its own and those of every prefix
+// that contains it.
+type flatPrefix struct {
+	p     netip.Prefix
+	flags uint32
+}
+
 // flatten gives every prefix of d the roles of all the prefixes that contain it, so that the
 // program's one longest-prefix lookup per address answers every role (an excluded /32 inside
-// a local Pod CIDR is both). Prefixes are nested or disjoint: after sorting by address, then
-// length, a stack of the open prefixes holds exactly the ones containing the next. O(n log n).
-func flatten(d *Desired) map[netip.Prefix]uint32 {
+// a local Pod CIDR is both); a prefix in several sets is one entry with all their roles.
+// Prefixes are nested or disjoint: after sorting by address, then length, a stack of the open
+// prefixes holds exactly the ones containing the next. O(n log n), without maps (at 10,000
+// peer CIDRs two maps of them were a third of want's time, BenchmarkWant10k). The result is
+// sorted as model.SortPrefixes sorts.
+func flatten(d *Desired) []flatPrefix {
 	n := 0
 	for _, r := range addrRoles {
 		n += len(r.get(d))
 	}
-	own := make(map[netip.Prefix]uint32, n) // sized once (10,000 peer CIDRs)
+	in := make([]flatPrefix, 0, n)
 	for _, r := range addrRoles {
 		for _, p := range r.get(d) {
-			own[p] |= r.flag
+			in = append(in, flatPrefix{p, r.flag})
 		}
 	}
-	ps := make([]netip.Prefix, 0, len(own))
-	for p := range own {
-		ps = append(ps, p)
-	}
-	model.SortPrefixes(ps) // IPv4 first, then by address, then length
-	out := make(map[netip.Prefix]uint32, len(ps))
-	var open []netip.Prefix
-	for _, p := range ps {
-		for len(open) > 0 && !contains(open[len(open)-1], p) {
+	out := make([]flatPrefix, 0, n)
+	var open []int // indexes in out of the prefixes that contain the next one
+	for _, i := range model.SortedOrder(len(in), func(i int) netip.Prefix { return in[i].p }) {
+		e := in[i]
+		if k := len(out) - 1; k >= 0 && out[k].p == e.p {
+			out[k].flags |= e.flags // the same prefix again: nothing nested in it came yet
+			continue
+		}
+		for len(open) > 0 && !contains(out[open[len(open)-1]].p, e.p) {
 			open = open[:len(open)-1]
 		}
-		f := own[p]
 		if len(open) > 0 {
-			f |= out[open[len(open)-1]]
+			e.flags |= out[open[len(open)-1]].flags
 		}
-		out[p] = f
-		open = append(open, p)
+		out = append(out, e)
+		open = append(open, len(out)-1)
 	}
 	return out
 }
@@ -149,14 +158,14 @@ func want(d *Desired, n netState) (contents, []string) {
 	routes := indexRoutes(n.routes)
 	flat := flatten(d)
 	c.addrs = make(map[netip.Prefix]fastpathAddr, len(flat)) // (plus the gateways' own addresses, below)
-	for p, f := range flat {
+	for _, fp := range flat {
 		var e uint32
-		if f&(addrLocalPod|addrPeerPod|addrPeerNode) != 0 {
-			if e = routes.egress(p); c.ifaces[e] == (fastpathIface{}) {
+		if fp.flags&(addrLocalPod|addrPeerPod|addrPeerNode) != 0 {
+			if e = routes.egress(fp.p); c.ifaces[e] == (fastpathIface{}) {
 				e = 0 // not one of our devices
 			}
 		}
-		c.addrs[p] = fastpathAddr{Flags: f, Egress: e}
+		c.addrs[fp.p] = fastpathAddr{Flags: fp.flags, Egress: e}
 	}
 	// The node's own addresses on its gateways lie inside the local Pod CIDRs: they get a
 	// host entry with addrNode on top of the roles of the prefixes around them, so that the

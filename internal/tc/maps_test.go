@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
@@ -106,7 +107,17 @@ func TestFlatten(t *testing.T) {
 		PeerNode: []netip.Prefix{p("10.0.5.5/32"), p("10.2.0.1/32")},
 		Exclude:  []netip.Prefix{p("10.0.5.0/24"), p("10.1.0.0/16"), p("0.0.0.0/0"), p("fd00::1/128")},
 	}
-	got := flatten(d)
+	flat := flatten(d)
+	got := map[netip.Prefix]uint32{}
+	for _, e := range flat {
+		if _, twice := got[e.p]; twice {
+			t.Errorf("%s twice", e.p)
+		}
+		got[e.p] = e.flags
+	}
+	if !slices.IsSortedFunc(flat, func(a, b flatPrefix) int { return model.ComparePrefix(a.p, b.p) }) {
+		t.Errorf("not sorted: %v", flat)
+	}
 	want := map[netip.Prefix]uint32{
 		p("0.0.0.0/0"):   addrExclude,
 		p("10.0.0.0/16"): addrExclude | addrLocalPod,
@@ -259,6 +270,31 @@ func TestClearPairBits(t *testing.T) {
 			if w != 0 {
 				t.Errorf("flags %#x: word %d = %#x after clearing", flags, k, w)
 			}
+		}
+	}
+}
+
+// BenchmarkWant10k: the maps' contents for 10,000 peer Pod CIDRs with a route each, as a
+// one-shot apply and every agent sync work them out (bench control-plane's tc part).
+func BenchmarkWant10k(b *testing.B) {
+	const n = 10000
+	d := &Desired{
+		Devices:  map[string]Role{"gw": RoleGateway, "eth0": RoleTransport},
+		LocalPod: []netip.Prefix{netip.MustParsePrefix("10.255.255.0/24")},
+	}
+	ns := netState{
+		links: map[string]device{"gw": {index: 2, mtu: 1500}, "eth0": {index: 3, mtu: 1500}},
+		addrs: map[string][]netip.Addr{"gw": {netip.MustParseAddr("10.255.255.1")}},
+	}
+	for i := range n {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 10), byte(i >> 2), byte(i&3) << 6}), 26)
+		d.PeerPod = append(d.PeerPod, p)
+		ns.routes = append(ns.routes, route{dst: p, ifindex: 3})
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if c, _ := want(d, ns); len(c.addrs) != n+2 {
+			b.Fatalf("%d addrs", len(c.addrs))
 		}
 	}
 }
