@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"runtime"
 	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netns"
 
 	"github.com/hostaccel/hostaccel/internal/conntrack"
 	"github.com/hostaccel/hostaccel/internal/probe"
@@ -144,25 +145,36 @@ func (v *kernelView) close() {
 // Prefetch starts the next Apply's reading of the kernel (attachments, devices, routes, the
 // maps) on another goroutine. A one-shot `apply` calls it before it parses its config and
 // waits for the kernel's probe, so that they overlap: at 10,000 peer CIDRs the reading is
-// ~15 ms of system calls, the parse ~5 ms (issue 13). The caller holds the node's lock
+// ~15 ms of system calls, the parse ~6 ms (issue 13). The caller holds the node's lock
 // already and calls Apply or Remove next, and nothing else of this Manager in between; what
 // the kernel's routes or devices do in between is what any Apply misses until the next one.
-// The goroutine may run on any thread: on a thread moved into another network namespace than
-// the process's (tests do that), Prefetch does nothing and Apply reads for itself.
+// The reading is of the calling thread's network namespace: the goroutine's thread, when it
+// is in another one (a caller's thread moved into a namespace, as tests do, or the process's
+// main thread moved), enters the caller's and ends with the goroutine.
 func (m *Manager) Prefetch() {
-	if !inProcessNetns() {
-		return
+	ns, err := netns.Get()
+	if err != nil {
+		return // Apply reads for itself
 	}
 	ch := make(chan *kernelView, 1)
-	go func() { ch <- m.look() }()
+	go func() {
+		defer ns.Close()
+		runtime.LockOSThread()
+		if cur, err := netns.Get(); err == nil && cur.Equal(ns) {
+			cur.Close()
+			runtime.UnlockOSThread()
+		} else {
+			if err == nil {
+				cur.Close()
+			}
+			if netns.Set(ns) != nil {
+				ch <- nil // Apply reads for itself; the thread stays locked and ends
+				return
+			}
+		}
+		ch <- m.look()
+	}()
 	m.pre = ch
-}
-
-// inProcessNetns reports whether the calling thread is in the process's network namespace.
-func inProcessNetns() bool {
-	self, err1 := os.Readlink("/proc/self/ns/net")
-	thread, err2 := os.Readlink("/proc/thread-self/ns/net")
-	return err1 == nil && err2 == nil && self == thread
 }
 
 // takePrefetched returns what Prefetch read, nil when nothing was prefetched.

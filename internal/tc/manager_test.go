@@ -1278,3 +1278,25 @@ func TestApplyKeepsRoutesUntilAnnounced(t *testing.T) {
 		t.Errorf("after the watch ended, two applies listed the routes %d times, want 2", listed()-n-2)
 	}
 }
+
+// Prefetch reads on another goroutine, which may run on a thread in another network
+// namespace than the caller's: it reads the caller's (the Node's here), so the Apply that
+// takes its reading finds the Node's devices.
+func TestPrefetchReadsTheCallersNamespace(t *testing.T) {
+	e := newEnv(t, "")
+	for range 2 { // a fresh program set, then the maps read whole
+		e.do(func() error {
+			e.m.Prefetch()
+			if e.m.pre == nil {
+				t.Error("Prefetch started no reading")
+			}
+			return nil
+		})
+		if res := e.apply(); len(res.Missing) > 0 || !res.FullRead || e.m.pre != nil {
+			t.Errorf("apply after Prefetch = %+v (prefetched reading left: %v)", res, e.m.pre != nil)
+		}
+	}
+	if err := udp(e.topo, false, 10); err != nil {
+		t.Error(err)
+	}
+}
