@@ -117,7 +117,7 @@ func ForTC(ctx context.Context) Result {
 	ctx, cancel := bounded(ctx)
 	defer cancel()
 	r := Privileges()
-	if tcxQuery() == nil {
+	if HaveTCX() == nil {
 		r.Features = append(r.Features, Feature{Name: TCX, Available: true})
 	} else {
 		r.Features = append(r.Features, probeTC(ctx)...)

@@ -94,10 +94,11 @@ func probeTCHere() []Feature {
 	return append(fs, feature(TCX, err, hintTCX))
 }
 
-// tcxQuery asks the kernel for the tcx programs of the loopback device (ifindex 1 in every
-// network namespace): kernels without tcx reject the attach type, and a process without
-// CAP_NET_ADMIN is refused.
-func tcxQuery() error {
+// HaveTCX asks the kernel for the tcx programs of the loopback device (ifindex 1 in every
+// network namespace), which changes nothing: kernels without tcx reject the attach type, and
+// a process without CAP_NET_ADMIN is refused. The tc datapath attaches with tcx where this
+// answers (tc.Manager), and ForTC trusts it.
+func HaveTCX() error {
 	_, err := link.QueryPrograms(link.QueryOptions{Target: 1, Attach: ebpf.AttachTCXIngress})
 	return err
 }

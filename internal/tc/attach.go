@@ -9,6 +9,8 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/hostaccel/hostaccel/internal/probe"
 )
 
 // Attaching to and detaching from a device's tc ingress: tcx, or clsact + cls_bpf.
@@ -45,12 +47,8 @@ func (m *Manager) mode() (Mode, error) {
 	return "", fmt.Errorf("tc attach mode %q: want %q or %q", m.Mode, ModeTCX, ModeClsBPF)
 }
 
-// haveTCX asks the kernel for the tcx programs of the loopback device (ifindex 1 in every
-// network namespace): kernels without tcx reject the attach type.
-func haveTCX() bool {
-	_, err := link.QueryPrograms(link.QueryOptions{Target: 1, Attach: ebpf.AttachTCXIngress})
-	return err == nil
-}
+// haveTCX reports whether the kernel has tcx (probe.HaveTCX: the query ForTC trusts too).
+func haveTCX() bool { return probe.HaveTCX() == nil }
 
 // detach takes the attachments off their devices and deletes the clsact qdiscs we created
 // that are left empty (clearing the flag in keep's ifaces map). It returns the devices it
