@@ -148,9 +148,9 @@ func (v *kernelView) close() {
 // ~15 ms of system calls, the parse ~6 ms (issue 13). The caller holds the node's lock
 // already and calls Apply or Remove next, and nothing else of this Manager in between; what
 // the kernel's routes or devices do in between is what any Apply misses until the next one.
-// The reading is of the calling thread's network namespace: the goroutine's thread, when it
-// is in another one (a caller's thread moved into a namespace, as tests do, or the process's
-// main thread moved), enters the caller's and ends with the goroutine.
+// The reading is of the calling thread's network namespace, which the goroutine's thread
+// enters (it may be in another: a caller's thread moved into a namespace, as tests do), and
+// that thread ends with the goroutine.
 func (m *Manager) Prefetch() {
 	ns, err := netns.Get()
 	if err != nil {
@@ -159,18 +159,10 @@ func (m *Manager) Prefetch() {
 	ch := make(chan *kernelView, 1)
 	go func() {
 		defer ns.Close()
-		runtime.LockOSThread()
-		if cur, err := netns.Get(); err == nil && cur.Equal(ns) {
-			cur.Close()
-			runtime.UnlockOSThread()
-		} else {
-			if err == nil {
-				cur.Close()
-			}
-			if netns.Set(ns) != nil {
-				ch <- nil // Apply reads for itself; the thread stays locked and ends
-				return
-			}
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if netns.Set(ns) != nil {
+			ch <- nil // Apply reads for itself
+			return
 		}
 		ch <- m.look()
 	}()
