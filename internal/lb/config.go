@@ -239,6 +239,7 @@ func ValidateServices(svcs []Service, field func(i int) string) []error {
 	}
 	vips := map[vipKey]int{}
 	reverse := map[vipKey]int{}
+	stateless := slices.ContainsFunc(svcs, func(s Service) bool { return s.Topology == StatelessDNAT })
 	for i := range svcs {
 		s := &svcs[i]
 		f := field(i)
@@ -263,7 +264,9 @@ func ValidateServices(svcs []Service, field func(i int) string) []error {
 		}
 		// Replies from a stateless-dnat backend are rewritten to its VIP at the ingress hook,
 		// so no other service (but dsr, whose replies bypass this host) may share the backend.
-		if s.topology() != DSR {
+		// Without a stateless-dnat service no backend can clash: the index is not built (at
+		// 10,000 backends it was ~2 ms of a one-shot apply).
+		if stateless && s.topology() != DSR {
 			for k, b := range s.Backends {
 				a, err := model.ParseAddr(b.Address)
 				if err != nil {
@@ -449,10 +452,10 @@ func (s *Service) validate(f string) []error {
 		} else if a.IsUnspecified() || a.IsMulticast() {
 			bad("%s.address: %s cannot be a backend", bf, a)
 		} else {
-			if bseen[bkey{a, b.Port}] {
+			n := len(bseen)
+			if bseen[bkey{a, b.Port}] = true; len(bseen) == n {
 				bad("%s: %s port %d is listed twice", bf, a, b.Port)
 			}
-			bseen[bkey{a, b.Port}] = true
 			bfam[famIndex(a.Is6())]++
 		}
 		switch {

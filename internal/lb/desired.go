@@ -137,9 +137,14 @@ func resolveService(s Service, health map[string]Health, env Env) *ServiceState 
 		}
 	}
 	ids := make(map[uint32]bool, len(s.Backends))
-	for _, b := range s.Backends {
+	states := make([]BackendState, len(s.Backends)) // one allocation, not one per backend
+	if len(s.Backends) > 0 {
+		ss.Backends = make([]*BackendState, len(s.Backends))
+	}
+	for i, b := range s.Backends {
 		a := netip.MustParseAddr(b.Address)
-		bs := &BackendState{Backend: b, Key: backendKey(b.Address, a, b.Port), Addr: a}
+		bs := &states[i]
+		*bs = BackendState{Backend: b, Key: backendKey(b.Address, a, b.Port), Addr: a}
 		if bs.Port == 0 && len(ss.Ports) == 1 && ss.Topology != DSR {
 			bs.Port = ss.Ports[0]
 		}
@@ -148,7 +153,9 @@ func resolveService(s Service, health map[string]Health, env Env) *ServiceState 
 			bs.State = StateUp
 		}
 		bs.ID = backendID(s.Name, bs.Key, ids)
-		bs.Health = health[HealthKey(s.Name, bs.Key)]
+		if len(health) > 0 {
+			bs.Health = health[HealthKey(s.Name, bs.Key)]
+		}
 		if bs.Health.State == "" {
 			bs.Health.State = HealthUnknown
 		}
@@ -159,7 +166,7 @@ func resolveService(s Service, health map[string]Health, env Env) *ServiceState 
 				bs.MAC = env.Neighbors[s.backendInterface()][bs.Addr]
 			}
 		}
-		ss.Backends = append(ss.Backends, bs)
+		ss.Backends[i] = bs
 	}
 	ss.pick()
 	return ss
@@ -184,22 +191,21 @@ func (ss *ServiceState) pick() {
 		}
 		return ""
 	}
-	best := map[bool]int{} // family -> lowest priority among eligible
+	var best [2]int // family (dsr: 0) -> lowest priority among eligible
+	var seen [2]bool
+	fam := func(b *BackendState) int { return famIndex(ss.Topology != DSR && b.Addr.Is6()) }
 	for _, b := range ss.Backends {
 		b.Reason = eligible(b)
 		b.Known = b.Reason == "" || b.Reason == draining
-		if b.Reason == "" {
-			f := ss.Topology != DSR && b.Addr.Is6()
-			if p, ok := best[f]; !ok || b.Priority < p {
-				best[f] = b.Priority
-			}
+		if f := fam(b); b.Reason == "" && (!seen[f] || b.Priority < best[f]) {
+			best[f], seen[f] = b.Priority, true
 		}
 	}
 	for _, b := range ss.Backends {
 		if b.Reason != "" {
 			continue
 		}
-		f := ss.Topology != DSR && b.Addr.Is6()
+		f := fam(b)
 		if b.Priority == best[f] {
 			b.Active = true
 		} else {

@@ -51,6 +51,14 @@ func TestPick(t *testing.T) {
 	check("primaries failed", down, map[string][2]bool{"10.1.0.11": {false, false}, "10.1.0.12": {false, false}, "10.1.0.13": {true, true}})
 	s.Backends[0].State, s.Backends[1].State = StateDrain, StateDown
 	check("drain and down", nil, map[string][2]bool{"10.1.0.11": {false, true}, "10.1.0.12": {false, false}, "10.1.0.13": {true, true}})
+	// Priorities are per family: IPv4 backups serve IPv4 while only IPv6 has a primary.
+	dual := fixture(DNAT, RoundRobin)
+	dual.Backends = []Backend{{Address: "10.1.0.11", Port: 8080, Priority: 1}, {Address: "fd00:b::11", Port: 8080}, {Address: "fd00:b::12", Port: 8080, Priority: 1}}
+	for _, b := range Resolve([]Service{dual}, nil, testEnv).Services[0].Backends {
+		if b.Active != (b.Address != "fd00:b::12") {
+			t.Errorf("per family: %s active=%v (%s)", b.Address, b.Active, b.Reason)
+		}
+	}
 	// dsr: a backend whose MAC is unknown cannot be used.
 	dsr := fixture(DSR, RoundRobin)
 	dsr.Backends = append(dsr.Backends, Backend{Address: "10.1.0.99"})

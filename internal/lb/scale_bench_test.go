@@ -108,3 +108,17 @@ func BenchmarkParseTable5000(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkValidateResolve10k is one service of 10,000 backends checked and resolved, as a
+// one-shot `apply` of the control-plane bench's lb-one does after the parse: for profiles,
+// not a pass/fail test.
+func BenchmarkValidateResolve10k(b *testing.B) {
+	svcs := scaleServices(1, 10000)
+	field := func(int) string { return "services[0]" }
+	for b.Loop() {
+		if errs := ValidateServices(svcs, field); len(errs) > 0 {
+			b.Fatal(errs)
+		}
+		Resolve(svcs, nil, testEnv)
+	}
+}
