@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -14,7 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/hostaccel/hostaccel/internal/bpfobj"
+	"github.com/hostaccel/hostaccel/internal/tc"
 )
 
 // tcAgent runs the agent with the tc datapath and r.n peer Pod CIDRs (one route each) and
@@ -112,22 +111,10 @@ func (r *cpRun) tcAddrs(ctx context.Context) (*ebpf.Map, error) {
 	if json.Unmarshal(out, &st) != nil || st.TC == nil || st.TC.ProgramID == 0 {
 		return nil, nil
 	}
-	var m *ebpf.Map
-	prog, err := bpfobj.Open(st.TC.ProgramID, "hostaccel_fp", map[string]**ebpf.Map{"addrs4": &m})
-	if prog == nil || err != nil {
-		return nil, err
-	}
-	prog.Close()
-	return m, nil
+	return tc.OpenAddrTrie(st.TC.ProgramID, netip.PrefixFrom(netip.IPv4Unspecified(), 0)) // the IPv4 trie
 }
 
-// hasPrefix reports whether the program's IPv4 trie holds p (its key: the length, then the
-// address; bpf/fastpath.c struct lpm4).
+// hasPrefix reports whether the program's IPv4 trie holds p.
 func hasPrefix(m *ebpf.Map, p netip.Prefix) bool {
-	var k [8]byte
-	binary.NativeEndian.PutUint32(k[:4], uint32(p.Bits()))
-	a := p.Addr().As4()
-	copy(k[4:], a[:])
-	var v [8]byte
-	return m.Lookup(k[:], v[:]) == nil
+	return m.Lookup(tc.AddrKey(p), make([]byte, m.ValueSize())) == nil
 }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -13,7 +12,6 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/hostaccel/hostaccel/internal/agent"
-	"github.com/hostaccel/hostaccel/internal/bpfobj"
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/probe"
 	"github.com/hostaccel/hostaccel/internal/tc"
@@ -31,18 +29,12 @@ func needTC(t *testing.T) {
 // someone else might (its key: the length, then the address; bpf/fastpath.c struct lpm4).
 func deleteRemotePodCIDR(t *testing.T, id ebpf.ProgramID, p netip.Prefix) {
 	t.Helper()
-	var m *ebpf.Map
-	prog, err := bpfobj.Open(id, "hostaccel_fp", map[string]**ebpf.Map{"addrs4": &m})
-	if prog == nil || err != nil {
+	m, err := tc.OpenAddrTrie(id, p)
+	if m == nil || err != nil {
 		t.Fatalf("program %d: %v", id, err)
 	}
-	prog.Close()
 	defer m.Close()
-	var k [8]byte
-	binary.NativeEndian.PutUint32(k[:4], uint32(p.Bits()))
-	a := p.Addr().As4()
-	copy(k[4:], a[:])
-	if err := m.Delete(k[:]); err != nil {
+	if err := m.Delete(tc.AddrKey(p)); err != nil {
 		t.Fatalf("deleting %s: %v", p, err)
 	}
 }
