@@ -2,6 +2,7 @@ package lb
 
 import (
 	"context"
+	"maps"
 	"slices"
 
 	"sigs.k8s.io/knftables"
@@ -265,6 +266,11 @@ func (c *kernelCache) patch(s *partScope, rewritten []string) {
 	}
 	if len(c.unread[ref]) == 0 {
 		delete(c.unread, ref)
+	}
+	if len(s.counters) > 0 {
+		// A new map: CounterTables handed the old one out, to be read without the
+		// Manager's lock (the agent's status and metrics, while it syncs).
+		kt.Counters = maps.Clone(kt.Counters)
 	}
 	for n := range s.counters {
 		if v, ok := ks.Counters[n]; ok {

@@ -304,3 +304,33 @@ func TestValidateChangeEqualsValidateServices(t *testing.T) {
 		t.Errorf("a VIP taken, spelled otherwise by the service that kept it: ValidateChange %v, ValidateServices %v", got, want)
 	}
 }
+
+// The counter maps CounterTables hands out are read without the Manager's lock (the agent's
+// status and metrics while it syncs): a partial apply that changes a service's counters
+// must leave them as they were, not write them in place.
+func TestCounterTablesNotWrittenByPartialApply(t *testing.T) {
+	m, _ := NewFakeManager()
+	m.FullEvery = time.Hour
+	ctx := context.Background()
+	web, other := fixture(DNAT, RoundRobin), rename(fixture(DNAT, RoundRobin), "other", "192.0.2.30")
+	var rv Resolver
+	var rr Renderer
+	if _, err := m.Apply(ctx, rr.Render(rv.Resolve([]Service{web, other}, nil, testEnv))); err != nil {
+		t.Fatal(err)
+	}
+	handed := m.CounterTables()
+	was := map[TableRef]map[string]Counter{}
+	for ref, cs := range handed {
+		was[ref] = maps.Clone(cs)
+	}
+	res, err := m.ApplyChanges(ctx, rr.Render(rv.Resolve([]Service{web}, nil, testEnv))) // other's counters go
+	if err != nil || res.FullRead || res.Operations == 0 {
+		t.Fatalf("want a partial apply that changes something: %+v %v", res, err)
+	}
+	if !reflect.DeepEqual(handed, was) {
+		t.Error("the partial apply wrote the counter maps CounterTables had handed out")
+	}
+	if now := m.CounterTables(); reflect.DeepEqual(now, was) {
+		t.Error("the Manager's counters did not follow the apply")
+	}
+}
