@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -237,6 +238,13 @@ func check(ctx context.Context, t target) error {
 		cmd := exec.CommandContext(ctx, t.Check.Command[0], t.Check.Command[1:]...)
 		cmd.Env = append(os.Environ(), "HOSTACCEL_BACKEND_ADDRESS="+t.Addr.String(), "HOSTACCEL_BACKEND_PORT="+strconv.Itoa(t.Port),
 			"HOSTACCEL_SERVICE="+t.Service)
+		// At the timeout the command's whole process group is killed: a script's children
+		// (sleep, curl) would otherwise keep the output open, and the check would wait for
+		// them, its backend's health frozen. WaitDelay bounds what still holds it (a child
+		// that left the group).
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+		cmd.WaitDelay = time.Second
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("%s: %v: %s", t.Check.Command[0], err, strings.TrimSpace(string(out)))

@@ -82,6 +82,20 @@ func TestCheckTypes(t *testing.T) {
 	}
 }
 
+// A command check ends at its timeout even while the command's children hold its output
+// open (a script that runs sleep or curl): the whole process group is killed.
+func TestCommandCheckTimeoutKillsChildren(t *testing.T) {
+	tg := target{Check: HealthCheck{Type: "command", Command: []string{"/bin/sh", "-c", "sleep 30; true"}},
+		Service: "web", Addr: netip.MustParseAddr("10.1.0.11"), Port: 8080}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := check(ctx, tg)
+	if took := time.Since(start); err == nil || took > 5*time.Second {
+		t.Errorf("a check of 300 ms with a child still running: %v after %s", err, took.Round(time.Millisecond))
+	}
+}
+
 // A backend goes down after fall failures in a row and up after rise successes; from
 // unknown the first result decides. Transitions and the last check are recorded.
 func TestCheckerRiseFall(t *testing.T) {
