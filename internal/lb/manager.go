@@ -465,7 +465,7 @@ func (m *Manager) remember(ctx context.Context, tables []*Table, plans []tablePl
 		case len(p.rewritten) > 0:
 			next.leaveUnread(p.t, p.rewritten)
 		}
-		if p.read != nil {
+		if p.read != nil && !p.rebuilt { // a rebuilt table's old rules are gone
 			var kept []string
 			for name := range p.read.Chains {
 				if !slices.Contains(p.rewritten, name) {

@@ -716,3 +716,42 @@ func unsettled(t *testing.T) (*Manager, []Service) {
 	}
 	return m, svcs
 }
+
+// A table rebuilt because its layout changed (the first sync after an upgrade) is learnt as
+// rebuilt, not from the old table's listing that the full read took before: the agent
+// (DeferReadBack) leaves its chains for Settle, a one-shot apply reads them back. Either way
+// an edit of the new rules is drift afterwards, and is repaired.
+func TestRebuiltTableLearnsItsNewRules(t *testing.T) {
+	for _, deferred := range []bool{true, false} {
+		ctx := context.Background()
+		old, f := NewFakeManager()
+		svcs := svcSet()
+		svcs[0].Backends[1].State = StateDrain // the old table's svc-web-v4 has other rules
+		apply(t, old, svcs, nil)
+		tx := f.NewTransaction() // ... and an older layout
+		tx.Delete(&knftables.Set{Family: knftables.InetFamily, Table: NATTable, Name: layoutSet})
+		tx.Add(&knftables.Set{Family: knftables.InetFamily, Table: NATTable, Name: layoutSet, Type: "mark", Comment: knftables.PtrTo("an older layout")})
+		if err := f.Run(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+		m := &Manager{NFT: f, List: FakeLister(f), Tables: FakeTables(f), FullEvery: time.Hour, DeferReadBack: deferred}
+		svcs[0].Backends[1].State = StateUp
+		if res, _ := apply(t, m, svcs, nil); !slices.Contains(res.Rebuilt, "inet hostaccel-lb: layout changed") {
+			t.Fatalf("deferred %v: precondition: %+v", deferred, res)
+		}
+		if deferred && !slices.Contains(m.cache.unread[TableRef{knftables.InetFamily, NATTable}], "svc-web-v4") {
+			t.Errorf("deferred: svc-web-v4 of the rebuilt table is not left for Settle")
+		}
+		if err := m.Settle(ctx); err != nil {
+			t.Fatal(err)
+		}
+		editSchedule(t, f, "svc-web-v4")
+		m.FullEvery = 0
+		if res, _ := apply(t, m, svcs, nil); !slices.Contains(res.Drift, "inet hostaccel-lb: chain svc-web-v4: rules changed") {
+			t.Errorf("deferred %v: an edit of the rebuilt table's svc-web-v4 was not seen nor repaired: %+v", deferred, res)
+		}
+		if res, _ := apply(t, m, svcs, nil); len(res.Drift) > 0 || res.Changed() {
+			t.Errorf("deferred %v: repaired, yet: %+v", deferred, res)
+		}
+	}
+}
