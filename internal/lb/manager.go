@@ -749,8 +749,23 @@ func (m *Manager) update(tx *txn, kt *kernelTable, t *Table, res *Result) (rewri
 	d.addElements(tx, res)
 	for name := range d.newChain {
 		rewritten = append(rewritten, name)
+		m.touch(t.Name, name)
+	}
+	for name := range kt.Chains {
+		if !d.wantChain[name] {
+			m.touch(t.Name, name)
+		}
 	}
 	return rewritten
+}
+
+// touch notes that this apply creates or deletes a chain of table: a Settle's reading of it
+// taken before is dropped (FinishSettle), as that of a chain it rewrites.
+func (m *Manager) touch(table, chain string) {
+	if m.rewritten == nil {
+		m.rewritten = map[string]uint64{}
+	}
+	m.rewritten[chainName(table, chain)] = m.applies
 }
 
 // keepSlots reorders the values of t's free slot maps (Table.Slots) so that every slot the

@@ -541,6 +541,41 @@ func TestSettleDropsAReadingOlderThanAnApply(t *testing.T) {
 	}
 }
 
+// A reading taken before the chain was deleted (its service removed) and created anew with
+// other rules is dropped too: neither apply rewrote the chain, both replaced it. Settle then
+// reads the new rules, and an edit of them is drift.
+func TestSettleDropsAReadingOfAChainCreatedAnew(t *testing.T) {
+	ctx := context.Background()
+	m, svcs := unsettled(t)
+	s := m.StartSettle()
+	if err := s.Read(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Apply(ctx, Render(Resolve(svcs[1:], nil, testEnv))); err != nil {
+		t.Fatal(err)
+	}
+	svcs[0].Backends[1].State = StateUp
+	svcs[0].Backends = append(svcs[0].Backends, Backend{Address: "192.0.2.199", Port: 8080})
+	if _, err := m.Apply(ctx, Render(Resolve(svcs, nil, testEnv))); err != nil {
+		t.Fatal(err)
+	}
+	m.FinishSettle(s)
+	if !m.Unsettled() {
+		t.Fatal("a reading of the chain before it was deleted and created anew was remembered")
+	}
+	if err := m.Settle(ctx); err != nil || m.Unsettled() {
+		t.Fatalf("settle: %v, unsettled %v", err, m.Unsettled())
+	}
+	m.FullEvery = 0
+	if res, _ := apply(t, m, svcs, nil); len(res.Drift) > 0 || res.Changed() {
+		t.Fatalf("full read after settling: %+v", res)
+	}
+	editSchedule(t, m.NFT.(*knftables.Fake), "svc-web-v4")
+	if res, _ := apply(t, m, svcs, nil); !slices.Contains(res.Drift, "inet hostaccel-lb: chain svc-web-v4: rules changed") {
+		t.Errorf("an edit of the chain created anew was not seen: %+v", res)
+	}
+}
+
 // TestRewriteToAKnownShapeIsSettled: a chain rewritten back to rules read before (same
 // comments, so the same text) takes their expressions and needs no reading back; an edit of
 // them is then drift, as it is of any rule read.
