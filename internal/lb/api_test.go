@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -12,7 +13,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // testRuntime is a Runtime on a fake kernel whose syncs run on their own goroutine, as the
@@ -271,5 +274,137 @@ func TestServicesValidatedOnce(t *testing.T) {
 	}
 	if got, err := r.services(cfg); err != nil || len(got) != 1 {
 		t.Errorf("after the API service's delete: %v, %d services", err, len(got))
+	}
+}
+
+// An API change waits for a sync that carries it: one that began before the change was
+// saved, and failed (a transient error), neither applied it nor may roll it back; the next
+// sync applies it.
+func TestChangeNotRolledBackByAnEarlierSyncsFailure(t *testing.T) {
+	m, _ := NewFakeManager()
+	wake := make(chan struct{}, 1)
+	r := NewRuntime(slog.New(slog.NewTextHandler(io.Discard, nil)), func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	})
+	r.NewManager = func() (*Manager, error) { return m, nil }
+	r.FlushConntrack = func([]netip.Addr, string, netip.Addr) error { return nil }
+	r.Solicit = func([]netip.Addr) {}
+	var fail atomic.Bool
+	inEnv, release := make(chan struct{}), make(chan struct{})
+	r.Env = func([]string) (Env, error) {
+		if fail.Load() {
+			close(inEnv)
+			<-release
+			return Env{}, errors.New("transient: cannot list links")
+		}
+		return testEnv, nil
+	}
+	defer r.stop()
+	ctx := context.Background()
+	cfg := Config{API: &API{Disabled: true}, StateFile: filepath.Join(t.TempDir(), "state.yaml"),
+		Services: []Service{fixture(DNAT, RoundRobin)}}
+	if err := r.Sync(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+
+	// S1 starts (the agent's loop, an EndpointSlice event, a resync ...) and will fail.
+	fail.Store(true)
+	s1 := make(chan error, 1)
+	go func() { s1 <- r.Sync(ctx, cfg) }()
+	<-inEnv
+	fail.Store(false)
+	go func() { // the agent's loop: the next sync, once S1 is done
+		<-s1
+		<-wake
+		r.Sync(ctx, cfg)
+	}()
+
+	// Meanwhile an API call drains a backend: valid, saved, waits for its sync.
+	changed := make(chan error, 1)
+	go func() {
+		changed <- r.change(ctx, func(svcs []Service, o *Overlay) error {
+			s := svcs[0]
+			s.Backends = append([]Backend(nil), s.Backends...)
+			s.Backends[0].State = StateDrain
+			o.put(s)
+			return nil
+		})
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		r.mu.Lock()
+		saved := r.gen > 0
+		r.mu.Unlock()
+		if saved {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("change not saved")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(release) // S1 fails: it never carried the change
+	if err := <-changed; err != nil {
+		t.Errorf("a valid change was rolled back because a sync that began before it failed: %v", err)
+	}
+}
+
+// A change whose own sync fails is rolled back: the state file and the services are as
+// before it, and the caller is told.
+func TestChangeRolledBackWhenItsSyncFails(t *testing.T) {
+	m, _ := NewFakeManager()
+	wake := make(chan struct{}, 1)
+	r := NewRuntime(slog.New(slog.NewTextHandler(io.Discard, nil)), func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	})
+	r.NewManager = func() (*Manager, error) { return m, nil }
+	r.FlushConntrack = func([]netip.Addr, string, netip.Addr) error { return nil }
+	r.Solicit = func([]netip.Addr) {}
+	var fail atomic.Bool
+	r.Env = func([]string) (Env, error) {
+		if fail.Load() {
+			return Env{}, errors.New("cannot list links")
+		}
+		return testEnv, nil
+	}
+	defer r.stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := Config{API: &API{Disabled: true}, StateFile: filepath.Join(t.TempDir(), "state.yaml"),
+		Services: []Service{fixture(DNAT, RoundRobin)}}
+	if err := r.Sync(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	go func() { // the agent's loop
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-wake:
+				r.Sync(ctx, cfg)
+			}
+		}
+	}()
+	fail.Store(true)
+	err := r.change(ctx, func(svcs []Service, o *Overlay) error {
+		s := svcs[0]
+		s.Backends = append([]Backend(nil), s.Backends...)
+		s.Backends[0].State = StateDrain
+		o.put(s)
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "rolled back") {
+		t.Fatalf("a change whose sync failed: %v", err)
+	}
+	r.mu.Lock()
+	svcs := Merge(r.cfg.Services, r.overlay)
+	r.mu.Unlock()
+	if svcs[0].Backends[0].State == StateDrain {
+		t.Error("the change is still in the services after its rollback")
 	}
 }

@@ -49,6 +49,7 @@ type Runtime struct {
 	}
 	gen        uint64 // bumped by every API change
 	applied    uint64 // gen of the last successful sync
+	failed     uint64 // gen of the last failed sync
 	lastErr    error
 	lastSync   time.Time
 	synced     chan struct{} // closed and replaced after every sync
@@ -391,12 +392,15 @@ func (r *Runtime) done(gen uint64, err error) {
 	r.lastErr, r.lastSync = err, time.Now()
 	if err == nil {
 		r.applied = max(r.applied, gen)
+	} else {
+		r.failed = max(r.failed, gen)
 	}
 	close(r.synced)
 	r.synced = make(chan struct{})
 }
 
-// waitApplied waits until a sync has applied generation gen (or failed after it).
+// waitApplied waits until a sync has applied generation gen, or one that carried it failed
+// (a sync that began before gen, and failed, says nothing of it: the next one carries it).
 func (r *Runtime) waitApplied(ctx context.Context, gen uint64) error {
 	for {
 		r.mu.Lock()
@@ -411,9 +415,9 @@ func (r *Runtime) waitApplied(ctx context.Context, gen uint64) error {
 		case <-ch:
 		}
 		r.mu.Lock()
-		applied, err = r.applied, r.lastErr
+		applied, failed, err := r.applied, r.failed, r.lastErr
 		r.mu.Unlock()
-		if applied < gen && err != nil {
+		if applied < gen && failed >= gen && err != nil {
 			return fmt.Errorf("saved, but the apply failed: %w", err)
 		}
 	}
