@@ -171,6 +171,10 @@ func (m *Manager) update(tx *knftables.Transaction, cur *nftjson.Table, r *Rules
 	if flush {
 		res.Reason = "devices changed"
 	}
+	// Every set's stale elements go before any new one comes: the interval sets refuse an
+	// element that overlaps one still there (10.244.2.0/24 replaced by 10.244.0.0/16, in one
+	// transaction, failed every sync).
+	var adds []*knftables.Element
 	for _, s := range r.Sets {
 		have := map[string]bool{}
 		for _, e := range cur.Sets[s.Name].Elements {
@@ -180,7 +184,7 @@ func (m *Manager) update(tx *knftables.Transaction, cur *nftjson.Table, r *Rules
 		for _, e := range r.Elements[s.Name] {
 			want[canonical(e)] = true
 			if !have[canonical(e)] {
-				tx.Add(elem(s.Name, e))
+				adds = append(adds, elem(s.Name, e))
 				res.ElementsAdded++
 				if strings.HasPrefix(s.Name, "exclude-") {
 					flush, res.Reason = true, "exclude list grew"
@@ -196,6 +200,9 @@ func (m *Manager) update(tx *knftables.Transaction, cur *nftjson.Table, r *Rules
 				}
 			}
 		}
+	}
+	for _, e := range adds {
+		tx.Add(e)
 	}
 	if !flush {
 		if res.ElementsAdded+res.ElementsRemoved > 0 {
