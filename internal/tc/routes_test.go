@@ -118,3 +118,28 @@ func prefixOf(n *net.IPNet, fam int) netip.Prefix {
 	bits, _ := n.Mask.Size()
 	return netip.PrefixFrom(a, bits)
 }
+
+// A kernel without IPv6 policy routing (booted with ipv6.disable=1, or built without
+// multiple tables) answers a dump of IPv6 rules with EAFNOSUPPORT: there are none, and the
+// IPv4 rules decide. Any other error is one.
+func TestDestinationRoutingWithoutIPv6Rules(t *testing.T) {
+	defer func(f func(int) ([]netlink.Rule, error)) { ruleList = f }(ruleList)
+	var v4 []netlink.Rule
+	ruleList = func(fam int) ([]netlink.Rule, error) {
+		if fam == netlink.FAMILY_V6 {
+			return nil, unix.EAFNOSUPPORT
+		}
+		return v4, nil
+	}
+	if ok, err := destinationRouting(false); !ok || err != nil {
+		t.Errorf("no IPv6 rules, none of IPv4: %v %v", ok, err)
+	}
+	v4 = []netlink.Rule{{Table: 100, Priority: 10}}
+	if ok, err := destinationRouting(false); ok || err != nil {
+		t.Errorf("an IPv4 rule to table 100: %v %v", ok, err)
+	}
+	ruleList = func(int) ([]netlink.Rule, error) { return nil, unix.EPERM }
+	if _, err := destinationRouting(false); err == nil {
+		t.Error("EPERM was taken for no rules")
+	}
+}
