@@ -188,6 +188,16 @@ func ensureClsact(ifindex int) (bool, error) {
 	return true, nil
 }
 
+// dropClsacts deletes the clsact qdiscs ownClsacts added, where nothing was attached to
+// them yet: an Apply that fails before the map records them as ours leaves nothing behind.
+func dropClsacts(added []uint32) {
+	for _, idx := range added {
+		if l, err := netlink.LinkByIndex(int(idx)); err == nil {
+			_, _ = deleteEmptyClsact(l)
+		}
+	}
+}
+
 // deleteEmptyClsact deletes l's clsact qdisc if no filter is left on it.
 func deleteEmptyClsact(l netlink.Link) (bool, error) {
 	if ok, err := hasClsact(l); !ok || err != nil {

@@ -278,13 +278,16 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 		}
 	}
 	w.settings.HandedEpoch, w.settings.HandedSince = live.HandedEpoch, live.HandedSince
+	var added []uint32
 	if mode == ModeClsBPF {
-		if err := ownClsacts(w.ifaces); err != nil {
+		if added, err = ownClsacts(w.ifaces); err != nil {
+			dropClsacts(added)
 			return res, err
 		}
 	}
 	if err := m.narrow(set, cur, w, fresh, &res); err != nil {
 		m.fullRead = time.Time{} // half written: the next Apply reads the maps whole
+		dropClsacts(added)       // their ownership may not be in the map: the next Apply adds them again
 		return res, err
 	}
 	errs := []error{m.attachAll(o, set, mode, w, d, &res)}
@@ -373,19 +376,24 @@ func (m *Manager) Remove(ctx context.Context) error {
 }
 
 // ownClsacts adds a clsact qdisc where a desired device has none, and marks those devices so
-// that Remove deletes the qdisc again.
-func ownClsacts(ifaces map[uint32]fastpathIface) error {
+// that Remove deletes the qdisc again; it returns those it added. A device gone meanwhile (a
+// Pod's veth deleted) is skipped: attaching finds it missing.
+func ownClsacts(ifaces map[uint32]fastpathIface) (added []uint32, err error) {
 	for idx, e := range ifaces {
 		created, err := ensureClsact(int(idx))
+		if gone(err) {
+			continue
+		}
 		if err != nil {
-			return err
+			return added, err
 		}
 		if created {
 			e.Flags |= flagOwnClsact
 			ifaces[idx] = e
+			added = append(added, idx)
 		}
 	}
-	return nil
+	return added, nil
 }
 
 // narrow is the first half of an update, before any attachment changes: classes going away are

@@ -1300,3 +1300,41 @@ func TestPrefetchReadsTheCallersNamespace(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// cls_bpf: a device that vanished after the Apply listed it (a Pod's veth deleted) is skipped
+// where clsact qdiscs are added, not an error that fails the Apply; and the qdiscs an Apply
+// added are deleted again when it fails before the map records them as ours.
+func TestOwnClsactsSkipsAVanishedDevice(t *testing.T) {
+	testbed.RequireRoot(t)
+	ns, err := testbed.NewNS("clsact")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	if out, err := ns.Exec("ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1"); err != nil {
+		t.Fatal(out, err)
+	}
+	err = ns.Do(func() error {
+		l, err := netlink.LinkByName("d0")
+		if err != nil {
+			return err
+		}
+		idx := uint32(l.Attrs().Index)
+		ifaces := map[uint32]fastpathIface{idx: {}, 99999: {}}
+		added, err := ownClsacts(ifaces)
+		if err != nil || !slices.Equal(added, []uint32{idx}) || ifaces[idx].Flags&flagOwnClsact == 0 {
+			return fmt.Errorf("ownClsacts with a vanished device: added %v, %v, flags %#x", added, err, ifaces[idx].Flags)
+		}
+		if ok, err := hasClsact(l); !ok || err != nil {
+			return fmt.Errorf("no clsact added on d0: %v", err)
+		}
+		dropClsacts(added)
+		if ok, err := hasClsact(l); ok || err != nil {
+			return fmt.Errorf("the clsact added is still on d0 after dropClsacts: %v", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+}
