@@ -105,6 +105,9 @@ type LBBackend struct {
 	// State is up (ready) or drain (not ready: established connections finish, no new ones).
 	State    string `json:"state"`
 	NodeName string `json:"nodeName,omitempty"`
+	// serving: not ready, but serving (terminating); up where no backend of the front is
+	// ready (fallback).
+	serving bool
 }
 
 // Backend states, as the load balancer names them.
@@ -229,7 +232,7 @@ func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn 
 						Namespace: s.Namespace, Service: s.Name, Port: portName(sp), Front: front,
 						VIPs: fam, VIPPort: port, Protocol: proto, Topology: topology,
 						Scheduler: scheduler, Persistence: persistence,
-						Backends: sameFamily(bes, netip.MustParseAddr(fam[0]).Is4()),
+						Backends: fallback(sameFamily(bes, netip.MustParseAddr(fam[0]).Is4())),
 					}
 					if !netip.MustParseAddr(fam[0]).Is4() {
 						f.Name += "/ipv6"
@@ -354,15 +357,11 @@ func backends(eps []*discoveryv1.EndpointSlice, sp corev1.ServicePort) []LBBacke
 			}
 		}
 	}
-	anyReady := false
-	for _, c := range byAddr {
-		anyReady = anyReady || c.ready
-	}
 	out := make([]LBBackend, 0, len(byAddr))
 	for _, c := range byAddr {
 		b := c.LBBackend
-		b.State = StateDrain
-		if c.ready || (!anyReady && c.serving) {
+		b.State, b.serving = StateDrain, c.serving && !c.ready
+		if c.ready {
 			b.State = StateUp
 		}
 		out = append(out, b)
@@ -391,6 +390,23 @@ func sameFamily(bes []LBBackend, is4 bool) []LBBackend {
 		}
 	}
 	return out
+}
+
+// fallback is kube-proxy's for a front's backends (bes, a copy: those of one family, and of
+// this node where the traffic policy is Local): where none is ready, the serving ones
+// (terminating) take new connections, so that a rolling update refuses none. It is decided
+// per front, not per Service: a node whose only local endpoint terminates serves its local
+// traffic with it while other nodes have ready ones.
+func fallback(bes []LBBackend) []LBBackend {
+	if slices.ContainsFunc(bes, func(b LBBackend) bool { return b.State == StateUp }) {
+		return bes
+	}
+	for i := range bes {
+		if bes[i].serving {
+			bes[i].State = StateUp
+		}
+	}
+	return bes
 }
 
 // sameFamilies keeps the addresses of the families that ref has (a NodePort serves the

@@ -255,13 +255,46 @@ func TestBackendStates(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			got := map[string]string{}
-			for _, b := range backends([]*discoveryv1.EndpointSlice{slice("ns", "s", "s-1", "http", 8080, c.eps...)}, sp) {
+			for _, b := range fallback(backends([]*discoveryv1.EndpointSlice{slice("ns", "s", "s-1", "http", 8080, c.eps...)}, sp)) {
 				got[b.Address] = b.State
 			}
 			if !reflect.DeepEqual(got, c.want) {
 				t.Errorf("got %v, want %v", got, c.want)
 			}
 		})
+	}
+}
+
+// kube-proxy's fallback to serving terminating endpoints is decided per front, among the
+// backends the front uses: with externalTrafficPolicy Local, a node whose only local
+// endpoint terminates keeps it up for its NodePort while other nodes have ready ones (the
+// cluster front, which has those, drains it); per family likewise.
+func TestTerminatingFallbackPerFront(t *testing.T) {
+	svc := service("default", "web", corev1.ServiceTypeNodePort, "10.96.0.10", port("http", 80, 8080, 30080))
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	snap := Snapshot{
+		Nodes:    []*corev1.Node{node("self", []string{"10.244.0.0/24"}, "172.18.0.2", ""), node("other", []string{"10.244.1.0/24"}, "172.18.0.3", "")},
+		Services: []*corev1.Service{svc},
+		EndpointSlices: []*discoveryv1.EndpointSlice{slice("default", "web", "web-a", "http", 8080,
+			terminating("10.244.0.5", "self"), up("10.244.1.5", "other"))},
+	}
+	d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{FrontCluster: "10.244.0.5=drain 10.244.1.5=up", FrontNodePort: "10.244.0.5=up"}
+	for _, f := range d.Summary.Balanced {
+		var got []string
+		for _, b := range f.Backends {
+			got = append(got, b.Address+"="+b.State)
+		}
+		if w, ok := want[f.Front]; ok && strings.Join(got, " ") != w {
+			t.Errorf("%s: backends %v, want %s", f.Name, got, w)
+		}
+		delete(want, f.Front)
+	}
+	if len(want) > 0 {
+		t.Errorf("fronts missing: %v", want)
 	}
 }
 
