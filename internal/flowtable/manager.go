@@ -103,6 +103,11 @@ func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
 	}
 	after, err := m.Observe(ctx)
 	if err != nil {
+		if res.Operations > 0 {
+			// The transaction went in, unread: the next apply must not take it for someone
+			// else's change (a rebuild that flushes every offloaded flow).
+			m.last, m.lastDevices = "", nil
+		}
 		return res, err
 	}
 	if after == nil {

@@ -2,6 +2,7 @@ package flowtable
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"slices"
 	"strings"
@@ -246,5 +247,33 @@ func TestManagerOneChangeIsIndependentOfSize(t *testing.T) {
 	}
 	if ops[10][0] != 1 || ops[10][3] != 0 || !slices.Equal(ops[10], ops[1000]) {
 		t.Errorf("operations per change (joins, leaves, replaced, nothing): 10 peers %v, 1,000 peers %v; want equal, 1 for a join", ops[10], ops[1000])
+	}
+}
+
+// A reading of the table that fails right after a transaction went in leaves the Manager
+// not knowing the table, rather than knowing the one before: the next apply finds its own
+// change, not drift to repair by a rebuild (which would flush every offloaded flow).
+func TestFailedReadAfterApplyIsNoDrift(t *testing.T) {
+	m, f := NewFakeManager()
+	s := state()
+	apply(t, m, s)
+	lister, calls := m.List, 0
+	m.List = func(ctx context.Context, family, table string) ([]byte, error) {
+		if calls++; calls == 2 { // the reading after the transaction
+			return nil, errors.New("nft: resource temporarily unavailable")
+		}
+		return lister(ctx, family, table)
+	}
+	s.PeerPodCIDRs = append(s.PeerPodCIDRs, netip.MustParsePrefix("10.244.3.0/24"))
+	s.Normalize()
+	if _, err := m.Apply(context.Background(), Render(s, Options{FlowtableCounter: true})); err == nil {
+		t.Fatal("the failed reading was not reported")
+	}
+	if got := elements(f, "peer-pod-v4"); got != "10.244.2.0/24,10.244.3.0/24" {
+		t.Fatalf("precondition: the transaction went in: %s", got)
+	}
+	m.List = lister
+	if res := apply(t, m, s); res.Rebuilt || res.Drift != "" || res.Operations != 0 {
+		t.Errorf("the apply after: %+v", res)
 	}
 }
