@@ -91,6 +91,8 @@ type Source struct {
 	sumOf   *Derived
 	// dr keeps what the last derivations found (derive runs in Run's goroutine only).
 	dr deriver
+	// subnets are the transport subnets the last derivation found here (same-subnet peers).
+	subnets []netip.Prefix
 }
 
 // Status is the source's view of itself and of the API, for `hostaccel status` and metrics.
@@ -210,6 +212,9 @@ func (s *Source) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { s.runProbe(ctx) })
+	if s.opts.Peers == PeersSameSubnet && len(s.opts.PeerSubnets) == 0 {
+		wg.Go(func() { s.watchSubnets(ctx) })
+	}
 	if s.opts.BaseConfigPath != "" {
 		// The watch's first look comes before the first derivation reads the file: an edit
 		// in between would otherwise be the watch's baseline, never noticed.
@@ -402,7 +407,13 @@ func (s *Source) derive(ctx context.Context) {
 			p := Params{NodeName: s.opts.NodeName, Peers: s.opts.Peers, PeerSubnets: s.opts.PeerSubnets,
 				Services: s.opts.Services, ProxyName: s.opts.ProxyName}
 			if p.Peers == PeersSameSubnet && len(p.PeerSubnets) == 0 {
-				p.PeerSubnets = s.localSubnets(snap)
+				var serr error
+				if p.PeerSubnets, serr = s.localSubnets(snap.Nodes); serr != nil {
+					s.log.Warn("cannot find this node's transport subnets; no peer is accelerated under same-subnet", "err", serr)
+				}
+				s.mu.Lock()
+				s.subnets = p.PeerSubnets
+				s.mu.Unlock()
 			}
 			d, err = s.dr.derive(base, snap, p)
 		}
@@ -503,9 +514,11 @@ func (s *Source) loadBase() (*config.Config, error) {
 	return c, nil
 }
 
-func (s *Source) localSubnets(snap Snapshot) []netip.Prefix {
+// localSubnets are this node's transport subnets: the local prefixes that hold its
+// InternalIPs (of nodes, the Node objects).
+func (s *Source) localSubnets(nodes []*corev1.Node) ([]netip.Prefix, error) {
 	var ips []netip.Addr
-	for _, n := range snap.Nodes {
+	for _, n := range nodes {
 		if n.Name != s.opts.NodeName {
 			continue
 		}
@@ -513,11 +526,35 @@ func (s *Source) localSubnets(snap Snapshot) []netip.Prefix {
 			ips = append(ips, netip.MustParseAddr(a))
 		}
 	}
-	ps, err := s.opts.LocalSubnets(ips)
-	if err != nil {
-		s.log.Warn("cannot find this node's transport subnets; no peer is accelerated under same-subnet", "err", err)
+	return s.opts.LocalSubnets(ips)
+}
+
+// watchSubnets derives again, every ProbeInterval, when this node's transport subnets are no
+// longer those the last derivation found (same-subnet peers): an address that came late at
+// boot, or a renumbering. Derivations otherwise follow the API's events, which a quiet cluster
+// may not send for hours.
+func (s *Source) watchSubnets(ctx context.Context) {
+	t := time.NewTicker(s.opts.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		nodes, err := s.nodes.List(labels.Everything())
+		if err != nil {
+			continue
+		}
+		now, _ := s.localSubnets(nodes)
+		s.mu.Lock()
+		was := s.subnets
+		s.mu.Unlock()
+		if !slices.Equal(now, was) {
+			s.log.Info("this node's transport subnets changed", "subnets", now, "were", was)
+			s.markDirty()
+		}
 	}
-	return ps
 }
 
 // watchBase polls the base config file (a ConfigMap volume is updated by swapping a symlink,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -213,4 +214,29 @@ func TestLogLineCountsLongLists(t *testing.T) {
 	if got := fewOrCount(many); got != "5000 entries" {
 		t.Fatalf("fewOrCount of 5,000 = %v", got)
 	}
+}
+
+// Under same-subnet peers, the transport subnets are looked at again without an API event:
+// an address that comes late at boot brings the peers on its subnet within a probe interval.
+func TestSourceFollowsLocalSubnets(t *testing.T) {
+	c := fake.NewClientset(node("self", []string{"10.244.0.0/24"}, "172.18.0.2"), node("n1", []string{"10.244.1.0/24"}, "172.18.0.3"))
+	var up atomic.Bool
+	s := startSource(t, c, Options{Peers: PeersSameSubnet, LocalSubnets: func([]netip.Addr) ([]netip.Prefix, error) {
+		if !up.Load() {
+			return nil, errors.New("no address holds 172.18.0.2 yet")
+		}
+		return []netip.Prefix{netip.MustParsePrefix("172.18.0.0/24")}, nil
+	}})
+	peers := func() []string {
+		cfg, err := s.Config()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg.Node.PeerPodCIDRs
+	}
+	if got := peers(); len(got) != 0 {
+		t.Fatalf("peers before the node has its address: %v", got)
+	}
+	up.Store(true)
+	eventually(t, "n1 to join the peers once the address is there", func() bool { return slices.Equal(peers(), []string{"10.244.1.0/24"}) })
 }
