@@ -31,6 +31,7 @@ type kubeFlags struct {
 	peerSubnets []string
 	services    string
 	proxyName   string
+	healthCheck bool // agent: answer the Services' healthCheckNodePorts
 
 	src *k8s.Source // started by startSource
 }
@@ -41,6 +42,7 @@ func addKubeFlags(c *cobra.Command, withSwitch bool) *kubeFlags {
 	f := c.Flags()
 	if withSwitch {
 		f.BoolVar(&k.enabled, "kubernetes", false, "take the node's CIDRs, peers and Services from the Kubernetes API; -f is then the base config they are added to (the ConfigMap)")
+		f.BoolVar(&k.healthCheck, "kubernetes-health-checks", true, "answer the healthCheckNodePort of every balanced LoadBalancer Service with externalTrafficPolicy Local, as kube-proxy does (200 while this node has endpoints of it, else 503)")
 	}
 	f.StringVar(&k.kubeconfig, "kubeconfig", "", "kubeconfig file (default: the Pod's in-cluster config, else $KUBECONFIG)")
 	f.StringVar(&k.nodeName, "node-name", "", "this node's Node object (default: $NODE_NAME from the downward API, else the host name)")
@@ -58,7 +60,7 @@ func (k *kubeFlags) options(base string, log *slog.Logger) (k8s.Options, error) 
 		return k8s.Options{}, err
 	}
 	o := k8s.Options{NodeName: node, BaseConfigPath: base, Peers: k8s.PeerPolicy(k.peers),
-		Services: k8s.ServicePolicy(k.services), ProxyName: k.proxyName, Log: log}
+		Services: k8s.ServicePolicy(k.services), ProxyName: k.proxyName, Log: log, HealthChecks: k.healthCheck}
 	for _, s := range k.peerSubnets {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {

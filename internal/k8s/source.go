@@ -60,6 +60,11 @@ type Options struct {
 	// LocalSubnets finds the local prefixes that hold the given node IPs (default: the
 	// addresses of this network namespace's interfaces). Replaceable in tests.
 	LocalSubnets func(nodeIPs []netip.Addr) ([]netip.Prefix, error)
+	// HealthChecks: answer the healthCheckNodePort of every balanced Service that has one
+	// (type LoadBalancer, externalTrafficPolicy Local) on HealthCheckAddress ("" every
+	// address), as kube-proxy does (healthcheck.go). The agent's; `k8s render` serves none.
+	HealthChecks       bool
+	HealthCheckAddress string
 }
 
 // Source derives hostaccel's config from the Kubernetes API. Create it with New, run it with
@@ -93,6 +98,8 @@ type Source struct {
 	dr deriver
 	// subnets are the transport subnets the last derivation found here (same-subnet peers).
 	subnets []netip.Prefix
+	// health answers the Services' health check ports (Options.HealthChecks).
+	health *healthServer
 }
 
 // Status is the source's view of itself and of the API, for `hostaccel status` and metrics.
@@ -118,7 +125,9 @@ type Status struct {
 	LastChange  time.Time `json:"lastChange,omitzero"`
 	// DeriveError is why the latest derivation was rejected (the last good config stays).
 	DeriveError string `json:"deriveError,omitempty"`
-	// Summary explains the config in use.
+	// HealthChecks are the Services' health check ports answered here.
+	HealthChecks []HealthCheckPort `json:"healthChecks,omitempty"`
+	// Summary explains the config in use (the last field: Report writes it).
 	Summary *Summary `json:"summary,omitempty"`
 }
 
@@ -169,6 +178,9 @@ func New(client kubernetes.Interface, opts Options) (*Source, error) {
 		ready:   make(chan struct{}),
 		st:      Status{NodeName: opts.NodeName},
 	}
+	if opts.HealthChecks {
+		s.health = &healthServer{addr: opts.HealthCheckAddress, log: s.log}
+	}
 	s.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(stripManagedFields))
 	add := func(inf cache.SharedIndexInformer, h cache.ResourceEventHandler) {
 		_, _ = inf.AddEventHandler(h)
@@ -209,6 +221,9 @@ func (s *Source) Host(h string) {
 func (s *Source) Run(ctx context.Context) {
 	s.factory.Start(ctx.Done())
 	defer s.factory.Shutdown()
+	if s.health != nil {
+		defer s.health.Close()
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { s.runProbe(ctx) })
@@ -431,6 +446,13 @@ func (s *Source) derive(ctx context.Context) {
 		return
 	}
 	s.st.DeriveError = ""
+	if s.health != nil {
+		s.mu.Unlock()
+		s.health.Sync(healthChecks(snap.Services, d.Summary.Balanced))
+		serving := s.health.Serving()
+		s.mu.Lock()
+		s.st.HealthChecks = serving
+	}
 	changed := s.last == nil || !bytes.Equal(s.last.JSON, d.JSON)
 	// (The summary is compared only when the config is the same: ~2 MB of JSON at 5,000
 	// Services, to no use when the config changed.)

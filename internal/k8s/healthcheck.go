@@ -1,0 +1,155 @@
+package k8s
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// A Service of type LoadBalancer with externalTrafficPolicy Local has a healthCheckNodePort:
+// the cloud's load balancer asks every node on it whether the node has endpoints of the
+// Service, and sends traffic only to those that answer 200. kube-proxy answers it; where
+// hostaccel balances the Service (in place of kube-proxy, or for the Services labeled to it)
+// hostaccel must, or every node looks unhealthy and the Service gets no traffic at all.
+
+// HealthCheckPort is a Service's healthCheckNodePort and the number of this node's endpoints
+// that take new connections.
+type HealthCheckPort struct {
+	Namespace      string `json:"namespace"`
+	Name           string `json:"name"`
+	Port           int32  `json:"port"`
+	LocalEndpoints int    `json:"localEndpoints"`
+}
+
+// healthChecks are the health check ports of the balanced Services among svcs (balanced:
+// the derivation's fronts), with this node's endpoints counted from the fronts that take
+// external traffic (their backends are this node's with the Local policy): those that are up.
+func healthChecks(svcs []*corev1.Service, balanced []LBFront) []HealthCheckPort {
+	type key struct{ ns, name string }
+	local := map[key]map[string]bool{}
+	for _, f := range balanced {
+		k := key{f.Namespace, f.Service}
+		if local[k] == nil {
+			local[k] = map[string]bool{}
+		}
+		if f.Front == FrontCluster || f.Skipped != "" {
+			continue
+		}
+		for _, b := range f.Backends {
+			if b.State == StateUp {
+				local[k][b.Address] = true
+			}
+		}
+	}
+	var out []HealthCheckPort
+	for _, s := range svcs {
+		eps, ok := local[key{s.Namespace, s.Name}]
+		if !ok || s.Spec.Type != corev1.ServiceTypeLoadBalancer || s.Spec.HealthCheckNodePort <= 0 ||
+			s.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal {
+			continue
+		}
+		out = append(out, HealthCheckPort{Namespace: s.Namespace, Name: s.Name, Port: s.Spec.HealthCheckNodePort, LocalEndpoints: len(eps)})
+	}
+	slices.SortFunc(out, func(a, b HealthCheckPort) int { return int(a.Port) - int(b.Port) })
+	return out
+}
+
+// healthServer answers the health check ports as kube-proxy does: HTTP on every path, 200
+// while the Service has local endpoints and 503 while it has none, with a JSON body naming
+// the Service and the count. Sync opens and closes the ports as Services come and go; a port
+// it cannot listen on (taken) is logged and tried again at the next Sync.
+type healthServer struct {
+	addr string // the address to listen on ("" all)
+	log  *slog.Logger
+
+	mu    sync.Mutex
+	ports map[int32]*healthPort
+}
+
+type healthPort struct {
+	srv *http.Server
+	mu  sync.Mutex
+	hc  HealthCheckPort
+}
+
+func (p *healthPort) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	p.mu.Lock()
+	hc := p.hc
+	p.mu.Unlock()
+	body, _ := json.Marshal(map[string]any{
+		"service":             map[string]string{"namespace": hc.Namespace, "name": hc.Name},
+		"localEndpoints":      hc.LocalEndpoints,
+		"serviceProxyHealthy": true,
+	})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if hc.LocalEndpoints == 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	_, _ = w.Write(body)
+}
+
+// Sync serves exactly the ports of hcs.
+func (h *healthServer) Sync(hcs []HealthCheckPort) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ports == nil {
+		h.ports = map[int32]*healthPort{}
+	}
+	want := map[int32]bool{}
+	for _, hc := range hcs {
+		want[hc.Port] = true
+		if p := h.ports[hc.Port]; p != nil {
+			p.mu.Lock()
+			p.hc = hc
+			p.mu.Unlock()
+			continue
+		}
+		p := &healthPort{hc: hc}
+		ln, err := net.Listen("tcp", net.JoinHostPort(h.addr, strconv.Itoa(int(hc.Port))))
+		if err != nil {
+			h.log.Warn("cannot serve a Service's health check port", "service", hc.Namespace+"/"+hc.Name, "port", hc.Port, "err", err)
+			continue
+		}
+		p.srv = &http.Server{Handler: p, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := p.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				h.log.Warn("health check port stopped", "port", hc.Port, "err", err)
+			}
+		}()
+		h.ports[hc.Port] = p
+	}
+	for port, p := range h.ports {
+		if !want[port] {
+			_ = p.srv.Close()
+			delete(h.ports, port)
+		}
+	}
+}
+
+// Close closes every port.
+func (h *healthServer) Close() {
+	h.Sync(nil)
+}
+
+// Serving lists the ports served, for status.
+func (h *healthServer) Serving() []HealthCheckPort {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []HealthCheckPort
+	for _, p := range h.ports {
+		p.mu.Lock()
+		out = append(out, p.hc)
+		p.mu.Unlock()
+	}
+	slices.SortFunc(out, func(a, b HealthCheckPort) int { return int(a.Port) - int(b.Port) })
+	return out
+}

@@ -1,0 +1,111 @@
+package k8s
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// freePort is a TCP port no one listens on at the moment.
+func freePort(t *testing.T) int32 {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return int32(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// healthAnswer asks a health check port as a cloud load balancer does: its status code and
+// the local endpoints it reports (-1: no answer).
+func healthAnswer(port int32) (int, int) {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", port))
+	if err != nil {
+		return 0, -1
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Service        struct{ Namespace, Name string }
+		LocalEndpoints int `json:"localEndpoints"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&body) != nil || body.Service.Name != "web" {
+		return resp.StatusCode, -1
+	}
+	return resp.StatusCode, body.LocalEndpoints
+}
+
+// The agent answers the healthCheckNodePort of a balanced LoadBalancer Service with
+// externalTrafficPolicy Local as kube-proxy does: 200 while this node has ready endpoints of
+// it, 503 when it has none; the port closes when the Service goes.
+func TestSourceAnswersHealthCheckNodePorts(t *testing.T) {
+	ctx := context.Background()
+	hcPort := freePort(t)
+	svc := service("default", "web", corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	svc.Spec.HealthCheckNodePort = hcPort
+	es := slice("default", "web", "web-a", "http", 8080, up("10.244.0.5", "self"), up("10.244.1.5", "n1"))
+	c := fake.NewClientset(node("self", []string{"10.244.0.0/24"}, "172.18.0.2"), node("n1", []string{"10.244.1.0/24"}, "172.18.0.3"), svc, es)
+	s := startSource(t, c, Options{HealthChecks: true, HealthCheckAddress: "127.0.0.1"})
+	eventually(t, "200 with one local endpoint", func() bool {
+		code, n := healthAnswer(hcPort)
+		return code == http.StatusOK && n == 1
+	})
+	if st := s.Status(); len(st.HealthChecks) != 1 || st.HealthChecks[0].Port != hcPort {
+		t.Errorf("status: %+v", st.HealthChecks)
+	}
+
+	// This node's endpoint leaves (the Pod moved): 503, so that the cloud sends elsewhere.
+	es.Endpoints = es.Endpoints[1:]
+	if _, err := c.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "503 with no local endpoint", func() bool {
+		code, n := healthAnswer(hcPort)
+		return code == http.StatusServiceUnavailable && n == 0
+	})
+
+	// Back, then the Service goes: the port closes.
+	es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.244.0.6"}, NodeName: ptr("self")})
+	if _, err := c.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "200 again", func() bool { code, _ := healthAnswer(hcPort); return code == http.StatusOK })
+	if err := c.CoreV1().Services("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the port to close", func() bool { code, _ := healthAnswer(hcPort); return code == 0 })
+}
+
+// Only balanced LoadBalancer Services with externalTrafficPolicy Local and a port have one.
+func TestHealthChecksOfServices(t *testing.T) {
+	lb := func(name string, local bool, hc int32) *corev1.Service {
+		s := service("default", name, corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
+		if local {
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		}
+		s.Spec.HealthCheckNodePort = hc
+		return s
+	}
+	svcs := []*corev1.Service{lb("web", true, 32000), lb("cluster-policy", false, 0), lb("unbalanced", true, 32001), lb("none-here", true, 32002)}
+	balanced := []LBFront{
+		{Namespace: "default", Service: "web", Front: FrontCluster, Backends: []LBBackend{{Address: "10.244.1.5", State: StateUp}}},
+		{Namespace: "default", Service: "web", Front: FrontNodePort, Backends: []LBBackend{{Address: "10.244.0.5", State: StateUp}, {Address: "10.244.0.6", State: StateDrain}}},
+		{Namespace: "default", Service: "web", Front: FrontExternal, Backends: []LBBackend{{Address: "10.244.0.5", State: StateUp}}},
+		{Namespace: "default", Service: "cluster-policy", Front: FrontNodePort, Backends: []LBBackend{{Address: "10.244.0.7", State: StateUp}}},
+		{Namespace: "default", Service: "none-here", Front: FrontNodePort, Skipped: "no endpoints"},
+	}
+	got := healthChecks(svcs, balanced)
+	want := []HealthCheckPort{{"default", "web", 32000, 1}, {"default", "none-here", 32002, 0}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("health checks %v, want %v", got, want)
+	}
+}
