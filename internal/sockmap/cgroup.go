@@ -5,15 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 )
 
 // MountInfo is where CgroupRoot looks for the cgroup v2 mount.
 const MountInfo = "/proc/self/mountinfo"
 
-// CgroupRoot returns the mount point of the cgroup v2 hierarchy (the unified hierarchy: at
-// /sys/fs/cgroup on pure v2 hosts, /sys/fs/cgroup/unified on hybrid ones), from
+// CgroupRoot returns a mount point of the cgroup v2 hierarchy's root (the unified hierarchy:
+// at /sys/fs/cgroup on pure v2 hosts, /sys/fs/cgroup/unified on hybrid ones), from
 // /proc/self/mountinfo. A sock_ops program attached there sees every TCP socket of the node.
 func CgroupRoot() (string, error) {
 	f, err := os.Open(MountInfo)
@@ -21,7 +23,20 @@ func CgroupRoot() (string, error) {
 		return "", err
 	}
 	defer f.Close()
-	return cgroup2Mount(f)
+	return cgroup2Mount(f, isRootCgroup)
+}
+
+// isRootCgroup reports whether dir is the root cgroup of its hierarchy: the only one without
+// cgroup.events. Mountinfo cannot tell: it shows a mount's root relative to the reader's
+// cgroup namespace, so a container's own cgroup mounted in its private namespace (what runc
+// gives a Pod on a cgroup v2 node) reads "/", and the host's hierarchy mounted into it reads
+// "/..".
+func isRootCgroup(dir string) bool {
+	if _, err := os.Stat(filepath.Join(dir, "cgroup.controllers")); err != nil {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(dir, "cgroup.events"))
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 // BPFFS returns the mount point of the BPF filesystem (normally /sys/fs/bpf), where Apply
@@ -45,9 +60,9 @@ func BPFFS() (string, error) {
 	return "", errors.New(MountInfo + ": the BPF filesystem is not mounted (mount -t bpf bpf /sys/fs/bpf; in a container, mount the host's /sys/fs/bpf)")
 }
 
-// cgroup2Mount returns the first cgroup2 mount point whose root is the hierarchy's root ("/":
-// a container's view of a sub-cgroup would see only its own sockets).
-func cgroup2Mount(r io.Reader) (string, error) {
+// cgroup2Mount returns the first cgroup2 mount point that isRoot says is the hierarchy's
+// root (a sub-cgroup's sock_ops sees only the sockets of its processes: a container's own).
+func cgroup2Mount(r io.Reader, isRoot func(dir string) bool) (string, error) {
 	ms, err := mounts(r)
 	if err != nil {
 		return "", err
@@ -57,18 +72,21 @@ func cgroup2Mount(r io.Reader) (string, error) {
 		if m.fsType != "cgroup2" {
 			continue
 		}
-		if m.root == "/" {
+		if isRoot(m.point) {
 			return m.point, nil
 		}
 		if sub == "" {
-			sub = m.point + " (root " + m.root + ")"
+			sub = m.point
 		}
 	}
 	if sub != "" {
-		return "", fmt.Errorf("%s: cgroup2 is mounted only below the hierarchy's root (%s): run hostaccel in the host's cgroup namespace", MountInfo, sub)
+		return "", fmt.Errorf("%s: cgroup2 is mounted only below the hierarchy's root (%s is a sub-cgroup, such as a container's own in its cgroup namespace): mount the host's /sys/fs/cgroup into the container, or run hostaccel in the host's cgroup namespace", MountInfo, sub)
 	}
-	return "", errors.New(MountInfo + ": no cgroup2 mount (mount -t cgroup2 none /sys/fs/cgroup/unified)")
+	return "", errNoCgroup2
 }
+
+// errNoCgroup2: no cgroup2 hierarchy here, so no program can be attached to one.
+var errNoCgroup2 = errors.New(MountInfo + ": no cgroup2 mount (mount -t cgroup2 none /sys/fs/cgroup/unified)")
 
 // mount is one line of mountinfo, e.g.
 // 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw

@@ -160,11 +160,11 @@ func observe(cgroup string) (*observed, error) {
 	return o, nil
 }
 
-// current is an attached set of this build whose sockhash has its sk_msg program, or nil.
-// Where the kernel cannot say (before 6.0), the set's pin vouches for it.
+// current is an attached set of this build, enabled, whose sockhash has its sk_msg program,
+// or nil. Where the kernel cannot say (before 6.0), the set's pin vouches for it.
 func (o *observed) current(pins string) *progSet {
 	for _, s := range o.sets {
-		if !s.usable() || s.build != buildID() {
+		if !s.usable() || s.build != buildID() || s.off {
 			continue
 		}
 		if s.msg != nil {
@@ -479,24 +479,29 @@ func (m *Manager) Remove(ctx context.Context) error {
 	}
 	m.last = nil
 	cg, err := m.cgroup()
+	if errors.Is(err, errNoCgroup2) {
+		return nil // nothing can be attached
+	}
 	if err != nil {
-		return nil // no cgroup v2: nothing can be attached
+		return err // only a sub-cgroup is visible here: what is attached at the root is unseen
 	}
 	o, err := observe(cg)
 	defer o.Close()
 	if err != nil {
 		return err
 	}
+	// Draining needs no pin: it goes first, so that a missing BPF filesystem (cleanup run
+	// where the agent's pins are not visible) still detaches the programs.
+	var errs []error
+	for _, s := range o.sets {
+		errs = append(errs, drain(o, s))
+	}
 	pins, err := m.pins(false)
 	if err != nil {
 		if len(o.sets) == 0 {
 			return nil // no BPF filesystem: nothing of ours was pinned
 		}
-		return err
-	}
-	var errs []error
-	for _, s := range o.sets {
-		errs = append(errs, drain(o, s))
+		return errors.Join(append(errs, err)...)
 	}
 	errs = append(errs, removeReaders(pins, nil))
 	deadline := time.Now().Add(m.Drain)

@@ -53,6 +53,9 @@ type progSet struct {
 	msgUnknown bool
 	maps       sockmapMaps
 	build      uint64
+	// off: its settings say it is drained (or not yet enabled): a drain that did not get to
+	// detach it (a process killed in between) left it attached but doing nothing.
+	off bool
 }
 
 // setObjects is the set without the read counters hostaccel_rd and hostaccel_rt, which are
@@ -101,7 +104,7 @@ func openSet(id ebpf.ProgramID) (*progSet, error) {
 	}
 	var cfg sockmapSettings
 	if s.maps.Config.Lookup(uint32(0), &cfg) == nil {
-		s.build = cfg.Build
+		s.build, s.off = cfg.Build, cfg.Enabled == 0 || cfg.Draining != 0
 	}
 	s.msg, s.msgUnknown, err = attachedMsg(s.maps.HostaccelSocks)
 	return s, err

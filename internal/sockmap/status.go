@@ -2,6 +2,7 @@ package sockmap
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"path/filepath"
 
@@ -70,8 +71,11 @@ func (m *Manager) Status(ctx context.Context) (*Status, error) {
 		return nil, err
 	}
 	cg, err := m.cgroup()
+	if errors.Is(err, errNoCgroup2) {
+		return nil, nil // nothing can be attached
+	}
 	if err != nil {
-		return nil, nil // no cgroup v2: nothing can be attached
+		return nil, err
 	}
 	o, err := observe(cg)
 	defer o.Close()

@@ -1,0 +1,128 @@
+package sockmap
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/hostaccel/hostaccel/internal/testbed"
+)
+
+// Remove detaches the programs even where no BPF filesystem is visible (a cleanup run from a
+// mount namespace without the agent's pins): draining needs no pin. The test runs itself again
+// in a private mount namespace (unshare -m), on an empty cgroup of its own.
+func TestRemoveWithoutBPFFS(t *testing.T) {
+	testbed.RequireRoot(t)
+	if os.Getenv("HOSTACCEL_TEST_INNER") != "1" {
+		out, err := exec.Command("unshare", "-m", "env", "HOSTACCEL_TEST_INNER=1", os.Args[0], "-test.run", "^TestRemoveWithoutBPFFS$", "-test.v").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS") {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		return
+	}
+	root, err := CgroupRoot()
+	if err != nil {
+		t.Skip(err)
+	}
+	cg := filepath.Join(root, "hostaccel-test-remove")
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(cg) // what is still attached to it goes with it
+	if _, err := (&Manager{Cgroup: cg}).Apply(context.Background(), &Desired{LocalPod: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := opsOn(t, cg); n != 1 {
+		t.Fatalf("after apply: %d sock_ops programs of ours", n)
+	}
+	b, _ := os.ReadFile(MountInfo)
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && strings.Contains(l, " - bpf ") {
+			if err := unix.Unmount(f[4], unix.MNT_DETACH); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	err = (&Manager{Cgroup: cg}).Remove(context.Background())
+	if n := opsOn(t, cg); n != 0 {
+		t.Errorf("Remove without a BPF filesystem (%v) left %d sock_ops programs attached", err, n)
+	}
+}
+
+// opsOn counts our sock_ops programs attached to cgroup dir.
+func opsOn(t *testing.T, dir string) int {
+	t.Helper()
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	q, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupSockOps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, p := range q.Programs {
+		if pr, err := ebpf.NewProgramFromID(p.ID); err == nil {
+			if info, err := pr.Info(); err == nil && info.Name == opsName {
+				n++
+			}
+			pr.Close()
+		}
+	}
+	return n
+}
+
+// A set whose drain stopped between writing its settings (off) and taking it off the cgroup
+// (the process killed in between) is not taken for the current one: the next Apply loads a
+// set that works, and the half-drained one goes.
+func TestApplyReplacesAHalfDrainedSet(t *testing.T) {
+	testbed.RequireRoot(t)
+	root, err := CgroupRoot()
+	if err != nil {
+		t.Skip(err)
+	}
+	cg := filepath.Join(root, "hostaccel-test-drained")
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(cg)
+	defer (&Manager{Cgroup: cg}).Remove(context.Background())
+	d := &Desired{LocalPod: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}
+	if _, err := (&Manager{Cgroup: cg}).Apply(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	o, err := observe(cg)
+	if err != nil || len(o.sets) != 1 {
+		t.Fatalf("after apply: %v, %d sets", err, len(o.sets))
+	}
+	cfg, err := o.sets[0].settings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Enabled, cfg.Draining = 0, 1 // drain's first step, and no more
+	if err := o.sets[0].maps.Config.Put(uint32(0), cfg); err != nil {
+		t.Fatal(err)
+	}
+	o.Close()
+	res, err := (&Manager{Cgroup: cg}).Apply(context.Background(), d) // the restarted agent
+	if err != nil || !res.Changed() {
+		t.Fatalf("apply over a half-drained set: %+v %v", res, err)
+	}
+	o, err = observe(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if len(o.sets) != 1 || o.sets[0].off {
+		t.Errorf("after: %d sets attached, the first off: %v", len(o.sets), len(o.sets) > 0 && o.sets[0].off)
+	}
+}
