@@ -82,11 +82,8 @@ func cgroup2Mount(r io.Reader, isRoot func(dir string) bool) (string, error) {
 	if sub != "" {
 		return "", fmt.Errorf("%s: cgroup2 is mounted only below the hierarchy's root (%s is a sub-cgroup, such as a container's own in its cgroup namespace): mount the host's /sys/fs/cgroup into the container, or run hostaccel in the host's cgroup namespace", MountInfo, sub)
 	}
-	return "", errNoCgroup2
+	return "", errors.New(MountInfo + ": no cgroup2 mount (mount -t cgroup2 none /sys/fs/cgroup/unified)")
 }
-
-// errNoCgroup2: no cgroup2 hierarchy here, so no program can be attached to one.
-var errNoCgroup2 = errors.New(MountInfo + ": no cgroup2 mount (mount -t cgroup2 none /sys/fs/cgroup/unified)")
 
 // mount is one line of mountinfo, e.g.
 // 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw

@@ -479,11 +479,11 @@ func (m *Manager) Remove(ctx context.Context) error {
 	}
 	m.last = nil
 	cg, err := m.cgroup()
-	if errors.Is(err, errNoCgroup2) {
-		return nil // nothing can be attached
-	}
 	if err != nil {
-		return err // only a sub-cgroup is visible here: what is attached at the root is unseen
+		// No cgroup2 root here (none, or only a container's own cgroup): nothing of ours can
+		// be attached where this process sees. Not an error: every apply without sockmap
+		// removes it, in a Pod too.
+		return nil
 	}
 	o, err := observe(cg)
 	defer o.Close()

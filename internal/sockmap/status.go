@@ -2,7 +2,6 @@ package sockmap
 
 import (
 	"context"
-	"errors"
 	"net/netip"
 	"path/filepath"
 
@@ -71,11 +70,8 @@ func (m *Manager) Status(ctx context.Context) (*Status, error) {
 		return nil, err
 	}
 	cg, err := m.cgroup()
-	if errors.Is(err, errNoCgroup2) {
-		return nil, nil // nothing can be attached
-	}
 	if err != nil {
-		return nil, err
+		return nil, nil // no cgroup2 root here: nothing of ours can be attached where we see
 	}
 	o, err := observe(cg)
 	defer o.Close()
