@@ -158,7 +158,8 @@ func renderCmd() *cobra.Command {
 		Short: "Print what apply would install: the nft ruleset, and the tc datapath's map contents (no root needed)",
 		Long: "Renders offline, for a kernel that has every feature (auto then splits classes between tc and the\n" +
 			"flowtable as it would on such a kernel). Interfaces named in the config are taken as present;\n" +
-			"`transports: auto` expands to this machine's links.",
+			"`transports: auto` expands to this machine's links, a gateway pattern (knet*) to the links it\n" +
+			"matches here, or to knet0 where none does.",
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg, err := config.Load(file)
 			if err != nil {
@@ -166,6 +167,14 @@ func renderCmd() *cobra.Command {
 			}
 			links, _ := agent.Links()
 			for _, n := range append(slices.Clone(cfg.Node.Gateways), cfg.Node.Transports.Names...) {
+				// A gateway pattern (knet*) is not a device: it stands for this machine's
+				// links it matches, or for knet0 where none does.
+				if p, ok := strings.CutSuffix(n, "*"); ok && slices.Contains(cfg.Node.Gateways, n) {
+					if slices.ContainsFunc(links, func(l config.Link) bool { return strings.HasPrefix(l.Name, p) }) {
+						continue
+					}
+					n = p + "0"
+				}
 				links = append(links, config.Link{Name: n, Up: true})
 			}
 			s, _, err := cfg.State(links, false)

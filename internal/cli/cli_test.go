@@ -79,3 +79,23 @@ func TestHealthz(t *testing.T) {
 		t.Errorf("invalid config: %d %q", code, body)
 	}
 }
+
+// render takes a gateway pattern for the links it matches here, or for knet0: the pattern
+// itself is no device (apply would never install a flowtable device "knet*", and nft reads
+// "knet*" in a rule as a wildcard).
+func TestRenderExpandsGatewayPatterns(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "pat.yaml")
+	if err := os.WriteFile(cfg, []byte("datapath: flowtable\nnode:\n  gateways: [\"hxtest*\"]\n  transports: [eth0]\n  localPodCIDRs: [10.244.1.0/24]\nclasses:\n  pod-to-pod: true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	root := newRoot()
+	var out strings.Builder
+	root.SetOut(&out)
+	root.SetArgs([]string{"render", "-f", cfg})
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	if s := out.String(); strings.Contains(s, "hxtest*") || !strings.Contains(s, "devices = { eth0, hxtest0 }") {
+		t.Errorf("render of a gateway pattern:\n%s", s)
+	}
+}

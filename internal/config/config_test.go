@@ -45,6 +45,7 @@ func TestParseErrors(t *testing.T) {
 		{"negative threshold", good + "packetThreshold: -1\n", `packetThreshold: -1 is negative`},
 		{"datapath", good + "datapath: warp\n", `datapath: "warp" is not one of`},
 		{"transports word", strings.Replace(good, "[eth0]", "all", 1), `node.transports: "all" is neither "auto" nor a list`},
+		{"plumbing words in a value", strings.Replace(good, "[eth0]", `"json: x"`, 1), `node.transports: "json: x" is neither "auto" nor a list`},
 		{"ifname", strings.Replace(good, "[gw]", "[a/b]", 1), `node.gateways[0]: "a/b" is not a valid interface name`},
 		{"gateway is transport", strings.Replace(good, "[eth0]", "[gw]", 1), `node.transports[0]: "gw" is also a gateway`},
 		{"node ip", strings.Replace(good, "  gateways:", "  nodeIPs: [1.2.3]\n  gateways:", 1), `node.nodeIPs[0]: "1.2.3" is not a valid IP address`},

@@ -40,13 +40,25 @@ func UnmarshalStrict(b []byte, v any) error {
 		}
 		return fmt.Errorf("unknown field %s", Quote(key))
 	}
-	msg := err.Error()
-	if i := strings.LastIndex(msg, "json: "); i >= 0 { // drop the yaml->json plumbing prefixes
-		msg = msg[i+len("json: "):]
-	} else if i := strings.LastIndex(msg, "JSON: "); i >= 0 {
-		msg = msg[i+len("JSON: "):]
+	return errors.New(shorten(plumbingCut(err.Error()), 4*MaxQuoted))
+}
+
+// plumbingPrefixes are what sigs.k8s.io/yaml and encoding/json put before a message
+// ("error unmarshaling JSON: while decoding JSON: json: cannot unmarshal ...").
+var plumbingPrefixes = []string{"error converting YAML to JSON: ", "error unmarshaling JSON: ", "while decoding JSON: ", "json: "}
+
+// plumbingCut drops the plumbing prefixes from the start of msg, and only there: a value in
+// the message may hold the same words (transports: "json: x").
+func plumbingCut(msg string) string {
+	for cut := true; cut; {
+		cut = false
+		for _, p := range plumbingPrefixes {
+			if rest, ok := strings.CutPrefix(msg, p); ok {
+				msg, cut = rest, true
+			}
+		}
 	}
-	return errors.New(shorten(msg, 4*MaxQuoted))
+	return msg
 }
 
 // decodeFresh decodes JSON strictly into v, a pointer to a zero value, and reports whether
