@@ -277,10 +277,9 @@ func TestServicesValidatedOnce(t *testing.T) {
 	}
 }
 
-// An API change waits for a sync that carries it: one that began before the change was
-// saved, and failed (a transient error), neither applied it nor may roll it back; the next
-// sync applies it.
-func TestChangeNotRolledBackByAnEarlierSyncsFailure(t *testing.T) {
+// wakingRuntime is a Runtime on the Fake whose Trigger wakes the returned channel (the
+// agent's loop, which a test runs itself); its Env is the test's to set.
+func wakingRuntime() (*Runtime, chan struct{}) {
 	m, _ := NewFakeManager()
 	wake := make(chan struct{}, 1)
 	r := NewRuntime(slog.New(slog.NewTextHandler(io.Discard, nil)), func() {
@@ -292,6 +291,14 @@ func TestChangeNotRolledBackByAnEarlierSyncsFailure(t *testing.T) {
 	r.NewManager = func() (*Manager, error) { return m, nil }
 	r.FlushConntrack = func([]netip.Addr, string, netip.Addr) error { return nil }
 	r.Solicit = func([]netip.Addr) {}
+	return r, wake
+}
+
+// An API change waits for a sync that carries it: one that began before the change was
+// saved, and failed (a transient error), neither applied it nor may roll it back; the next
+// sync applies it.
+func TestChangeNotRolledBackByAnEarlierSyncsFailure(t *testing.T) {
+	r, wake := wakingRuntime()
 	var fail atomic.Bool
 	inEnv, release := make(chan struct{}), make(chan struct{})
 	r.Env = func([]string) (Env, error) {
@@ -354,17 +361,7 @@ func TestChangeNotRolledBackByAnEarlierSyncsFailure(t *testing.T) {
 // A change whose own sync fails is rolled back: the state file and the services are as
 // before it, and the caller is told.
 func TestChangeRolledBackWhenItsSyncFails(t *testing.T) {
-	m, _ := NewFakeManager()
-	wake := make(chan struct{}, 1)
-	r := NewRuntime(slog.New(slog.NewTextHandler(io.Discard, nil)), func() {
-		select {
-		case wake <- struct{}{}:
-		default:
-		}
-	})
-	r.NewManager = func() (*Manager, error) { return m, nil }
-	r.FlushConntrack = func([]netip.Addr, string, netip.Addr) error { return nil }
-	r.Solicit = func([]netip.Addr) {}
+	r, wake := wakingRuntime()
 	var fail atomic.Bool
 	r.Env = func([]string) (Env, error) {
 		if fail.Load() {
