@@ -486,6 +486,9 @@ func (a *Agent) drainLinks(ctx context.Context, ch chan netlink.LinkUpdate, errc
 			return
 		case u, ok := <-ch:
 			if !ok {
+				// netlink closes ch after it reported an error (ENOBUFS: events were
+				// dropped), and the select may take this before that error: resync either way.
+				a.Trigger()
 				return
 			}
 			a.opts.Log.Debug("link event", "link", u.Attrs().Name, "type", u.Header.Type)
