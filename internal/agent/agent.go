@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -232,8 +233,9 @@ func (a *Agent) shutdown() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err := a.mgrs.Remove(ctx)
-	a.opts.Log.Info("stopping; removed hostaccel's rules", "err", err)
+	// The loop's last sync has returned: nothing puts the tables back after this.
+	err := errors.Join(a.mgrs.Remove(ctx), a.LB().Remove(ctx))
+	a.opts.Log.Info("stopping; removed hostaccel's rules and the load balancer's tables", "err", err)
 	if a.opts.StatePath != "" {
 		os.Remove(a.opts.StatePath)
 	}

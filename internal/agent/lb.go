@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"sync"
-	"time"
 
 	"github.com/hostaccel/hostaccel/internal/lb"
 )
@@ -24,15 +23,9 @@ func (a *Agent) LB() *lb.Runtime {
 	return a.lb.rt
 }
 
-// runLB runs the load balancer's background work (health checks, local API) until ctx ends;
-// with CleanupOnExit it then removes the load balancer's tables.
+// runLB runs the load balancer's background work (health checks, local API) until ctx ends.
+// With CleanupOnExit, shutdown removes its tables once the last sync has returned: removed
+// here, a sync still running could put them back (its transaction does not heed ctx).
 func (a *Agent) runLB(ctx context.Context) {
-	rt := a.LB()
-	rt.Run(ctx)
-	if a.opts.CleanupOnExit {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		err := rt.Remove(ctx)
-		a.opts.Log.Info("stopping; removed the load balancer's tables", "err", err)
-	}
+	a.LB().Run(ctx)
 }
