@@ -33,7 +33,7 @@ func testRuntime(t testing.TB, cfg Config) (*Runtime, *Client, func() string) {
 	r := NewRuntime(slog.New(slog.NewTextHandler(io.Discard, nil)), trigger)
 	r.NewManager = func() (*Manager, error) { return m, nil }
 	r.Env = func([]string) (Env, error) { return testEnv, nil }
-	r.FlushConntrack = func([]netip.Addr, string, netip.Addr) error { return nil }
+	r.FlushConntrack = func([]netip.Addr, []int, string, netip.Addr, int) error { return nil }
 	r.Solicit = func([]netip.Addr) {}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -289,7 +289,7 @@ func wakingRuntime() (*Runtime, chan struct{}) {
 		}
 	})
 	r.NewManager = func() (*Manager, error) { return m, nil }
-	r.FlushConntrack = func([]netip.Addr, string, netip.Addr) error { return nil }
+	r.FlushConntrack = func([]netip.Addr, []int, string, netip.Addr, int) error { return nil }
 	r.Solicit = func([]netip.Addr) {}
 	return r, wake
 }

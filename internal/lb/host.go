@@ -1,7 +1,6 @@
 package lb
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -56,27 +55,54 @@ func HostEnv(devs []string) (Env, error) {
 	return env, nil
 }
 
-// flushConntrack deletes the conntrack entries of connections to vips (proto) that backend
-// answers.
-func flushConntrack(vips []netip.Addr, proto string, backend netip.Addr) error {
+// flushConntrack deletes the conntrack entries of connections to vips (proto, on ports; every
+// port when none) that backend answers on its port (0: the port the client asked for).
+func flushConntrack(vips []netip.Addr, ports []int, proto string, backend netip.Addr, backendPort int) error {
+	fam := netlink.InetFamily(unix.AF_INET)
+	if backend.Is6() {
+		fam = unix.AF_INET6
+	}
+	_, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, fam, conntrackFilters(vips, ports, proto, backend, backendPort)...)
+	return err
+}
+
+// conntrackFilters match flushConntrack's entries: one per VIP of backend's family and port.
+func conntrackFilters(vips []netip.Addr, ports []int, proto string, backend netip.Addr, backendPort int) []netlink.CustomConntrackFilter {
 	p := map[string]uint8{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}[proto]
+	if len(ports) == 0 {
+		ports = []int{0}
+	}
 	var filters []netlink.CustomConntrackFilter
 	for _, v := range vips {
 		if v.Is6() != backend.Is6() {
 			continue
 		}
-		f := &netlink.ConntrackFilter{}
-		if err := errors.Join(f.AddIP(netlink.ConntrackOrigDstIP, v.AsSlice()), f.AddIP(netlink.ConntrackReplySrcIP, backend.AsSlice()), f.AddProtocol(p)); err != nil {
-			return err
+		for _, port := range ports {
+			bp := backendPort
+			if bp == 0 {
+				bp = port
+			}
+			filters = append(filters, flowFilter{proto: p, vip: v, port: uint16(port), backend: backend, backendPort: uint16(bp)})
 		}
-		filters = append(filters, f)
 	}
-	fam := netlink.InetFamily(unix.AF_INET)
-	if backend.Is6() {
-		fam = unix.AF_INET6
-	}
-	_, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, fam, filters...)
-	return err
+	return filters
+}
+
+// flowFilter matches a connection to vip:port (0: any port) that backend:backendPort
+// answers (the reply's source). netlink's own filter has no reply port: a backend's entries
+// on its other ports (another service's, or this one's other backend on the same host) would
+// go too.
+type flowFilter struct {
+	proto             uint8
+	vip, backend      netip.Addr
+	port, backendPort uint16
+}
+
+func (f flowFilter) MatchConntrackFlow(fl *netlink.ConntrackFlow) bool {
+	vip, _ := netip.AddrFromSlice(fl.Forward.DstIP)
+	backend, _ := netip.AddrFromSlice(fl.Reverse.SrcIP)
+	return fl.Forward.Protocol == f.proto && vip.Unmap() == f.vip && backend.Unmap() == f.backend &&
+		(f.port == 0 || fl.Forward.DstPort == f.port && fl.Reverse.SrcPort == f.backendPort)
 }
 
 // solicitNeighbours makes the kernel resolve addrs' MAC addresses: one empty datagram each

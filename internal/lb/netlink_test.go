@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/netip"
 	"os"
 	"regexp"
 	"runtime"
@@ -13,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
 	"github.com/hostaccel/hostaccel/internal/testbed"
@@ -387,4 +390,84 @@ func TestManagerCloseClosesItsSockets(t *testing.T) {
 		t.Errorf("after Close: %d fds, %d before", n, before)
 	}
 	runtime.KeepAlive(m) // until here no finalizer may close what Close left open
+}
+
+// A backend's flush takes the connections it answers on its port to the service's VIPs and
+// ports, not its entries on another port (another service's, or another backend on the same
+// host), nor another VIP's or family's.
+func TestConntrackFilters(t *testing.T) {
+	vip, other := netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("192.0.2.11")
+	be := netip.MustParseAddr("10.0.0.1")
+	flow := func(dst netip.Addr, dport uint16, src netip.Addr, sport uint16) *netlink.ConntrackFlow {
+		f := &netlink.ConntrackFlow{}
+		f.Forward.Protocol, f.Forward.DstIP, f.Forward.DstPort = unix.IPPROTO_TCP, dst.AsSlice(), dport
+		f.Reverse.SrcIP, f.Reverse.SrcPort = src.AsSlice(), sport
+		return f
+	}
+	filters := conntrackFilters([]netip.Addr{vip, netip.MustParseAddr("2001:db8::10")}, []int{80}, "tcp", be, 8080)
+	match := func(f *netlink.ConntrackFlow) bool {
+		for _, x := range filters {
+			if x.MatchConntrackFlow(f) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, c := range []struct {
+		what string
+		flow *netlink.ConntrackFlow
+		want bool
+	}{
+		{"its connection", flow(vip, 80, be, 8080), true},
+		{"the same host on another port", flow(vip, 80, be, 8081), false},
+		{"another service's port", flow(vip, 443, be, 8080), false},
+		{"another VIP", flow(other, 80, be, 8080), false},
+	} {
+		if got := match(c.flow); got != c.want {
+			t.Errorf("%s: matched %v, want %v", c.what, got, c.want)
+		}
+	}
+	if n := len(filters); n != 1 {
+		t.Errorf("%d filters, want 1 (the IPv6 VIP is of another family)", n)
+	}
+	// Backend port 0 keeps the client's port; no port at all matches every port.
+	if f := conntrackFilters([]netip.Addr{vip}, []int{80, 443}, "tcp", be, 0); len(f) != 2 || !f[1].MatchConntrackFlow(flow(vip, 443, be, 443)) {
+		t.Errorf("ports kept: %+v", f)
+	}
+	if f := conntrackFilters([]netip.Addr{vip}, nil, "tcp", be, 0); len(f) != 1 || !f[0].MatchConntrackFlow(flow(vip, 1234, be, 4321)) {
+		t.Errorf("no ports: %+v", f)
+	}
+}
+
+// On the kernel: a backend's flush deletes its connection to the service and keeps the same
+// host's connection on another port (entries made with conntrack -I in a namespace).
+func TestFlushConntrackOnTheKernel(t *testing.T) {
+	testbed.RequireRoot(t)
+	ns, err := testbed.NewNS("ctflush")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	for _, e := range [][2]string{{"1234", "8080"}, {"1235", "8081"}, {"1236", "8080"}} {
+		dport := "80"
+		if e[0] == "1236" {
+			dport = "443" // another service's port on the same VIP and backend port
+		}
+		if out, err := ns.Exec("conntrack", "-I", "-p", "tcp", "-s", "198.51.100.1", "-d", "192.0.2.10", "--sport", e[0], "--dport", dport,
+			"-r", "10.0.0.1", "-q", "198.51.100.1", "--reply-port-src", e[1], "--reply-port-dst", e[0], "--state", "ESTABLISHED", "-t", "100"); err != nil {
+			t.Fatal(out, err)
+		}
+	}
+	if err := ns.Do(func() error {
+		return flushConntrack([]netip.Addr{netip.MustParseAddr("192.0.2.10")}, []int{80}, "tcp", netip.MustParseAddr("10.0.0.1"), 8080)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := ns.Exec("conntrack", "-L")
+	if err != nil {
+		t.Fatal(out, err)
+	}
+	if strings.Contains(out, "sport=1234") || !strings.Contains(out, "sport=1235") || !strings.Contains(out, "sport=1236") {
+		t.Errorf("after flushing 10.0.0.1:8080 of 192.0.2.10:80:\n%s", out)
+	}
 }

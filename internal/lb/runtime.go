@@ -23,7 +23,7 @@ type Runtime struct {
 	// Hooks, replaceable in tests.
 	NewManager     func() (*Manager, error)
 	Env            func(devs []string) (Env, error)
-	FlushConntrack func(vips []netip.Addr, proto string, backend netip.Addr) error
+	FlushConntrack func(vips []netip.Addr, ports []int, proto string, backend netip.Addr, backendPort int) error
 	Solicit        func(addrs []netip.Addr) // makes the kernel resolve dsr backends' MACs
 	// FullEvery: how often the tables are read back whole to repair drift (the agent sets
 	// it just under its resync period); 0: DefaultFullEvery.
@@ -481,7 +481,7 @@ func (r *Runtime) flush(prev, cur *Desired) {
 		}
 		for _, b := range ss.Backends {
 			if was[HealthKey(ss.Service.Name, b.Key)] && !b.Known {
-				err := r.FlushConntrack(ss.VIPs, ss.Protocol, b.Addr)
+				err := r.FlushConntrack(ss.VIPs, ss.Ports, ss.Protocol, b.Addr, b.Port)
 				r.Log.Info("flushed the conntrack entries of a backend that left", "service", ss.Service.Name, "backend", b.Key, "err", err)
 			}
 		}
