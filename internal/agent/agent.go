@@ -30,8 +30,11 @@ import (
 
 // Options configure an Agent.
 type Options struct {
-	ConfigPath    string
-	StatePath     string // "" disables publishing state
+	ConfigPath string
+	StatePath  string // "" disables publishing state
+	// LockPath is the lock file the agent holds (recorded in its state: status checks that it
+	// is still held, as a PID alone says nothing across PID namespaces).
+	LockPath      string
 	CleanupOnExit bool
 	Log           *slog.Logger
 	// Hooks, replaceable in tests.
@@ -93,7 +96,7 @@ func New(opts Options, mgrs *datapath.Managers) (*Agent, error) {
 	if _, err := a.loadConfig(); err != nil {
 		return nil, err
 	}
-	a.state = State{PID: os.Getpid(), ConfigPath: opts.ConfigPath, Datapath: a.cfg.Datapath}
+	a.state = State{PID: os.Getpid(), LockFile: opts.LockPath, ConfigPath: opts.ConfigPath, Datapath: a.cfg.Datapath}
 	return a, nil
 }
 

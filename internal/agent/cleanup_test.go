@@ -76,7 +76,7 @@ loadBalancer:
 		}
 		return lb.Env{Local: []netip.Addr{netip.MustParseAddr("10.1.0.1")}}, nil
 	}
-	rt.FlushConntrack = func([]netip.Addr, string, netip.Addr) error { return nil }
+	rt.FlushConntrack = func([]netip.Addr, []int, string, netip.Addr, int) error { return nil }
 	rt.Solicit = func([]netip.Addr) {}
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -141,7 +141,7 @@ loadBalancer:
 		enteredOnce.Do(func() { close(entered) })
 		return lb.Env{Local: []netip.Addr{netip.MustParseAddr("10.1.0.1")}}, nil
 	}
-	rt.FlushConntrack = func([]netip.Addr, string, netip.Addr) error { return nil }
+	rt.FlushConntrack = func([]netip.Addr, []int, string, netip.Addr, int) error { return nil }
 	rt.Solicit = func([]netip.Addr) {}
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -3,8 +3,11 @@ package agent
 import (
 	"bytes"
 	"encoding/json"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/hostaccel/hostaccel/internal/lock"
 )
 
 // TestStateJSON: the published state is MarshalIndent's JSON, the source's report as it came.
@@ -32,5 +35,27 @@ func TestStateJSON(t *testing.T) {
 		if !bytes.Contains(got, []byte("\n  \"syncs\": 3,\n")) {
 			t.Fatalf("not indented:\n%s", got)
 		}
+	}
+}
+
+// status shows the agent of a state file only while it runs: its PID alive and the lock it
+// recorded held. An agent in a container is PID 1 there, and the node's /proc/1 is init
+// long after the Pod is gone.
+func TestStateRunningNeedsTheLock(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "hostaccel.lock")
+	st := State{PID: 1, LockFile: path}
+	if st.running() {
+		t.Error("PID 1 without the lock held: running")
+	}
+	l, err := lock.Acquire(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	if !st.running() {
+		t.Error("PID 1 and the lock held: not running")
+	}
+	if (&State{PID: 1}).running() != true {
+		t.Error("a state without a lock file (an older agent): the PID decides")
 	}
 }

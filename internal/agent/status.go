@@ -11,6 +11,7 @@ import (
 	"github.com/hostaccel/hostaccel/internal/conntrack"
 	"github.com/hostaccel/hostaccel/internal/datapath"
 	"github.com/hostaccel/hostaccel/internal/flowtable"
+	"github.com/hostaccel/hostaccel/internal/lock"
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/nftjson"
 	"github.com/hostaccel/hostaccel/internal/sockmap"
@@ -22,7 +23,9 @@ const DefaultStatePath = "/run/hostaccel/agent.json"
 
 // State is what the agent reports about itself.
 type State struct {
-	PID        int             `json:"pid"`
+	PID int `json:"pid"`
+	// LockFile is the lock the agent holds while it runs ("": none recorded).
+	LockFile   string          `json:"lockFile,omitempty"`
 	ConfigPath string          `json:"configPath"`
 	Datapath   string          `json:"datapath"`
 	Healthy    bool            `json:"healthy"`
@@ -129,7 +132,7 @@ func Gather(ctx context.Context, m *datapath.Managers, statePath string) Status 
 	if statePath != "" {
 		if b, err := os.ReadFile(statePath); err == nil {
 			var a State
-			if json.Unmarshal(b, &a) == nil && processAlive(a.PID) {
+			if json.Unmarshal(b, &a) == nil && a.running() {
 				st.Agent = &a
 			}
 		}
@@ -138,6 +141,13 @@ func Gather(ctx context.Context, m *datapath.Managers, statePath string) Status 
 		st.Errors = nil
 	}
 	return st
+}
+
+// running reports whether the agent that wrote a still runs: its PID is alive here and the
+// lock it recorded is held. The PID alone is no proof: an agent in a container is PID 1 of
+// its namespace, and on the node /proc/1 is init, long after the Pod is gone.
+func (a *State) running() bool {
+	return processAlive(a.PID) && (a.LockFile == "" || lock.Held(a.LockFile))
 }
 
 func processAlive(pid int) bool {

@@ -349,7 +349,7 @@ func agentCmd(g *globals) *cobra.Command {
 			ctx, stop := signal.NotifyContext(c.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			var met *metrics.Metrics
-			opts := agent.Options{ConfigPath: file, StatePath: statePath, CleanupOnExit: cleanup, Log: log}
+			opts := agent.Options{ConfigPath: file, StatePath: statePath, LockPath: lockPath, CleanupOnExit: cleanup, Log: log}
 			if kube.enabled {
 				src, err := kube.startSource(ctx, log, file, 0)
 				if err != nil {

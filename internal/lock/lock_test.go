@@ -85,3 +85,25 @@ func TestSIGKILLReleases(t *testing.T) {
 	}
 	l.Release()
 }
+
+// Held sees a lock another holder has, and none once it is released; it takes nothing.
+func TestHeld(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "hostaccel.lock")
+	if Held(path) {
+		t.Fatal("a missing file is held")
+	}
+	l, err := Acquire(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !Held(path) {
+		t.Error("the lock is held, Held says no")
+	}
+	if other := filepath.Join(filepath.Dir(path), "other.lock"); os.WriteFile(other, nil, 0o644) != nil || Held(other) {
+		t.Error("another file is held")
+	}
+	l.Release()
+	if Held(path) {
+		t.Error("released, Held says yes")
+	}
+}
