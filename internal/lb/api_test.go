@@ -16,26 +16,46 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/knftables"
 )
 
 // testRuntime is a Runtime on a fake kernel whose syncs run on their own goroutine, as the
 // agent's loop would run them.
 func testRuntime(t testing.TB, cfg Config) (*Runtime, *Client, func() string) {
 	t.Helper()
+	r, wake, f := wakingRuntime()
+	r.Env = func([]string) (Env, error) { return testEnv, nil }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := syncLoop(ctx, r, wake, cfg)
+	if err := r.Sync(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(r.Handler())
+	t.Cleanup(func() { srv.Close(); cancel(); <-done; r.stop() })
+	return r, &Client{HTTP: srv.Client(), Base: srv.URL}, func() string { return f.Dump() }
+}
+
+// wakingRuntime is a Runtime on the Fake (returned too) whose Trigger wakes the returned
+// channel (the agent's loop: syncLoop, or a test's own); its Env is the caller's to set.
+func wakingRuntime() (*Runtime, chan struct{}, *knftables.Fake) {
 	m, f := NewFakeManager()
 	wake := make(chan struct{}, 1)
-	trigger := func() {
+	r := NewRuntime(slog.New(slog.NewTextHandler(io.Discard, nil)), func() {
 		select {
 		case wake <- struct{}{}:
 		default:
 		}
-	}
-	r := NewRuntime(slog.New(slog.NewTextHandler(io.Discard, nil)), trigger)
+	})
 	r.NewManager = func() (*Manager, error) { return m, nil }
-	r.Env = func([]string) (Env, error) { return testEnv, nil }
 	r.FlushConntrack = func([]netip.Addr, []int, string, netip.Addr, int) error { return nil }
 	r.Solicit = func([]netip.Addr) {}
-	ctx, cancel := context.WithCancel(context.Background())
+	return r, wake, f
+}
+
+// syncLoop syncs cfg whenever wake fires, until ctx ends (then the returned channel closes),
+// as the agent's loop does.
+func syncLoop(ctx context.Context, r *Runtime, wake <-chan struct{}, cfg Config) <-chan struct{} {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -48,12 +68,7 @@ func testRuntime(t testing.TB, cfg Config) (*Runtime, *Client, func() string) {
 			}
 		}
 	}()
-	if err := r.Sync(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(r.Handler())
-	t.Cleanup(func() { srv.Close(); cancel(); <-done; r.stop() })
-	return r, &Client{HTTP: srv.Client(), Base: srv.URL}, func() string { return f.Dump() }
+	return done
 }
 
 func TestAPI(t *testing.T) {
@@ -277,28 +292,11 @@ func TestServicesValidatedOnce(t *testing.T) {
 	}
 }
 
-// wakingRuntime is a Runtime on the Fake whose Trigger wakes the returned channel (the
-// agent's loop, which a test runs itself); its Env is the test's to set.
-func wakingRuntime() (*Runtime, chan struct{}) {
-	m, _ := NewFakeManager()
-	wake := make(chan struct{}, 1)
-	r := NewRuntime(slog.New(slog.NewTextHandler(io.Discard, nil)), func() {
-		select {
-		case wake <- struct{}{}:
-		default:
-		}
-	})
-	r.NewManager = func() (*Manager, error) { return m, nil }
-	r.FlushConntrack = func([]netip.Addr, []int, string, netip.Addr, int) error { return nil }
-	r.Solicit = func([]netip.Addr) {}
-	return r, wake
-}
-
 // An API change waits for a sync that carries it: one that began before the change was
 // saved, and failed (a transient error), neither applied it nor may roll it back; the next
 // sync applies it.
 func TestChangeNotRolledBackByAnEarlierSyncsFailure(t *testing.T) {
-	r, wake := wakingRuntime()
+	r, wake, _ := wakingRuntime()
 	var fail atomic.Bool
 	inEnv, release := make(chan struct{}), make(chan struct{})
 	r.Env = func([]string) (Env, error) {
@@ -361,7 +359,7 @@ func TestChangeNotRolledBackByAnEarlierSyncsFailure(t *testing.T) {
 // A change whose own sync fails is rolled back: the state file and the services are as
 // before it, and the caller is told.
 func TestChangeRolledBackWhenItsSyncFails(t *testing.T) {
-	r, wake := wakingRuntime()
+	r, wake, _ := wakingRuntime()
 	var fail atomic.Bool
 	r.Env = func([]string) (Env, error) {
 		if fail.Load() {
@@ -377,16 +375,7 @@ func TestChangeRolledBackWhenItsSyncFails(t *testing.T) {
 	if err := r.Sync(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	go func() { // the agent's loop
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-wake:
-				r.Sync(ctx, cfg)
-			}
-		}
-	}()
+	syncLoop(ctx, r, wake, cfg)
 	fail.Store(true)
 	err := r.change(ctx, func(svcs []Service, o *Overlay) error {
 		s := svcs[0]
