@@ -32,31 +32,44 @@ type HealthCheckPort struct {
 // healthChecks are the health check ports of the balanced Services among svcs (balanced:
 // the derivation's fronts), with this node's endpoints counted from the fronts that take
 // external traffic (their backends are this node's with the Local policy): those that are up.
+// It runs at every derivation: only the Services that have a port (few, where thousands are
+// balanced) are looked up in the fronts.
 func healthChecks(svcs []*corev1.Service, balanced []LBFront) []HealthCheckPort {
 	type key struct{ ns, name string }
-	local := map[key]map[string]bool{}
+	local := map[key]map[string]bool{} // the Services with a port -> their local endpoints up
+	for _, s := range svcs {
+		if s.Spec.Type == corev1.ServiceTypeLoadBalancer && s.Spec.HealthCheckNodePort > 0 &&
+			s.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
+			local[key{s.Namespace, s.Name}] = nil
+		}
+	}
+	if len(local) == 0 {
+		return nil
+	}
 	for _, f := range balanced {
 		k := key{f.Namespace, f.Service}
-		if local[k] == nil {
-			local[k] = map[string]bool{}
+		eps, ok := local[k]
+		if !ok {
+			continue
+		}
+		if eps == nil {
+			eps = map[string]bool{}
+			local[k] = eps // balanced
 		}
 		if f.Front == FrontCluster || f.Skipped != "" {
 			continue
 		}
 		for _, b := range f.Backends {
 			if b.State == StateUp {
-				local[k][b.Address] = true
+				eps[b.Address] = true
 			}
 		}
 	}
 	var out []HealthCheckPort
 	for _, s := range svcs {
-		eps, ok := local[key{s.Namespace, s.Name}]
-		if !ok || s.Spec.Type != corev1.ServiceTypeLoadBalancer || s.Spec.HealthCheckNodePort <= 0 ||
-			s.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal {
-			continue
+		if eps := local[key{s.Namespace, s.Name}]; eps != nil {
+			out = append(out, HealthCheckPort{Namespace: s.Namespace, Name: s.Name, Port: s.Spec.HealthCheckNodePort, LocalEndpoints: len(eps)})
 		}
-		out = append(out, HealthCheckPort{Namespace: s.Namespace, Name: s.Name, Port: s.Spec.HealthCheckNodePort, LocalEndpoints: len(eps)})
 	}
 	slices.SortFunc(out, func(a, b HealthCheckPort) int { return int(a.Port) - int(b.Port) })
 	return out
