@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/hostaccel/hostaccel/internal/testbed"
@@ -57,28 +55,15 @@ func TestRemoveWithoutBPFFS(t *testing.T) {
 	}
 }
 
-// opsOn counts our sock_ops programs attached to cgroup dir.
+// opsOn counts our sock_ops programs attached to cgroup dir (observe's sets).
 func opsOn(t *testing.T, dir string) int {
 	t.Helper()
-	f, err := os.Open(dir)
+	o, err := observe(dir)
+	defer o.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	q, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupSockOps})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, p := range q.Programs {
-		if pr, err := ebpf.NewProgramFromID(p.ID); err == nil {
-			if info, err := pr.Info(); err == nil && info.Name == opsName {
-				n++
-			}
-			pr.Close()
-		}
-	}
-	return n
+	return len(o.sets)
 }
 
 // A set whose drain stopped between writing its settings (off) and taking it off the cgroup
