@@ -5,8 +5,6 @@ import (
 	"net/netip"
 
 	"github.com/cilium/ebpf"
-
-	"github.com/hostaccel/hostaccel/internal/bpfobj"
 )
 
 // OpenAddrTrie opens the address trie of the running tc program id (`hostaccel status`'s
@@ -14,20 +12,16 @@ import (
 // change a running datapath's map behind its back; AddrKey is p's key in it. It returns nil
 // and no error while there is no such program.
 func OpenAddrTrie(id ebpf.ProgramID, p netip.Prefix) (*ebpf.Map, error) {
-	name := fastpathMapAddrs4
-	if p.Addr().Is6() {
-		name = fastpathMapAddrs6
-	}
-	var m *ebpf.Map
-	prog, err := bpfobj.Open(id, progName, map[string]**ebpf.Map{name: &m})
-	if prog == nil || err != nil {
+	s, err := openSet(id)
+	if s == nil || err != nil {
 		return nil, err
 	}
-	prog.Close()
+	defer s.Close()
+	m := s.addrMap(p)
 	if m == nil {
-		return nil, fmt.Errorf("program %d has no map %s", id, name)
+		return nil, fmt.Errorf("program %d has no address trie of its family (another build)", id)
 	}
-	return m, nil
+	return m.Clone()
 }
 
 // AddrKey is p's key in the address trie of its family.
