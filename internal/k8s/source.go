@@ -446,13 +446,6 @@ func (s *Source) derive(ctx context.Context) {
 		return
 	}
 	s.st.DeriveError = ""
-	if s.health != nil {
-		s.mu.Unlock()
-		s.health.Sync(healthChecks(snap.Services, d.Summary.Balanced))
-		serving := s.health.Serving()
-		s.mu.Lock()
-		s.st.HealthChecks = serving
-	}
 	changed := s.last == nil || !bytes.Equal(s.last.JSON, d.JSON)
 	// (The summary is compared only when the config is the same: ~2 MB of JSON at 5,000
 	// Services, to no use when the config changed.)
@@ -469,6 +462,13 @@ func (s *Source) derive(ctx context.Context) {
 		s.last = d
 	}
 	s.mu.Unlock()
+	if s.health != nil {
+		s.health.Sync(healthChecks(snap.Services, d.Summary.Balanced))
+		serving := s.health.Serving()
+		s.mu.Lock()
+		s.st.HealthChecks = serving
+		s.mu.Unlock()
+	}
 	if changed {
 		s.log.Info("config derived from the API", "localPodCIDRs", d.Config.Node.LocalPodCIDRs,
 			"peerPodCIDRs", fewOrCount(d.Config.Node.PeerPodCIDRs), "loadBalancerIPs", fewOrCount(d.Config.Node.LoadBalancerIPs),
