@@ -17,6 +17,20 @@ import (
 // package there with HOSTACCEL_REQUIRE_FLOWTABLE=1) they load whole; on a kernel without it
 // (this host), without the flowtable and with `counter` for `flow add`. A chain named after
 // an nft keyword, for one, passes the Fake and fails here.
+// flowtableIn probes the kernel from ns and reports whether it has the flowtable with its
+// counter; where the tests must have it (the VM, HOSTACCEL_REQUIRE_FLOWTABLE=1) it fails
+// them when it has not.
+func flowtableIn(t *testing.T, ns *testbed.NS) (probe.Result, bool) {
+	t.Helper()
+	var caps probe.Result
+	ns.Do(func() error { caps = probe.Run(context.Background()); return nil })
+	whole := caps.Has(probe.Flowtable) && caps.Has(probe.FlowtableCounter)
+	if !whole && (os.Getenv("HOSTACCEL_REQUIRE_FLOWTABLE") == "1" || os.Getenv("HOSTACCEL_IN_VM") == "1") {
+		t.Fatalf("this kernel has no flowtable (with its counter): %s", caps.Get(probe.Flowtable).Detail)
+	}
+	return caps, whole
+}
+
 func TestGoldensLoad(t *testing.T) {
 	testbed.RequireRoot(t)
 	files, err := filepath.Glob(filepath.Join("testdata", "*.nft"))
@@ -28,12 +42,7 @@ func TestGoldensLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ns.Close()
-	var caps probe.Result
-	ns.Do(func() error { caps = probe.Run(context.Background()); return nil })
-	whole := caps.Has(probe.Flowtable) && caps.Has(probe.FlowtableCounter)
-	if !whole && (os.Getenv("HOSTACCEL_REQUIRE_FLOWTABLE") == "1" || os.Getenv("HOSTACCEL_IN_VM") == "1") {
-		t.Fatalf("this kernel has no flowtable (with its counter): %s", caps.Get(probe.Flowtable).Detail)
-	}
+	caps, whole := flowtableIn(t, ns)
 	t.Logf("kernel %s: goldens loaded whole: %v", caps.Kernel, whole)
 	flowtableLine := regexp.MustCompile(`(?m)^add flowtable .*$`)
 	devicesClause := regexp.MustCompile(`devices = \{[^}]*\} ; `)

@@ -2,11 +2,9 @@ package flowtable
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 
-	"github.com/hostaccel/hostaccel/internal/probe"
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
@@ -38,12 +36,7 @@ func TestUpdateOfOverlappingElementsOnTheKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ns.Close()
-	var caps probe.Result
-	ns.Do(func() error { caps = probe.Run(context.Background()); return nil })
-	if !caps.Has(probe.Flowtable) || !caps.Has(probe.FlowtableCounter) {
-		if os.Getenv("HOSTACCEL_REQUIRE_FLOWTABLE") == "1" || os.Getenv("HOSTACCEL_IN_VM") == "1" {
-			t.Fatalf("this kernel has no flowtable (with its counter): %s", caps.Get(probe.Flowtable).Detail)
-		}
+	if _, whole := flowtableIn(t, ns); !whole {
 		t.Skip("this kernel has no flowtable")
 	}
 	for _, dev := range []string{"eth0", "gw"} {
