@@ -431,3 +431,50 @@ func moves64K(from, to net.Conn) error {
 	_, err := io.ReadFull(to, make([]byte, 64<<10))
 	return err
 }
+
+// A reply to a client end whose handed entry the LRU forgot (more client ends used since) while
+// its mark still counts goes to the stack as nat: the program enters the end again and asks
+// conntrack, instead of redirecting the reply past its un-DNAT (the client would see the
+// backend's address and drop it).
+func TestNATReplyToForgottenEnd(t *testing.T) {
+	e := newNATEnv(t)
+	e.d.NATCheck = model.NATCheckBoth
+	e.apply()
+	for _, v6 := range []bool{false, true} {
+		client, server := clusterIPConn(t, e, v6)
+		if err := moves64K(client, server); err != nil {
+			t.Fatalf("%s ClusterIP connection, client to server: %v", fam(v6), err)
+		}
+		local := netip.MustParseAddrPort(client.LocalAddr().String())
+		end := fastpathEndpoint{Port: htons(local.Port()), Proto: 6}
+		copy(end.Addr[:], local.Addr().Unmap().AsSlice())
+		e.onSet(func(s *progSet) error {
+			var m uint64
+			if err := s.maps.HandedMarks.Lookup(handedSlot(end), &m); err != nil {
+				return err
+			}
+			var cfg fastpathSettings
+			if err := s.settings.Lookup(uint32(0), &cfg); err != nil {
+				return err
+			}
+			if m < uint64(cfg.HandedSince) {
+				t.Fatalf("%s client end %v: mark %d below since %d, want counting (its SYN was handed)", fam(v6), local, m, cfg.HandedSince)
+			}
+			return s.maps.Handed.Delete(end) // as the LRU evicts it
+		})
+		before := e.status()
+		if err := moves64K(server, client); err != nil {
+			t.Errorf("%s: server to client after the client end left handed: %v", fam(v6), err)
+		}
+		if n := e.status().Passed[PassNAT].Packets - before.Passed[PassNAT].Packets; n < 1 {
+			t.Errorf("%s: %d replies handed to the stack as nat, want >= 1", fam(v6), n)
+		}
+		e.onSet(func(s *progSet) error {
+			var h fastpathHandedEnd
+			if err := s.maps.Handed.Lookup(end, &h); err != nil || h.Nat != 1 {
+				t.Errorf("%s client end after its replies: handed entry %+v (%v), want entered again with conntrack's answer nat", fam(v6), h, err)
+			}
+			return nil
+		})
+	}
+}

@@ -699,13 +699,21 @@ static __always_inline void remember(struct settings *cfg, struct endpoint *e, b
 		bpf_map_update_elem(&handed, e, &h, BPF_ANY);
 }
 
-/* was_handed returns e's entry in handed, or NULL; its mark answers first for most ends. */
+/* was_handed returns e's entry in handed, or NULL; its mark answers first for most ends. An
+ * end with a mark of the current epochs but no entry (the LRU forgot it: more client ends were
+ * used since, or it shares its mark with a handed end) is entered again with nothing asked, so
+ * that conntrack is asked about its replies: without the entry, a reply of a NAT-ed connection
+ * would be redirected without its un-NAT. */
 static __always_inline struct handed_end *was_handed(struct settings *cfg, struct endpoint *e)
 {
 	__u64 *mark = handed_mark(e);
+	struct handed_end *h, none = {};
 
 	if (mark && *mark < *(volatile __u32 *)&cfg->handed_since)
 		return NULL;
+	if ((h = bpf_map_lookup_elem(&handed, e)))
+		return h;
+	bpf_map_update_elem(&handed, e, &none, BPF_NOEXIST);
 	return bpf_map_lookup_elem(&handed, e);
 }
 
@@ -769,12 +777,13 @@ static __always_inline struct nexthop *cached(struct __sk_buff *skb, struct sett
 	return nh;
 }
 
-/* answer fills nh with the FIB's answer (the MACs only ever from it) of the agent's current
- * generation, but for when it expires. */
-static __always_inline void answer(struct nexthop *nh, struct settings *cfg, struct bpf_fib_lookup *fib,
+/* answer fills nh with the FIB's answer (the MACs only ever from it), but for when it expires,
+ * as of generation gen: the packet's, read before its lookups (an answer found while the agent
+ * bumped the generation is of the older one, and void). */
+static __always_inline void answer(struct nexthop *nh, __u32 gen, struct bpf_fib_lookup *fib,
 				   struct iface *out)
 {
-	nh->generation = cfg->generation;
+	nh->generation = gen;
 	nh->ifindex = fib->ifindex;
 	nh->flags = out->flags;
 	nh->mtu = out->mtu;
@@ -989,6 +998,30 @@ static __always_inline __u16 fold16(__u32 s)
 	return (__u16)s;
 }
 
+/* csum_add adds two one's complement sums of 32 bits (the end-around carry kept). */
+static __always_inline __u32 csum_add(__u32 a, __u32 b)
+{
+	__u32 s = a + b;
+
+	return s + (s < a);
+}
+
+/* HOP6_CSUM is what hop_limit-- adds to a packet's one's complement sum: the big-endian word
+ * nexthdr|hop_limit less one (0xfffe), as the kernel keeps the sum in memory order. */
+#define HOP6_CSUM ((__u32)bpf_htons(0xfffe))
+
+/* IPv6 has no header checksum, so every change to its header changes the packet's sum, which
+ * the kernel keeps in skb->csum where the device gave it (CHECKSUM_COMPLETE: many NICs, and
+ * the software's validation of a tunnel's outer checksum). The program's direct writes do not
+ * update it: sum6 adds their change (bpf_csum_update touches skb->csum only where it is
+ * CHECKSUM_COMPLETE). A stale sum makes the receiver's validation fail and checksum the whole
+ * packet again in software, with a "hw csum failure" report per packet where a NIC gave it.
+ * IPv4 needs none: its header checksum cancels the header's changes. */
+static __always_inline void sum6(struct __sk_buff *skb, __u32 diff)
+{
+	bpf_csum_update(skb, diff);
+}
+
 /* replaced adds the change of n 32-bit words (~old + new) to sum, and reports a change. */
 static __always_inline bool replaced(__u64 *sum, const __u8 *old, const __u8 *new, int words)
 {
@@ -1191,6 +1224,7 @@ static __always_inline bool hop(struct __sk_buff *skb, bool v6)
 		if ((void *)(ip6 + 1) > end)
 			return false;
 		ip6->hop_limit--;
+		sum6(skb, HOP6_CSUM);
 		return true;
 	}
 	if ((void *)(ip + 1) > end)
@@ -1198,6 +1232,12 @@ static __always_inline bool hop(struct __sk_buff *skb, bool v6)
 	hop4(ip);
 	return true;
 }
+
+/* PSEUDO6: bpf_l4_csum_replace with BPF_F_PSEUDO_HDR takes the addresses' change off a
+ * CHECKSUM_COMPLETE skb->csum, as IPv4 needs (its header checksum cancels the header's part of
+ * the change, the TCP checksum's change is left). For IPv6 the addresses' change is in the sum
+ * as well (no header checksum), so nothing changes in all: the change is added back (sum6).
+ * Linux 6.16's BPF_F_IPV6 does the same in the helper, but older kernels refuse the flag. */
 
 /* translate rewrites a carried packet's addresses and ports to n's in place, IPv4's header
  * checksum by the addresses' change (RFC 1624), and TCP's by a helper that knows how the
@@ -1235,6 +1275,8 @@ static __always_inline int translate(struct __sk_buff *skb, struct flow *f, stru
 		return -1;
 	if ((n->changes & NAT_PORTS) && bpf_l4_csum_replace(skb, l4 + TCP_CSUM_OFF, 0, n->port_diff, 0))
 		return -1;
+	if (f->v6 && (n->changes & NAT_ADDRS))
+		sum6(skb, n->addr_diff); /* see PSEUDO6 */
 	return 0;
 }
 
@@ -1339,7 +1381,7 @@ static __always_inline void keep(struct __sk_buff *skb, struct settings *cfg, st
 
 	if (!(cfg->flags & SETTINGS_NEXTHOP_CACHE))
 		return;
-	answer(&nh, cfg, fib, out);
+	answer(&nh, f->gen, fib, out);
 	bpf_map_update_elem(&nexthops, k, &nh, BPF_ANY);
 	keep_pair(skb, cfg, f, class, dflags, &nh);
 }
@@ -1521,7 +1563,7 @@ static __always_inline int forward(struct __sk_buff *skb, struct settings *cfg, 
 	if (!(out = route(skb, fib, egress, &how)))
 		return PASS;
 	if (how == BPF_FIB_LKUP_RET_SUCCESS && class == CARRY)
-		answer(&n->nh, cfg, fib, out);
+		answer(&n->nh, f->gen, fib, out);
 	else if (how == BPF_FIB_LKUP_RET_SUCCESS)
 		keep(skb, cfg, &k, fib, out, f, class, dflags);
 	if (class == CARRY && translate(skb, f, n))
@@ -1812,6 +1854,7 @@ static __always_inline int nat_express6(struct __sk_buff *skb, struct settings *
 	ports[0] = s->nsport;
 	ports[1] = s->ndport;
 	ip6->hop_limit--;
+	sum6(skb, s->changes & NAT_ADDRS ? csum_add(s->addr_diff, HOP6_CSUM) : HOP6_CSUM); /* PSEUDO6 */
 	return nat_send(skb, &s->w, s->changes, s->addr_diff, s->port_diff, ETH_HLEN + sizeof(*ip6));
 }
 
@@ -1848,6 +1891,7 @@ static __always_inline int express6(struct __sk_buff *skb, struct settings *cfg)
 			return EXPRESS_MISS;
 	}
 	ip6->hop_limit--;
+	sum6(skb, HOP6_CSUM);
 	return express(skb, &s->w, data);
 }
 
