@@ -413,16 +413,18 @@ static __always_inline void account(struct sock *sk, int copied, int flags)
 
 /* hostaccel_rd: fexit on tcp_bpf_recvmsg, the recvmsg of a TCP socket in a sockmap, which
  * reads the socket queue (moved data) and the TCP receive queue and returns how much it
- * copied. Its arguments differ by kernel (6.1: sk, msg, len, flags, addr_len; 6.18: no
- * addr_len), so they are read from the context by position and the return value with
- * bpf_get_func_ret. */
+ * copied. Its arguments differ by kernel (5.17-5.18: sk, msg, len, nonblock, flags, addr_len;
+ * 5.19-6.1: no nonblock; 6.18: no addr_len either), so they are read by position, flags after
+ * nonblock where the kernel says there are six, and the return value with bpf_get_func_ret
+ * (these helpers are of 5.17, as is the program). */
 SEC("fexit/tcp_bpf_recvmsg")
 int hostaccel_rd(unsigned long long *ctx)
 {
-	__u64 ret = 0;
-	if (bpf_get_func_ret(ctx, &ret))
+	__u64 ret = 0, flags = 0;
+	if (bpf_get_func_ret(ctx, &ret) ||
+	    bpf_get_func_arg(ctx, bpf_get_func_arg_cnt(ctx) >= 6 ? 4 : 3, &flags))
 		return 0;
-	account((struct sock *)ctx[0], (int)ret, (int)ctx[3]);
+	account((struct sock *)ctx[0], (int)ret, (int)flags);
 	return 0;
 }
 
