@@ -3,13 +3,14 @@
 // topology), its security context (user, capabilities, read-only root, no privilege
 // escalation), its volumes (the config mounted read-only, /run/hostaccel and
 // /var/lib/hostaccel from the host), its env and its args, its probes. The pod spec is read
-// from deploy/base/daemonset.yaml (and deploy/tc/'s patch), so a change there is what runs here.
+// from deploy/base/daemonset.yaml (and deploy/tc/'s and deploy/auto/'s patches), so a change there is what runs here.
 //
 // The image comes from HOSTACCEL_IMAGE (scripts/test.sh builds it with scripts/image.sh where
 // podman is installed); without it the tests skip, unless HOSTACCEL_REQUIRE_IMAGE=1 (CI).
 package image_test
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"os"
@@ -24,11 +25,13 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/hostaccel/hostaccel/internal/probe"
+	"github.com/hostaccel/hostaccel/internal/sockmap"
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
@@ -96,13 +99,20 @@ func agentContainer(t *testing.T, ds *appsv1.DaemonSet) *corev1.Container {
 	return nil
 }
 
-// baseDaemonSet is deploy/base/daemonset.yaml, with the capabilities of the patches under
-// deploy/ named in capsFrom (e.g. tc/daemonset-patch.yaml) instead of its own.
-func baseDaemonSet(t *testing.T, capsFrom string) *appsv1.DaemonSet {
+// baseDaemonSet is deploy/base/daemonset.yaml with the patches under deploy/ named (e.g.
+// tc/daemonset-patch.yaml), in order, as kustomize merges them: the agent container's added
+// capabilities replaced, its volume mounts and the Pod's volumes appended.
+func baseDaemonSet(t *testing.T, patches ...string) *appsv1.DaemonSet {
 	ds := daemonSet(t, "base/daemonset.yaml")
-	if capsFrom != "" {
-		patch := agentContainer(t, daemonSet(t, capsFrom)).SecurityContext.Capabilities
-		agentContainer(t, ds).SecurityContext.Capabilities.Add = patch.Add
+	c := agentContainer(t, ds)
+	for _, name := range patches {
+		patch := daemonSet(t, name)
+		pc := agentContainer(t, patch)
+		if sc := pc.SecurityContext; sc != nil && sc.Capabilities != nil {
+			c.SecurityContext.Capabilities.Add = sc.Capabilities.Add
+		}
+		c.VolumeMounts = append(c.VolumeMounts, pc.VolumeMounts...)
+		ds.Spec.Template.Spec.Volumes = append(ds.Spec.Template.Spec.Volumes, patch.Spec.Template.Spec.Volumes...)
 	}
 	return ds
 }
@@ -199,9 +209,20 @@ func runArgs(t *testing.T, ds *appsv1.DaemonSet, n *node, ctr, img string) []str
 		if host == "" {
 			t.Fatalf("the test has no directory for volume %s", m.Name)
 		}
-		v := host + ":" + m.MountPath
+		var opts []string
 		if m.ReadOnly {
-			v += ":ro"
+			opts = append(opts, "ro")
+		}
+		switch p := m.MountPropagation; {
+		case p == nil || *p == corev1.MountPropagationNone:
+		case *p == corev1.MountPropagationHostToContainer:
+			opts = append(opts, "rslave")
+		default:
+			t.Fatalf("volumeMount %s: mount propagation %s not known to the test", m.Name, *p)
+		}
+		v := host + ":" + m.MountPath
+		if len(opts) > 0 {
+			v += ":" + strings.Join(opts, ",")
 		}
 		args = append(args, "--volume", v)
 	}
@@ -258,6 +279,13 @@ func runPod(t *testing.T, img string, ds *appsv1.DaemonSet, n *node, config stri
 			if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(config), 0o644); err != nil {
 				t.Fatal(err)
 			}
+		case v.HostPath != nil && strings.HasPrefix(v.HostPath.Path, "/sys/"):
+			// The host's kernel interfaces (the cgroup hierarchy, the BPF filesystem): the
+			// real ones, as on a node.
+			if fi, err := os.Stat(v.HostPath.Path); err != nil || !fi.IsDir() {
+				t.Fatalf("volume %s: hostPath %s is no directory on this host: %v", v.Name, v.HostPath.Path, err)
+			}
+			dir = v.HostPath.Path
 		case v.HostPath != nil:
 		default:
 			t.Fatalf("volume %s: only configMap and hostPath volumes are known to the test", v.Name)
@@ -378,7 +406,7 @@ loadBalancer:
     backends:
     - {address: %s, port: 8080}
 `, vip.Addr(), vip.Port(), tp.V4.RemotePod)
-	ds := baseDaemonSet(t, "")
+	ds := baseDaemonSet(t)
 	if add := agentContainer(t, ds).SecurityContext.Capabilities.Add; !slices.Equal(add, []corev1.Capability{"NET_ADMIN"}) {
 		t.Logf("note: the DaemonSet adds %v", add)
 	}
@@ -440,7 +468,7 @@ agent: {resyncPeriod: 2s, minSyncInterval: 100ms}
 	remotePod := func(port int) netip.AddrPort { return netip.AddrPortFrom(a.RemotePod, uint16(port)) }
 
 	n := newNode(tp)
-	p := runPod(t, img, baseDaemonSet(t, ""), n, cfg)
+	p := runPod(t, img, baseDaemonSet(t), n, cfg)
 	testbed.WaitFor(t, "the readiness probe to answer after the first sync", 30*time.Second, 200*time.Millisecond, func() bool {
 		code, body := p.readiness()
 		return code != 0 && !strings.Contains(body, "not synced yet")
@@ -469,4 +497,108 @@ agent: {resyncPeriod: 2s, minSyncInterval: 100ms}
 	if err := transfer(tp, remotePod(5202), 5202); err != nil {
 		t.Errorf("the tc redirect stopped with the container (its rules should stay): %v", err)
 	}
+}
+
+// datapath sockmap, which deploy/auto/ gives local-pod-to-pod: with deploy/tc/'s capabilities
+// alone the container sees only its own cgroup (its cgroup namespace), and the readiness probe
+// says that the cgroup v2 root is not found; with deploy/auto/'s mounts of the host's
+// /sys/fs/cgroup and /sys/fs/bpf the agent attaches to the root, TCP between two Pods of the
+// node is moved socket to socket, and the sockhash is pinned in the host's BPF filesystem:
+// once the container is removed, a new connection is still moved.
+func TestImageSockmap(t *testing.T) {
+	img := requireImage(t)
+	if caps := probe.Run(t.Context()); !caps.Has(probe.SockMap) {
+		t.Skip("this kernel cannot run the sockmap datapath")
+	}
+	hostBPFFS(t)
+	pods := testbed.NewLocalPodsT(t)
+	m := sockmap.NewManager()
+	t.Cleanup(func() {
+		if err := m.Remove(context.Background()); err != nil {
+			t.Errorf("removing the sockmap datapath: %v", err)
+		}
+	})
+	cfg := fmt.Sprintf(`datapath: sockmap
+node:
+  gateways: [gwa, gwb]
+  transports: auto
+  localPodCIDRs: [%s]
+classes: {local-pod-to-pod: true}
+agent: {resyncPeriod: 2s, minSyncInterval: 100ms}
+`, strings.Join(slices.Collect(func(yield func(string) bool) {
+		for _, c := range pods.CIDRs {
+			if !yield(strconv.Quote(c.String())) {
+				return
+			}
+		}
+	}), ", "))
+	// moved connects Pod A to Pod B and reports whether the transfer's messages were moved.
+	moved := func(when string) {
+		t.Helper()
+		srv, err := pods.B.ListenTCP(netip.AddrPortFrom(pods.B4, 0).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Close()
+		before, err := m.Status(t.Context())
+		if err != nil || before == nil {
+			t.Fatalf("%s: sockmap status: %v %v", when, before, err)
+		}
+		c, err := pods.A.DialTCP("", srv.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := testbed.Transfer(c, 256<<10, 16<<10); err != nil {
+			t.Errorf("%s: Pod A -> Pod B: %v", when, err)
+		}
+		after, err := m.Status(t.Context())
+		if err != nil || after == nil {
+			t.Fatalf("%s: sockmap status: %v %v", when, after, err)
+		}
+		if n := after.Redirected.Count - before.Redirected.Count; n == 0 {
+			t.Errorf("%s: no message moved socket to socket (status %+v)", when, *after)
+		}
+	}
+
+	n := &node{ns: pods.Node, ip: pods.Addr(false, false).Prev(), name: "node-1"} // gwa's address
+	p := runPod(t, img, baseDaemonSet(t, "tc/daemonset-patch.yaml"), n, cfg)
+	testbed.WaitFor(t, "the readiness probe to answer after the first sync", 30*time.Second, 200*time.Millisecond, func() bool {
+		code, body := p.readiness()
+		return code != 0 && !strings.Contains(body, "not synced yet")
+	})
+	if code, body := p.readiness(); code != 503 || !strings.Contains(body, "cgroup") {
+		t.Errorf("sockmap without the host's cgroup hierarchy: readiness %d %q, want 503 saying the cgroup v2 root is not found", code, body)
+	}
+	p.remove()
+
+	p = runPod(t, img, baseDaemonSet(t, "tc/daemonset-patch.yaml", "auto/daemonset-patch.yaml"), n, cfg)
+	waitReady(t, p)
+	moved("with the agent in its container")
+	if st := p.exec("status"); !strings.Contains(st, "sockmap datapath:") {
+		t.Errorf("`hostaccel status` in the container:\n%s", st)
+	}
+	p.remove()
+	pins, _ := filepath.Glob(filepath.Join(sockmap.DefaultBPFFS, "hostaccel", "sockmap-*"))
+	if len(pins) == 0 {
+		t.Errorf("no sockhash pin in the host's %s/hostaccel after the container was removed", sockmap.DefaultBPFFS)
+	}
+	moved("after the container was removed")
+}
+
+// hostBPFFS makes sure the host has the BPF filesystem at /sys/fs/bpf, as systemd mounts it on
+// a node, and unmounts it when the test ends if it mounted it.
+func hostBPFFS(t *testing.T) {
+	t.Helper()
+	if fs, err := sockmap.BPFFS(); err == nil && fs == sockmap.DefaultBPFFS {
+		return
+	}
+	if err := unix.Mount("bpf", sockmap.DefaultBPFFS, "bpf", 0, "mode=0700"); err != nil {
+		t.Fatalf("mounting the BPF filesystem at %s: %v", sockmap.DefaultBPFFS, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(sockmap.DefaultBPFFS, 0); err != nil {
+			t.Errorf("unmounting %s: %v", sockmap.DefaultBPFFS, err)
+		}
+	})
 }

@@ -18,8 +18,8 @@ import (
 	"github.com/hostaccel/hostaccel/internal/k8s/k8stest"
 )
 
-// `kubectl apply --dry-run=server -k` of deploy/ and deploy/tc/ is accepted by the real API
-// server: every object passes its schema with strict field validation (an unknown or
+// `kubectl apply --dry-run=server -k` of deploy/, deploy/tc/ and deploy/auto/ is accepted by
+// the real API server: every object passes its schema with strict field validation (an unknown or
 // misplaced field fails), admission and RBAC's own checks (the ClusterRole's rules). A
 // manifest with a misspelled field is refused, so the check can fail.
 func TestManifestsServerDryRun(t *testing.T) {
@@ -32,7 +32,7 @@ func TestManifestsServerDryRun(t *testing.T) {
 	if _, err := env.Kubectl(ctx, "apply", "-f", filepath.Join(deploy, "base", "namespace.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	for _, dir := range []string{deploy, filepath.Join(deploy, "tc")} {
+	for _, dir := range []string{deploy, filepath.Join(deploy, "tc"), filepath.Join(deploy, "auto")} {
 		out, err := env.Kubectl(ctx, "apply", "--dry-run=server", "--validate=strict", "-k", dir)
 		if err != nil {
 			t.Errorf("%s: %v", dir, err)
