@@ -368,6 +368,9 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 	if sm := o.Result.Sockmap; sm != nil && len(sm.Drift) > 0 {
 		a.driftRepaired(DriftSockmap, sm.Drift)
 	}
+	if sm := o.Result.Sockmap; sm != nil && sm.MountedBPFFS != "" {
+		log.Warn("sockmap: no BPF filesystem was mounted; mounted one for the pins: in a container they go with it (mount the host's /sys/fs/bpf, as deploy/auto/ does)", "at", sm.MountedBPFFS)
+	}
 	if o.Result.Changed() {
 		log.Info("applied", "plan", o.Plan.Summary(), "flowtable", o.Result.Flowtable, "tc", o.Result.TC, "sockmap", o.Result.Sockmap, "devices", o.State.Devices())
 	}

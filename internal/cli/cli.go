@@ -315,6 +315,9 @@ func applyCmd(g *globals) *cobra.Command {
 			if r := res.Sockmap; r != nil {
 				fmt.Fprintf(c.OutOrStdout(), "applied sockmap datapath (cgroup %s, program %d): classes %v, elements +%d ~%d -%d\n",
 					r.Cgroup, r.ProgramID, plan.Sockmap.Classes, r.ElementsAdded, r.ElementsUpdated, r.ElementsRemoved)
+				if r.MountedBPFFS != "" {
+					fmt.Fprintf(c.OutOrStdout(), "mounted the BPF filesystem at %s for sockmap's pins (none was mounted)\n", r.MountedBPFFS)
+				}
 			}
 			return nil
 		},

@@ -59,24 +59,31 @@ func PinName(id ebpf.ProgramID) string { return fmt.Sprintf("sockmap-%d", id) }
 // tcp_bpf_recvmsg, or the sock_recv_length tracepoint) in PinDir, by its sock_ops program's ID: the pin keeps it attached.
 func ReaderPinName(id ebpf.ProgramID) string { return fmt.Sprintf("reader-%d", id) }
 
-// pinDir returns the pin directory, mounting the BPF filesystem if none is (Apply).
-func (m *Manager) pinDir() (string, error) { return m.pins(true) }
+// pinDir returns the pin directory, mounting the BPF filesystem if none is (Apply), and
+// where it mounted it (empty: it was mounted).
+func (m *Manager) pinDir() (dir, mounted string, err error) {
+	if m.PinDir != "" {
+		return m.PinDir, "", nil
+	}
+	fs, err := BPFFS()
+	if err == nil {
+		return filepath.Join(fs, "hostaccel"), "", nil
+	}
+	// As other eBPF agents do: mount it where it belongs (a DaemonSet mounts the host's).
+	if merr := unix.Mount("bpf", DefaultBPFFS, "bpf", 0, "mode=0700"); merr != nil {
+		return "", "", fmt.Errorf("%w; mounting it at %s: %v", err, DefaultBPFFS, merr)
+	}
+	return filepath.Join(DefaultBPFFS, "hostaccel"), DefaultBPFFS, nil
+}
 
-// pins returns the pin directory; with mount, it mounts the BPF filesystem if none is.
-func (m *Manager) pins(mount bool) (string, error) {
+// pins returns the pin directory of a mounted BPF filesystem.
+func (m *Manager) pins() (string, error) {
 	if m.PinDir != "" {
 		return m.PinDir, nil
 	}
 	fs, err := BPFFS()
-	if err != nil && !mount {
-		return "", err
-	}
 	if err != nil {
-		// As other eBPF agents do: mount it where it belongs (a DaemonSet mounts the host's).
-		if merr := unix.Mount("bpf", DefaultBPFFS, "bpf", 0, "mode=0700"); merr != nil {
-			return "", fmt.Errorf("%w; mounting it at %s: %v", err, DefaultBPFFS, merr)
-		}
-		fs = DefaultBPFFS
+		return "", err
 	}
 	return filepath.Join(fs, "hostaccel"), nil
 }
@@ -106,6 +113,10 @@ type Result struct {
 	// Unbounded says why a receiver's unread data is not bounded (hostaccel_rd could not be
 	// attached); empty when it is.
 	Unbounded string `json:"unbounded,omitempty"`
+	// MountedBPFFS is where this apply mounted the BPF filesystem, none being mounted. The
+	// pins (and so the moved connections, past this process) last as long as that mount: in
+	// a container without the host's /sys/fs/bpf, as long as the container.
+	MountedBPFFS string `json:"mountedBPFFS,omitempty"`
 }
 
 // Changed reports whether the apply changed the kernel.
@@ -216,7 +227,8 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	pins, err := m.pinDir()
+	pins, mounted, err := m.pinDir()
+	res.MountedBPFFS = mounted
 	if err != nil {
 		return res, err
 	}
@@ -496,7 +508,7 @@ func (m *Manager) Remove(ctx context.Context) error {
 	for _, s := range o.sets {
 		errs = append(errs, drain(o, s))
 	}
-	pins, err := m.pins(false)
+	pins, err := m.pins()
 	if err != nil {
 		if len(o.sets) == 0 {
 			return nil // no BPF filesystem: nothing of ours was pinned

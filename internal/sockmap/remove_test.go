@@ -18,12 +18,7 @@ import (
 // mount namespace without the agent's pins): draining needs no pin. The test runs itself again
 // in a private mount namespace (unshare -m), on an empty cgroup of its own.
 func TestRemoveWithoutBPFFS(t *testing.T) {
-	testbed.RequireRoot(t)
-	if os.Getenv("HOSTACCEL_TEST_INNER") != "1" {
-		out, err := exec.Command("unshare", "-m", "env", "HOSTACCEL_TEST_INNER=1", os.Args[0], "-test.run", "^TestRemoveWithoutBPFFS$", "-test.v").CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "--- PASS") {
-			t.Fatalf("%v\n%s", err, out)
-		}
+	if !inPrivateMounts(t) {
 		return
 	}
 	root, err := CgroupRoot()
@@ -41,14 +36,7 @@ func TestRemoveWithoutBPFFS(t *testing.T) {
 	if n := opsOn(t, cg); n != 1 {
 		t.Fatalf("after apply: %d sock_ops programs of ours", n)
 	}
-	b, _ := os.ReadFile(MountInfo)
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && strings.Contains(l, " - bpf ") {
-			if err := unix.Unmount(f[4], unix.MNT_DETACH); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	unmountBPFFS(t)
 	err = (&Manager{Cgroup: cg}).Remove(context.Background())
 	if n := opsOn(t, cg); n != 0 {
 		t.Errorf("Remove without a BPF filesystem (%v) left %d sock_ops programs attached", err, n)
@@ -109,5 +97,68 @@ func TestApplyReplacesAHalfDrainedSet(t *testing.T) {
 	defer o.Close()
 	if len(o.sets) != 1 || o.sets[0].off {
 		t.Errorf("after: %d sets attached, the first off: %v", len(o.sets), len(o.sets) > 0 && o.sets[0].off)
+	}
+}
+
+// inPrivateMounts runs the test again in a private mount namespace (unshare -m) and reports
+// whether this is that run.
+func inPrivateMounts(t *testing.T) bool {
+	t.Helper()
+	testbed.RequireRoot(t)
+	if os.Getenv("HOSTACCEL_TEST_INNER") == "1" {
+		return true
+	}
+	out, err := exec.Command("unshare", "-m", "env", "HOSTACCEL_TEST_INNER=1", os.Args[0], "-test.run", "^"+t.Name()+"$", "-test.v").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	return false
+}
+
+// unmountBPFFS unmounts every BPF filesystem of the (private) mount namespace.
+func unmountBPFFS(t *testing.T) {
+	t.Helper()
+	b, _ := os.ReadFile(MountInfo)
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && strings.Contains(l, " - bpf ") {
+			if err := unix.Unmount(f[4], unix.MNT_DETACH); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// Apply without a BPF filesystem mounts one at /sys/fs/bpf for its pins and says so in its
+// result (the agent warns: in a container the pins would go with it); the next apply finds it
+// and says nothing. Run in a private mount namespace, on an empty cgroup of its own.
+func TestApplyMountsBPFFS(t *testing.T) {
+	if !inPrivateMounts(t) {
+		return
+	}
+	root, err := CgroupRoot()
+	if err != nil {
+		t.Skip(err)
+	}
+	cg := filepath.Join(root, "hostaccel-test-mount")
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(cg)
+	unmountBPFFS(t)
+	m := &Manager{Cgroup: cg}
+	defer m.Remove(context.Background())
+	d := &Desired{LocalPod: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}
+	res, err := m.Apply(context.Background(), d)
+	if err != nil || res.MountedBPFFS != DefaultBPFFS {
+		t.Fatalf("apply without a BPF filesystem: %+v, %v; want it mounted at %s", res, err, DefaultBPFFS)
+	}
+	if fs, err := BPFFS(); err != nil || fs != DefaultBPFFS {
+		t.Errorf("after apply: BPFFS() = %q, %v", fs, err)
+	}
+	if pins, _ := filepath.Glob(filepath.Join(DefaultBPFFS, "hostaccel", "sockmap-*")); len(pins) != 1 {
+		t.Errorf("pins %v, want the sockhash's", pins)
+	}
+	if res, err := m.Apply(context.Background(), d); err != nil || res.MountedBPFFS != "" {
+		t.Errorf("second apply: %+v, %v; want nothing mounted", res, err)
 	}
 }

@@ -78,7 +78,7 @@ func (m *Manager) Status(ctx context.Context) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	pins, _ := m.pins(false)
+	pins, _ := m.pins()
 	set := o.current(pins)
 	if set == nil {
 		for _, s := range o.sets {
