@@ -2,6 +2,7 @@ package tc
 
 import (
 	"encoding/binary"
+	"errors"
 	"math"
 	"net/netip"
 	"runtime"
@@ -95,7 +96,14 @@ type progEnv struct {
 	// the agent does) and the kept next hops of that generation
 	cfg    fastpathSettings
 	routes map[netip.Addr]uint32
+	// runFlags: BPF_F_TEST_SKB_CHECKSUM_COMPLETE where the kernel has it (Linux >= 6.11)
+	runFlags uint32
 }
+
+// testSKBChecksumComplete (BPF_F_TEST_SKB_CHECKSUM_COMPLETE) has a test run give the packet
+// CHECKSUM_COMPLETE, its skb->csum the sum of the packet, as many NICs do, and fail with
+// EBADMSG if the program leaves skb->csum other than the sum of the packet it returns.
+const testSKBChecksumComplete = 1 << 2
 
 func newProgEnv(t testing.TB) *progEnv {
 	testbed.RequireRoot(t)
@@ -114,6 +122,14 @@ func newProgEnv(t testing.TB) *progEnv {
 		p.must(set.putAddr(pr, fastpathAddr{Flags: addrPeerPod}))
 	}
 	p.settings(0b11)
+	// Every run checks skb->csum where the kernel can (the program's direct writes of the
+	// IPv6 header must update it: sum6); a kernel without the flag refuses it (EINVAL).
+	probe := frame(netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2"), 64)
+	if _, err := set.prog.Run(&ebpf.RunOptions{Data: probe, Context: skbCtx{IngressIfindex: lo, Ifindex: lo}, Flags: testSKBChecksumComplete}); err == nil {
+		p.runFlags = testSKBChecksumComplete
+	} else if !errors.Is(err, unix.EINVAL) {
+		t.Fatal(err)
+	}
 	return p
 }
 
@@ -164,7 +180,10 @@ func (p *progEnv) run(f []byte) (uint32, []byte) {
 	p.t.Helper()
 	out := make([]byte, len(f)+64)
 	ctx := skbCtx{IngressIfindex: lo, Ifindex: lo}
-	ret, err := p.set.prog.Run(&ebpf.RunOptions{Data: f, DataOut: out, Context: ctx})
+	ret, err := p.set.prog.Run(&ebpf.RunOptions{Data: f, DataOut: out, Context: ctx, Flags: p.runFlags})
+	if errors.Is(err, unix.EBADMSG) {
+		p.t.Fatalf("the program left a CHECKSUM_COMPLETE packet's skb->csum stale (EBADMSG): frame %x", f)
+	}
 	if err != nil {
 		p.t.Fatal(err)
 	}
