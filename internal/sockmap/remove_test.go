@@ -21,15 +21,7 @@ func TestRemoveWithoutBPFFS(t *testing.T) {
 	if !inPrivateMounts(t) {
 		return
 	}
-	root, err := CgroupRoot()
-	if err != nil {
-		t.Skip(err)
-	}
-	cg := filepath.Join(root, "hostaccel-test-remove")
-	if err := os.Mkdir(cg, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	defer os.Remove(cg) // what is still attached to it goes with it
+	cg := testCgroup(t, "hostaccel-test-remove")
 	if _, err := (&Manager{Cgroup: cg}).Apply(context.Background(), &Desired{LocalPod: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}); err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +29,7 @@ func TestRemoveWithoutBPFFS(t *testing.T) {
 		t.Fatalf("after apply: %d sock_ops programs of ours", n)
 	}
 	unmountBPFFS(t)
-	err = (&Manager{Cgroup: cg}).Remove(context.Background())
+	err := (&Manager{Cgroup: cg}).Remove(context.Background())
 	if n := opsOn(t, cg); n != 0 {
 		t.Errorf("Remove without a BPF filesystem (%v) left %d sock_ops programs attached", err, n)
 	}
@@ -59,15 +51,7 @@ func opsOn(t *testing.T, dir string) int {
 // set that works, and the half-drained one goes.
 func TestApplyReplacesAHalfDrainedSet(t *testing.T) {
 	testbed.RequireRoot(t)
-	root, err := CgroupRoot()
-	if err != nil {
-		t.Skip(err)
-	}
-	cg := filepath.Join(root, "hostaccel-test-drained")
-	if err := os.Mkdir(cg, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	defer os.Remove(cg)
+	cg := testCgroup(t, "hostaccel-test-drained")
 	defer (&Manager{Cgroup: cg}).Remove(context.Background())
 	d := &Desired{LocalPod: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}
 	if _, err := (&Manager{Cgroup: cg}).Apply(context.Background(), d); err != nil {
@@ -135,15 +119,7 @@ func TestApplyMountsBPFFS(t *testing.T) {
 	if !inPrivateMounts(t) {
 		return
 	}
-	root, err := CgroupRoot()
-	if err != nil {
-		t.Skip(err)
-	}
-	cg := filepath.Join(root, "hostaccel-test-mount")
-	if err := os.Mkdir(cg, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	defer os.Remove(cg)
+	cg := testCgroup(t, "hostaccel-test-mount")
 	unmountBPFFS(t)
 	m := &Manager{Cgroup: cg}
 	defer m.Remove(context.Background())
@@ -161,4 +137,20 @@ func TestApplyMountsBPFFS(t *testing.T) {
 	if res, err := m.Apply(context.Background(), d); err != nil || res.MountedBPFFS != "" {
 		t.Errorf("second apply: %+v, %v; want nothing mounted", res, err)
 	}
+}
+
+// testCgroup makes an empty cgroup of the test's below the cgroup v2 root (the test skips
+// where there is none), removed when the test ends: what is still attached to it goes with it.
+func testCgroup(t *testing.T, name string) string {
+	t.Helper()
+	root, err := CgroupRoot()
+	if err != nil {
+		t.Skip(err)
+	}
+	cg := filepath.Join(root, name)
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(cg) })
+	return cg
 }

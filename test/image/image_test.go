@@ -3,7 +3,8 @@
 // topology), its security context (user, capabilities, read-only root, no privilege
 // escalation), its volumes (the config mounted read-only, /run/hostaccel and
 // /var/lib/hostaccel from the host), its env and its args, its probes. The pod spec is read
-// from deploy/base/daemonset.yaml (and deploy/tc/'s and deploy/auto/'s patches), so a change there is what runs here.
+// from deploy/base/daemonset.yaml (and deploy/tc/'s and deploy/auto/'s patches), so a change
+// there is what runs here.
 //
 // The image comes from HOSTACCEL_IMAGE (scripts/test.sh builds it with scripts/image.sh where
 // podman is installed); without it the tests skip, unless HOSTACCEL_REQUIRE_IMAGE=1 (CI).
