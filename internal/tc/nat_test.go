@@ -9,6 +9,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -476,5 +478,119 @@ func TestNATReplyToForgottenEnd(t *testing.T) {
 			}
 			return nil
 		})
+	}
+}
+
+// Connections a Pod opens to a ClusterIP while a fresh program set is loaded, filled and
+// attached (the agent starting on a busy node, an upgrade) keep working once it is attached:
+// their SYNs passed no program of the set, so Apply lists conntrack's NAT-ed connections
+// again after the attachments. Before, only the listing before the maps were filled counted,
+// and a connection opened after it had its replies redirected past the un-DNAT (the client
+// answered the backend's address with a RST): 13 of ~300 connections with no extra peers,
+// 64-95 with 20,000 (a longer fill).
+func TestFreshSetKnowsConnectionsOpenedDuringApply(t *testing.T) {
+	e := newNATEnv(t)
+	// A node with many peers (the docs measure 10,000 peer CIDRs): the fresh set's maps take a
+	// while to fill, between the listing and the attach.
+	for i := range 20000 {
+		e.d.PeerPod = append(e.d.PeerPod, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 200, byte(i >> 8), byte(i)}), 32))
+	}
+	a := e.topo.Addrs(false)
+	var ln net.Listener
+	if err := e.topo.Remote.Do(func() (err error) {
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(a.RemotePod, testbed.ClusterIPPort+1).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var mu sync.Mutex
+	servers := map[uint16]net.Conn{} // by the client's port
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			servers[netip.MustParseAddrPort(c.RemoteAddr().String()).Port()] = c
+			mu.Unlock()
+		}
+	}()
+	type conn struct {
+		c      net.Conn
+		opened time.Time
+	}
+	var stop atomic.Bool
+	clients := make(chan []conn, 1)
+	go func() {
+		var out []conn
+		_ = e.topo.Pod.Do(func() error {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: a.Pod.AsSlice()}, Timeout: 200 * time.Millisecond}
+			for !stop.Load() {
+				c, err := d.Dial("tcp", netip.AddrPortFrom(testbed.ClusterIP(false), testbed.ClusterIPPort+1).String())
+				if err == nil {
+					out = append(out, conn{c, time.Now()})
+				}
+				time.Sleep(200 * time.Microsecond)
+			}
+			return nil
+		})
+		clients <- out
+	}()
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	res := e.apply()
+	applied := time.Now()
+	time.Sleep(50 * time.Millisecond)
+	stop.Store(true)
+	cs := <-clients
+	if !res.Loaded {
+		t.Fatalf("apply %+v: want a fresh set", res)
+	}
+	var broken []string
+	var unmarked int
+	var set *progSet
+	e.do(func() (err error) { set, err = openSet(res.ProgramID); return err })
+	defer set.Close()
+	var cfg fastpathSettings
+	if err := set.settings.Lookup(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs {
+		defer c.c.Close()
+		port := netip.MustParseAddrPort(c.c.LocalAddr().String()).Port()
+		mu.Lock()
+		s := servers[port]
+		mu.Unlock()
+		if s == nil {
+			continue
+		}
+		defer s.Close()
+		go s.Write([]byte("reply"))
+	}
+	time.Sleep(1100 * time.Millisecond)
+	for _, c := range cs {
+		port := netip.MustParseAddrPort(c.c.LocalAddr().String()).Port()
+		mu.Lock()
+		s := servers[port]
+		mu.Unlock()
+		if s == nil {
+			continue
+		}
+		c.c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		if _, err := io.ReadFull(c.c, make([]byte, 5)); err != nil {
+			end := fastpathEndpoint{Port: htons(port), Proto: 6}
+			copy(end.Addr[:], a.Pod.AsSlice())
+			var m uint64
+			if set.maps.HandedMarks.Lookup(handedSlot(end), &m) == nil && m < uint64(cfg.HandedSince) {
+				unmarked++
+			}
+			broken = append(broken, fmt.Sprintf("port %d opened %v after the apply began", port, c.opened.Sub(start).Round(time.Microsecond)))
+		}
+	}
+	t.Logf("apply took %v; %d connections opened around it", applied.Sub(start).Round(time.Microsecond), len(cs))
+	if len(broken) > 0 {
+		t.Errorf("%d ClusterIP connections (%d of them with no counting handed mark in the new set) get no reply from the server after the apply (redirected past the un-DNAT): %v", len(broken), unmarked, broken)
 	}
 }

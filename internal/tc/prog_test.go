@@ -3,6 +3,7 @@ package tc
 import (
 	"encoding/binary"
 	"errors"
+	"maps"
 	"math"
 	"net/netip"
 	"runtime"
@@ -791,4 +792,47 @@ func timedRun(prog *ebpf.Program, data []byte, ctx skbCtx, repeat uint32) (uint3
 		return 0, 0, errno
 	}
 	return attr.retval, attr.duration, nil
+}
+
+// A packet that decides while narrow writes the maps (after its first settings write, before
+// its removals and new exclusions reach the trie) keeps its pair and slot with that
+// generation: once narrow has returned they are void, so the pair's next packets see the new
+// exclusion at once, not only when widen ends after the attachments (~13 ms per new device
+// with tcx).
+func TestNarrowVoidsWhatWasDecidedDuringIt(t *testing.T) {
+	p := newProgEnv(t)
+	oneCPU(t)
+	pod, remote := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.2.2")
+	cur := contents{
+		ifaces: map[uint32]fastpathIface{lo: {Role: uint32(RoleGateway), Mtu: 1500}},
+		addrs: map[netip.Prefix]fastpathAddr{
+			localPod: {Flags: addrLocalPod}, localPod6: {Flags: addrLocalPod},
+			peerPod: {Flags: addrPeerPod}, peerPod6: {Flags: addrPeerPod},
+		},
+		settings: policy(p.cfg),
+	}
+	w := contents{ifaces: maps.Clone(cur.ifaces), addrs: maps.Clone(cur.addrs), settings: p.cfg}
+	w.addrs[netip.PrefixFrom(remote, 32)] = fastpathAddr{Flags: addrPeerPod | addrExclude} // the new exclusion
+	w.settings.Generation = generationAfter(p.cfg.Generation)
+
+	// narrow's first write: the settings of the generation after the live one
+	p.cfg.Generation++
+	during := w.settings
+	during.Generation = p.cfg.Generation
+	p.must(p.set.setSettings(during))
+	p.route(remote, 0) // the FIB's answer, as a packet of that generation keeps it
+	if ret, _ := p.run(frame(pod, remote, 64)); ret != actRedirect {
+		t.Fatalf("a packet before the exclusion is in: return %d, want TC_ACT_REDIRECT", int32(ret))
+	}
+	var res Result
+	p.must((&Manager{}).narrow(p.set, cur, w, false, &res))
+	if ret, _ := p.run(frame(pod, remote, 64)); ret != actUnspec {
+		t.Errorf("once narrow returned (the exclusion in the trie): return %d, want TC_ACT_UNSPEC (the slot kept during narrow void)", int32(ret))
+	}
+	for i := range p.set.maps.Slots4.MaxEntries() { // the slot emptied: by the pair
+		p.must(p.set.maps.Slots4.Put(i, make([]fastpathSlot4, p.cpus())))
+	}
+	if ret, _ := p.run(frame(pod, remote, 64)); ret != actUnspec {
+		t.Errorf("once narrow returned, the slot emptied: return %d, want TC_ACT_UNSPEC (the pair kept during narrow void)", int32(ret))
+	}
 }
