@@ -161,8 +161,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	wg.Add(4)
-	go func() { defer wg.Done(); a.runLB(ctx) }()
+	wg.Add(3)
 	go func() { defer wg.Done(); a.watchLinks(ctx) }()
 	go func() { defer wg.Done(); a.watchSignals(ctx) }()
 	if a.opts.Source != nil {
@@ -229,14 +228,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
+// shutdown runs once the loop's last sync has returned: the load balancer's health checks and
+// API stop now, not when ctx ended (that sync would have started them again, and its API
+// calls would have lost their answer), and, with CleanupOnExit, nothing puts the tables back
+// after they are removed (a transaction does not heed ctx).
 func (a *Agent) shutdown() error {
 	if !a.opts.CleanupOnExit {
+		a.LB().Stop()
 		a.opts.Log.Info("stopping; rules stay in place (use --cleanup-on-exit or `hostaccel cleanup` to remove them)")
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	// The loop's last sync has returned: nothing puts the tables back after this.
 	err := errors.Join(a.mgrs.Remove(ctx), a.LB().Remove(ctx))
 	a.opts.Log.Info("stopping; removed hostaccel's rules and the load balancer's tables", "err", err)
 	if a.opts.StatePath != "" {

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"sync"
 
 	"github.com/hostaccel/hostaccel/internal/lb"
@@ -21,11 +20,4 @@ func (a *Agent) LB() *lb.Runtime {
 		a.lb.rt.OnDrift = func(what []string) { a.driftRepaired(DriftLB, what) }
 	})
 	return a.lb.rt
-}
-
-// runLB runs the load balancer's background work (health checks, local API) until ctx ends.
-// With CleanupOnExit, shutdown removes its tables once the last sync has returned: removed
-// here, a sync still running could put them back (its transaction does not heed ctx).
-func (a *Agent) runLB(ctx context.Context) {
-	a.LB().Run(ctx)
 }

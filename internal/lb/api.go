@@ -57,9 +57,9 @@ type apiServer struct {
 // serveAPI starts, restarts or stops the API to match a (nil: off).
 func (r *Runtime) serveAPI(a *API) error {
 	r.mu.Lock()
-	cur, running := r.apiCfg, r.api
+	cur, running, closed := r.apiCfg, r.api, r.closed
 	r.mu.Unlock()
-	if a != nil && running != nil && *a == cur {
+	if closed || a != nil && running != nil && *a == cur {
 		return nil
 	}
 	if running != nil {
@@ -76,6 +76,11 @@ func (r *Runtime) serveAPI(a *API) error {
 		return err
 	}
 	r.mu.Lock()
+	if r.closed { // Stop ran meanwhile
+		r.mu.Unlock()
+		srv.close()
+		return nil
+	}
 	r.api, r.apiCfg = srv, *a
 	r.mu.Unlock()
 	r.Log.Info("load balancer API serving", "socket", a.Socket, "listen", a.Listen)
@@ -125,12 +130,21 @@ func (s *apiServer) serve(ln net.Listener, h http.Handler) {
 	go srv.Serve(ln)
 }
 
+// close stops accepting, lets the requests under way answer (those waiting for a sync are
+// woken by Stop) for up to apiCloseWait, then closes what is left.
 func (s *apiServer) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), apiCloseWait)
+	defer cancel()
 	for _, srv := range s.servers {
-		srv.Close()
+		if srv.Shutdown(ctx) != nil {
+			srv.Close()
+		}
 	}
 	os.Remove(s.socket)
 }
+
+// apiCloseWait bounds how long closing the API waits for the requests under way.
+var apiCloseWait = 2 * time.Second
 
 func requireKey(key []byte, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
@@ -426,7 +440,7 @@ func (r *Runtime) change(ctx context.Context, fn func(svcs []Service, o *Overlay
 	ctx, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
 	err := r.waitApplied(ctx, gen)
-	if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !errors.Is(err, errStopping) {
 		r.mu.Lock()
 		if r.gen == gen { // nothing changed since: roll back
 			r.overlay = prev

@@ -32,9 +32,10 @@ type Checker struct {
 	Log      *slog.Logger
 	check    func(context.Context, target) error // one check (replaceable in tests)
 
-	mu     sync.Mutex
-	probes map[string]*probe // by HealthKey
-	health map[string]Health
+	mu      sync.Mutex
+	probes  map[string]*probe // by HealthKey
+	health  map[string]Health
+	stopped bool // Stop ran: Update starts no probe
 }
 
 type probe struct {
@@ -79,6 +80,9 @@ func (c *Checker) Update(svcs []Service) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.stopped {
+		return
+	}
 	for key, p := range c.probes {
 		spec, _ := json.Marshal(want[key])
 		if _, ok := want[key]; !ok || string(spec) != p.spec {
@@ -115,9 +119,10 @@ func (c *Checker) Health() map[string]Health {
 	return out
 }
 
-// Stop stops every probe and waits for them.
+// Stop stops every probe and waits for them; Update starts none after it.
 func (c *Checker) Stop() {
 	c.mu.Lock()
+	c.stopped = true
 	probes := c.probes
 	c.probes = map[string]*probe{}
 	c.mu.Unlock()

@@ -53,6 +53,8 @@ type Runtime struct {
 	lastErr    error
 	lastSync   time.Time
 	synced     chan struct{} // closed and replaced after every sync
+	closed     bool          // Stop ran: no API or health check starts again
+	closing    chan struct{} // closed by Stop: API calls waiting for a sync answer
 	desired    *Desired
 	result     Result
 	mgr        *Manager
@@ -85,12 +87,22 @@ func NewRuntime(log *slog.Logger, trigger func()) *Runtime {
 		log = slog.Default()
 	}
 	return &Runtime{Log: log, Trigger: trigger, NewManager: NewManager, Env: HostEnv, FlushConntrack: flushConntrack,
-		Solicit: solicitNeighbours, synced: make(chan struct{})}
+		Solicit: solicitNeighbours, synced: make(chan struct{}), closing: make(chan struct{})}
 }
+
+// errStopped: Sync after Stop.
+var errStopped = errors.New("lb: the load balancer is stopped")
+
+// errStopping: an API change saved while the agent stops, before a sync applied it.
+var errStopping = errors.New("the agent is stopping: the change is applied when it starts again")
 
 // Sync applies cfg (with the API's changes and current health) to the kernel.
 func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return errStopped
+	}
 	r.cfg = cfg
 	gen := r.gen
 	r.mu.Unlock()
@@ -123,6 +135,9 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 	r.mu.Lock()
 	if r.checker == nil {
 		r.checker = NewChecker(r.debouncedTrigger(), r.Log)
+		if r.closed { // Stop ran since this sync began: it checks nothing
+			r.checker.Stop()
+		}
 	}
 	checker := r.checker
 	if r.mgr == nil {
@@ -401,31 +416,49 @@ func (r *Runtime) done(gen uint64, err error) {
 
 // waitApplied waits until a sync has applied generation gen, or one that carried it failed
 // (a sync that began before gen, and failed, says nothing of it: the next one carries it).
+// Both are checked on one reading before it waits: the sync may have ended (failed, too)
+// before the caller began to wait, and the channel read with them is closed only by the next.
 func (r *Runtime) waitApplied(ctx context.Context, gen uint64) error {
 	for {
 		r.mu.Lock()
-		applied, err, ch := r.applied, r.lastErr, r.synced
+		applied, failed, err, ch, closed := r.applied, r.failed, r.lastErr, r.synced, r.closed
 		r.mu.Unlock()
 		if applied >= gen {
 			return nil
+		}
+		if failed >= gen && err != nil {
+			return fmt.Errorf("saved, but the apply failed: %w", err)
+		}
+		if closed {
+			return fmt.Errorf("saved, but not applied yet: %w", errStopping)
 		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("saved, but not applied yet: %w (last sync: %v)", ctx.Err(), err)
 		case <-ch:
-		}
-		r.mu.Lock()
-		applied, failed, err := r.applied, r.failed, r.lastErr
-		r.mu.Unlock()
-		if applied < gen && failed >= gen && err != nil {
-			return fmt.Errorf("saved, but the apply failed: %w", err)
+		case <-r.closing:
 		}
 	}
 }
 
-// Run waits until ctx ends, then stops the health checks and the API.
+// Run waits until ctx ends, then Stops. A caller with a sync loop of its own (the agent)
+// calls Stop after the loop's last sync instead: a sync that ends after Stop starts no API
+// or health check, but the API calls it would have answered are told it is not applied.
 func (r *Runtime) Run(ctx context.Context) {
 	<-ctx.Done()
+	r.Stop()
+}
+
+// Stop ends the health checks and the API for good: API calls waiting for a sync are
+// answered (with the last sync's outcome, or that the change is saved and applied when the
+// agent starts again) before the API closes, and later Syncs fail.
+func (r *Runtime) Stop() {
+	r.mu.Lock()
+	if !r.closed {
+		r.closed = true
+		close(r.closing)
+	}
+	r.mu.Unlock()
 	r.stop()
 }
 
@@ -447,9 +480,9 @@ func (r *Runtime) stop() {
 	}
 }
 
-// Remove deletes the load balancer's tables (agent exit with --cleanup-on-exit).
+// Remove Stops and deletes the load balancer's tables (agent exit with --cleanup-on-exit).
 func (r *Runtime) Remove(ctx context.Context) error {
-	r.stop()
+	r.Stop()
 	m, err := r.NewManager()
 	if err != nil {
 		return err
