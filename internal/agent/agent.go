@@ -161,8 +161,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	wg.Add(3)
+	wg.Add(4)
 	go func() { defer wg.Done(); a.watchLinks(ctx) }()
+	go func() { defer wg.Done(); a.watchRouting(ctx) }()
 	go func() { defer wg.Done(); a.watchSignals(ctx) }()
 	if a.opts.Source != nil {
 		go func() { defer wg.Done(); a.watchSource(ctx) }()
