@@ -60,7 +60,9 @@ func healthChecks(svcs []*corev1.Service, balanced []LBFront) []HealthCheckPort 
 			continue
 		}
 		for _, b := range f.Backends {
-			if b.State == StateUp {
+			// ready ones only: a node whose local endpoints all terminate fails the check,
+			// so that the cloud load balancer drains it while they still serve (KEP-1669)
+			if b.State == StateUp && !b.serving {
 				eps[b.Address] = true
 			}
 		}
@@ -78,13 +80,15 @@ func healthChecks(svcs []*corev1.Service, balanced []LBFront) []HealthCheckPort 
 // healthServer answers the health check ports as kube-proxy does: HTTP on every path, 200
 // while the Service has local endpoints and 503 while it has none, with a JSON body naming
 // the Service and the count. Sync opens and closes the ports as Services come and go; a port
-// it cannot listen on (taken) is logged and tried again at the next Sync.
+// it cannot listen on (taken) is logged and tried again by Retry (every ProbeInterval) and
+// at the next Sync.
 type healthServer struct {
 	addr string // the address to listen on ("" all)
 	log  *slog.Logger
 
 	mu    sync.Mutex
 	ports map[int32]*healthPort
+	want  []HealthCheckPort // the last Sync's
 }
 
 type healthPort struct {
@@ -104,6 +108,7 @@ func (p *healthPort) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	})
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(hc.LocalEndpoints))
 	if hc.LocalEndpoints == 0 {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
@@ -114,6 +119,21 @@ func (p *healthPort) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 func (h *healthServer) Sync(hcs []HealthCheckPort) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.sync(hcs)
+}
+
+// Retry listens on the ports of the last Sync that could not be (taken then).
+func (h *healthServer) Retry() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if slices.ContainsFunc(h.want, func(hc HealthCheckPort) bool { return h.ports[hc.Port] == nil }) {
+		h.sync(h.want)
+	}
+}
+
+// sync is Sync with h.mu held.
+func (h *healthServer) sync(hcs []HealthCheckPort) {
+	h.want = hcs
 	if h.ports == nil {
 		h.ports = map[int32]*healthPort{}
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -107,5 +108,63 @@ func TestHealthChecksOfServices(t *testing.T) {
 	want := []HealthCheckPort{{"default", "web", 32000, 1}, {"default", "none-here", 32002, 0}}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("health checks %v, want %v", got, want)
+	}
+}
+
+func lbLocal(hc int32) *corev1.Service {
+	svc := service("default", "web", corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	svc.Spec.HealthCheckNodePort = hc
+	return svc
+}
+
+// KEP-1669 / kube-proxy (getLocalReadyEndpointIPs): the health check counts only READY local
+// endpoints; a node whose only local endpoints terminate must answer 503 so that the cloud LB
+// drains it, even though traffic that still arrives is sent to the terminating Pod.
+func TestHealthCheckTerminatingOnlyIs503(t *testing.T) {
+	hcPort := freePort(t)
+	es := slice("default", "web", "web-a", "http", 8080, terminating("10.244.0.5", "self"), up("10.244.1.5", "n1"))
+	c := fake.NewClientset(node("self", []string{"10.244.0.0/24"}, "172.18.0.2"), node("n1", []string{"10.244.1.0/24"}, "172.18.0.3"), lbLocal(hcPort), es)
+	startSource(t, c, Options{HealthChecks: true, HealthCheckAddress: "127.0.0.1"})
+	var code, n int
+	eventually(t, "an answer", func() bool { code, n = healthAnswer(hcPort); return code != 0 })
+	time.Sleep(200 * time.Millisecond)
+	code, n = healthAnswer(hcPort)
+	if code != http.StatusServiceUnavailable || n != 0 {
+		t.Errorf("only a terminating local endpoint: got %d localEndpoints=%d, want 503 localEndpoints=0 (kube-proxy)", code, n)
+	}
+}
+
+// A health check port that was taken when the Service appeared is listened on once it is free,
+// although the cluster is quiet (no derivation follows): before, only the next API event did.
+func TestHealthCheckBusyPortRetried(t *testing.T) {
+	hcPort := freePort(t)
+	holder, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", hcPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := slice("default", "web", "web-a", "http", 8080, up("10.244.0.5", "self"))
+	c := fake.NewClientset(node("self", []string{"10.244.0.0/24"}, "172.18.0.2"), lbLocal(hcPort), es)
+	startSource(t, c, Options{HealthChecks: true, HealthCheckAddress: "127.0.0.1"})
+	holder.Close() // the other owner goes away
+	eventually(t, "the freed port to be served", func() bool {
+		code, _ := healthAnswer(hcPort)
+		return code == http.StatusOK
+	})
+}
+
+// kube-proxy sets X-Load-Balancing-Endpoint-Weight to the count.
+func TestHealthCheckWeightHeader(t *testing.T) {
+	hcPort := freePort(t)
+	h := &healthServer{addr: "127.0.0.1", log: quietLog()}
+	defer h.Close()
+	h.Sync([]HealthCheckPort{{"default", "web", hcPort, 3}})
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", hcPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if w := resp.Header.Get("X-Load-Balancing-Endpoint-Weight"); w != "3" {
+		t.Errorf("X-Load-Balancing-Endpoint-Weight %q, want 3", w)
 	}
 }

@@ -227,6 +227,9 @@ func (s *Source) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { s.runProbe(ctx) })
+	if s.health != nil {
+		wg.Go(func() { s.retryHealthChecks(ctx) })
+	}
 	if s.opts.Peers == PeersSameSubnet && len(s.opts.PeerSubnets) == 0 {
 		wg.Go(func() { s.watchSubnets(ctx) })
 	}
@@ -416,20 +419,20 @@ func (s *Source) derive(ctx context.Context) {
 	snap, err := s.snapshot()
 	var d *Derived
 	if err == nil {
-		var base *config.Config
-		base, err = s.loadBase()
-		if err == nil {
-			p := Params{NodeName: s.opts.NodeName, Peers: s.opts.Peers, PeerSubnets: s.opts.PeerSubnets,
-				Services: s.opts.Services, ProxyName: s.opts.ProxyName}
-			if p.Peers == PeersSameSubnet && len(p.PeerSubnets) == 0 {
-				var serr error
-				if p.PeerSubnets, serr = s.localSubnets(snap.Nodes); serr != nil {
-					s.log.Warn("cannot find this node's transport subnets; no peer is accelerated under same-subnet", "err", serr)
-				}
-				s.mu.Lock()
-				s.subnets = p.PeerSubnets
-				s.mu.Unlock()
+		p := Params{NodeName: s.opts.NodeName, Peers: s.opts.Peers, PeerSubnets: s.opts.PeerSubnets,
+			Services: s.opts.Services, ProxyName: s.opts.ProxyName}
+		if p.Peers == PeersSameSubnet && len(p.PeerSubnets) == 0 {
+			// recorded whether or not the derivation succeeds: watchSubnets compares with it
+			var serr error
+			if p.PeerSubnets, serr = s.localSubnets(snap.Nodes); serr != nil {
+				s.log.Warn("cannot find this node's transport subnets; no peer is accelerated under same-subnet", "err", serr)
 			}
+			s.mu.Lock()
+			s.subnets = p.PeerSubnets
+			s.mu.Unlock()
+		}
+		var base *config.Config
+		if base, err = s.loadBase(); err == nil {
 			d, err = s.dr.derive(base, snap, p)
 		}
 	}
@@ -575,6 +578,22 @@ func (s *Source) watchSubnets(ctx context.Context) {
 		if !slices.Equal(now, was) {
 			s.log.Info("this node's transport subnets changed", "subnets", now, "were", was)
 			s.markDirty()
+		}
+	}
+}
+
+// retryHealthChecks listens, every ProbeInterval, on the health check ports that were taken
+// when their Services came (another process, kube-proxy before it was removed): derivations
+// follow API events only, and a quiet cluster may have none for hours.
+func (s *Source) retryHealthChecks(ctx context.Context) {
+	t := time.NewTicker(s.opts.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.health.Retry()
 		}
 	}
 }

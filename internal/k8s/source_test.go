@@ -240,3 +240,32 @@ func TestSourceFollowsLocalSubnets(t *testing.T) {
 	up.Store(true)
 	eventually(t, "n1 to join the peers once the address is there", func() bool { return slices.Equal(peers(), []string{"10.244.1.0/24"}) })
 }
+
+// With same-subnet peers and a base config that does not parse, watchSubnets does not derive
+// again at every tick: the subnets are recorded before the base is read (before, a failed
+// derivation left them unrecorded, and each tick saw them "changed").
+func TestWatchSubnetsQuietOnBadBase(t *testing.T) {
+	base := filepath.Join(t.TempDir(), "base.yaml")
+	os.WriteFile(base, []byte("not: [valid"), 0o644)
+	c := fake.NewClientset(node("self", []string{"10.244.0.0/24"}, "172.18.0.2"))
+	s, err := New(c, Options{NodeName: "self", Log: quietLog(), BaseConfigPath: base, Peers: PeersSameSubnet,
+		ProbeInterval: 50 * time.Millisecond, Debounce: 10 * time.Millisecond, FilePollInterval: 50 * time.Millisecond,
+		LocalSubnets: func([]netip.Addr) ([]netip.Prefix, error) {
+			return []netip.Prefix{netip.MustParsePrefix("172.18.0.0/24")}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	time.Sleep(300 * time.Millisecond)
+	d0 := s.Status().Derivations
+	time.Sleep(time.Second)
+	d1 := s.Status().Derivations
+	cancel()
+	<-done
+	if d1-d0 > 2 {
+		t.Errorf("%d derivations in 1s with nothing changed (bad base; err %q)", d1-d0, s.Status().DeriveError)
+	}
+}
