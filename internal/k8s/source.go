@@ -559,17 +559,10 @@ func (s *Source) localSubnets(nodes []*corev1.Node) ([]netip.Prefix, error) {
 // boot, or a renumbering. Derivations otherwise follow the API's events, which a quiet cluster
 // may not send for hours.
 func (s *Source) watchSubnets(ctx context.Context) {
-	t := time.NewTicker(s.opts.ProbeInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	s.everyProbe(ctx, func() {
 		nodes, err := s.nodes.List(labels.Everything())
 		if err != nil {
-			continue
+			return
 		}
 		now, _ := s.localSubnets(nodes)
 		s.mu.Lock()
@@ -579,13 +572,16 @@ func (s *Source) watchSubnets(ctx context.Context) {
 			s.log.Info("this node's transport subnets changed", "subnets", now, "were", was)
 			s.markDirty()
 		}
-	}
+	})
 }
 
 // retryHealthChecks listens, every ProbeInterval, on the health check ports that were taken
 // when their Services came (another process, kube-proxy before it was removed): derivations
 // follow API events only, and a quiet cluster may have none for hours.
-func (s *Source) retryHealthChecks(ctx context.Context) {
+func (s *Source) retryHealthChecks(ctx context.Context) { s.everyProbe(ctx, s.health.Retry) }
+
+// everyProbe runs fn every ProbeInterval until ctx ends.
+func (s *Source) everyProbe(ctx context.Context, fn func()) {
 	t := time.NewTicker(s.opts.ProbeInterval)
 	defer t.Stop()
 	for {
@@ -593,7 +589,7 @@ func (s *Source) retryHealthChecks(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.health.Retry()
+			fn()
 		}
 	}
 }

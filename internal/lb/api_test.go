@@ -359,31 +359,16 @@ func TestChangeNotRolledBackByAnEarlierSyncsFailure(t *testing.T) {
 // A change whose own sync fails is rolled back: the state file and the services are as
 // before it, and the caller is told.
 func TestChangeRolledBackWhenItsSyncFails(t *testing.T) {
-	r, wake, _ := wakingRuntime()
-	var fail atomic.Bool
-	r.Env = func([]string) (Env, error) {
-		if fail.Load() {
-			return Env{}, errors.New("cannot list links")
-		}
-		return testEnv, nil
-	}
+	r, wake, fail, cfg := failingRuntime(t)
 	defer r.stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cfg := Config{API: &API{Disabled: true}, StateFile: filepath.Join(t.TempDir(), "state.yaml"),
-		Services: []Service{fixture(DNAT, RoundRobin)}}
 	if err := r.Sync(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	syncLoop(ctx, r, wake, cfg)
 	fail.Store(true)
-	err := r.change(ctx, func(svcs []Service, o *Overlay) error {
-		s := svcs[0]
-		s.Backends = append([]Backend(nil), s.Backends...)
-		s.Backends[0].State = StateDrain
-		o.put(s)
-		return nil
-	})
+	err := r.change(ctx, drainFirstBackend)
 	if err == nil || !strings.Contains(err.Error(), "rolled back") {
 		t.Fatalf("a change whose sync failed: %v", err)
 	}

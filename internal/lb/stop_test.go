@@ -102,18 +102,9 @@ func TestStopDuringSyncLeavesNoProbe(t *testing.T) {
 // once, can finish first) is answered as failed and rolled back at once. Before, the caller
 // waited for a sync nothing asked for, until applyTimeout, and the change stayed.
 func TestChangeWhoseSyncFailedFirstIsRolledBack(t *testing.T) {
-	r, _, _ := wakingRuntime()
-	var fail atomic.Bool
-	r.Env = func([]string) (Env, error) {
-		if fail.Load() {
-			return Env{}, errors.New("cannot list links")
-		}
-		return testEnv, nil
-	}
+	r, _, fail, cfg := failingRuntime(t)
 	defer r.stop()
 	ctx := context.Background()
-	cfg := Config{API: &API{Disabled: true}, StateFile: filepath.Join(t.TempDir(), "state.yaml"),
-		Services: []Service{fixture(DNAT, RoundRobin)}}
 	if err := r.Sync(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -126,13 +117,7 @@ func TestChangeWhoseSyncFailedFirstIsRolledBack(t *testing.T) {
 	applyTimeout = time.Second
 	fail.Store(true)
 	start := time.Now()
-	err := r.change(ctx, func(svcs []Service, o *Overlay) error {
-		s := svcs[0]
-		s.Backends = append([]Backend(nil), s.Backends...)
-		s.Backends[0].State = StateDrain
-		o.put(s)
-		return nil
-	})
+	err := r.change(ctx, drainFirstBackend)
 	if err == nil || !strings.Contains(err.Error(), "rolled back") || time.Since(start) >= applyTimeout {
 		t.Fatalf("after %v: a change whose sync failed: %v; want it rolled back at once", time.Since(start).Round(time.Millisecond), err)
 	}
@@ -205,4 +190,29 @@ func TestChangeUnderWayAtStop(t *testing.T) {
 			}
 		})
 	}
+}
+
+// failingRuntime is wakingRuntime whose syncs fail (listing links) while fail is set, with a
+// config of one service, its state file in a directory of the test's.
+func failingRuntime(t *testing.T) (*Runtime, chan struct{}, *atomic.Bool, Config) {
+	r, wake, _ := wakingRuntime()
+	fail := new(atomic.Bool)
+	r.Env = func([]string) (Env, error) {
+		if fail.Load() {
+			return Env{}, errors.New("cannot list links")
+		}
+		return testEnv, nil
+	}
+	cfg := Config{API: &API{Disabled: true}, StateFile: filepath.Join(t.TempDir(), "state.yaml"),
+		Services: []Service{fixture(DNAT, RoundRobin)}}
+	return r, wake, fail, cfg
+}
+
+// drainFirstBackend is an API change: the first service's first backend drained.
+func drainFirstBackend(svcs []Service, o *Overlay) error {
+	s := svcs[0]
+	s.Backends = append([]Backend(nil), s.Backends...)
+	s.Backends[0].State = StateDrain
+	o.put(s)
+	return nil
 }

@@ -398,13 +398,7 @@ func newNATEnv(t *testing.T) *env {
 func clusterIPConn(t *testing.T, e *env, v6 bool) (client, server net.Conn) {
 	t.Helper()
 	a := e.topo.Addrs(v6)
-	var ln net.Listener
-	if err := e.topo.Remote.Do(func() (err error) {
-		ln, err = net.Listen("tcp", netip.AddrPortFrom(a.RemotePod, testbed.ClusterIPPort+1).String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	ln := clusterIPBackend(t, e, v6)
 	defer ln.Close()
 	accepted := make(chan net.Conn, 1)
 	go func() {
@@ -424,6 +418,20 @@ func clusterIPConn(t *testing.T, e *env, v6 bool) (client, server net.Conn) {
 	}
 	t.Cleanup(func() { server.Close() })
 	return client, server
+}
+
+// clusterIPBackend listens on the remote Pod at ClusterIPPort+1, where the ClusterIP's
+// connections go.
+func clusterIPBackend(t *testing.T, e *env, v6 bool) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	if err := e.topo.Remote.Do(func() (err error) {
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(e.topo.Addrs(v6).RemotePod, testbed.ClusterIPPort+1).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return ln
 }
 
 // moves64K writes 64 KiB on from and reads them on to within 3 s.
@@ -496,13 +504,7 @@ func TestFreshSetKnowsConnectionsOpenedDuringApply(t *testing.T) {
 		e.d.PeerPod = append(e.d.PeerPod, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 200, byte(i >> 8), byte(i)}), 32))
 	}
 	a := e.topo.Addrs(false)
-	var ln net.Listener
-	if err := e.topo.Remote.Do(func() (err error) {
-		ln, err = net.Listen("tcp", netip.AddrPortFrom(a.RemotePod, testbed.ClusterIPPort+1).String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	ln := clusterIPBackend(t, e, false)
 	defer ln.Close()
 	var mu sync.Mutex
 	servers := map[uint16]net.Conn{} // by the client's port
@@ -557,12 +559,15 @@ func TestFreshSetKnowsConnectionsOpenedDuringApply(t *testing.T) {
 	if err := set.settings.Lookup(uint32(0), &cfg); err != nil {
 		t.Fatal(err)
 	}
+	server := func(c net.Conn) (uint16, net.Conn) { // the server end of client c, if accepted
+		port := netip.MustParseAddrPort(c.LocalAddr().String()).Port()
+		mu.Lock()
+		defer mu.Unlock()
+		return port, servers[port]
+	}
 	for _, c := range cs {
 		defer c.c.Close()
-		port := netip.MustParseAddrPort(c.c.LocalAddr().String()).Port()
-		mu.Lock()
-		s := servers[port]
-		mu.Unlock()
+		_, s := server(c.c)
 		if s == nil {
 			continue
 		}
@@ -571,10 +576,7 @@ func TestFreshSetKnowsConnectionsOpenedDuringApply(t *testing.T) {
 	}
 	time.Sleep(1100 * time.Millisecond)
 	for _, c := range cs {
-		port := netip.MustParseAddrPort(c.c.LocalAddr().String()).Port()
-		mu.Lock()
-		s := servers[port]
-		mu.Unlock()
+		port, s := server(c.c)
 		if s == nil {
 			continue
 		}
