@@ -63,7 +63,7 @@ func (r *Runtime) serveAPI(a *API) error {
 		return nil
 	}
 	if running != nil {
-		running.close()
+		running.close(false) // from a sync: at once (see stop)
 	}
 	r.mu.Lock()
 	r.api, r.apiCfg = nil, API{}
@@ -78,7 +78,7 @@ func (r *Runtime) serveAPI(a *API) error {
 	r.mu.Lock()
 	if r.closed { // Stop ran meanwhile
 		r.mu.Unlock()
-		srv.close()
+		srv.close(false)
 		return nil
 	}
 	r.api, r.apiCfg = srv, *a
@@ -106,17 +106,17 @@ func (r *Runtime) startAPI(a API) (*apiServer, error) {
 	if a.Listen != "" {
 		key, err := model.ReadConfigFile(a.KeyFile)
 		if err != nil {
-			s.close()
+			s.close(false)
 			return nil, fmt.Errorf("loadBalancer.api.keyFile: %w", err)
 		}
 		k := bytes.TrimSpace(key)
 		if len(k) < 16 {
-			s.close()
+			s.close(false)
 			return nil, fmt.Errorf("loadBalancer.api.keyFile: %s: the key is shorter than 16 bytes", a.KeyFile)
 		}
 		tln, err := net.Listen("tcp", a.Listen)
 		if err != nil {
-			s.close()
+			s.close(false)
 			return nil, fmt.Errorf("loadBalancer.api.listen: %w", err)
 		}
 		s.serve(tln, requireKey(k, mux))
@@ -130,13 +130,13 @@ func (s *apiServer) serve(ln net.Listener, h http.Handler) {
 	go srv.Serve(ln)
 }
 
-// close stops accepting, lets the requests under way answer (those waiting for a sync are
-// woken by Stop) for up to apiCloseWait, then closes what is left.
-func (s *apiServer) close() {
+// close stops accepting and closes the connections: gracefully, it lets the requests under
+// way answer first (those waiting for a sync are woken by Stop), for up to apiCloseWait.
+func (s *apiServer) close(graceful bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), apiCloseWait)
 	defer cancel()
 	for _, srv := range s.servers {
-		if srv.Shutdown(ctx) != nil {
+		if !graceful || srv.Shutdown(ctx) != nil {
 			srv.Close()
 		}
 	}

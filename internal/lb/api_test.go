@@ -32,7 +32,7 @@ func testRuntime(t testing.TB, cfg Config) (*Runtime, *Client, func() string) {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(r.Handler())
-	t.Cleanup(func() { srv.Close(); cancel(); <-done; r.stop() })
+	t.Cleanup(func() { srv.Close(); cancel(); <-done; r.stop(false) })
 	return r, &Client{HTTP: srv.Client(), Base: srv.URL}, func() string { return f.Dump() }
 }
 
@@ -307,7 +307,7 @@ func TestChangeNotRolledBackByAnEarlierSyncsFailure(t *testing.T) {
 		}
 		return testEnv, nil
 	}
-	defer r.stop()
+	defer r.stop(false)
 	ctx := context.Background()
 	cfg := Config{API: &API{Disabled: true}, StateFile: filepath.Join(t.TempDir(), "state.yaml"),
 		Services: []Service{fixture(DNAT, RoundRobin)}}
@@ -360,7 +360,7 @@ func TestChangeNotRolledBackByAnEarlierSyncsFailure(t *testing.T) {
 // before it, and the caller is told.
 func TestChangeRolledBackWhenItsSyncFails(t *testing.T) {
 	r, wake, fail, cfg := failingRuntime(t)
-	defer r.stop()
+	defer r.stop(false)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if err := r.Sync(ctx, cfg); err != nil {

@@ -109,7 +109,7 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 	defer func() { r.done(gen, err) }()
 
 	if !cfg.InUse() {
-		r.stop()
+		r.stop(false)
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.desired = nil
@@ -459,10 +459,13 @@ func (r *Runtime) Stop() {
 		close(r.closing)
 	}
 	r.mu.Unlock()
-	r.stop()
+	r.stop(true)
 }
 
-func (r *Runtime) stop() {
+// stop stops the health checks and the API: gracefully for Stop (the API calls under way are
+// answered: Stop woke those waiting for a sync), at once from a sync (one waiting for that
+// very sync would hold a graceful close until apiCloseWait: the sync stalled).
+func (r *Runtime) stop(graceful bool) {
 	r.mu.Lock()
 	c, a := r.checker, r.api
 	r.checker, r.api, r.apiCfg = nil, nil, API{}
@@ -476,7 +479,7 @@ func (r *Runtime) stop() {
 		c.Stop()
 	}
 	if a != nil {
-		a.close()
+		a.close(graceful)
 	}
 }
 

@@ -62,7 +62,7 @@ func TestSyncAfterStopStartsNothing(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	r.Run(ctx)
-	defer r.stop()
+	defer r.stop(false)
 	if err := r.Sync(ctx, cfg); !errors.Is(err, errStopped) {
 		t.Errorf("sync after Stop: %v, want %v", err, errStopped)
 	}
@@ -103,7 +103,7 @@ func TestStopDuringSyncLeavesNoProbe(t *testing.T) {
 // waited for a sync nothing asked for, until applyTimeout, and the change stayed.
 func TestChangeWhoseSyncFailedFirstIsRolledBack(t *testing.T) {
 	r, _, fail, cfg := failingRuntime(t)
-	defer r.stop()
+	defer r.stop(false)
 	ctx := context.Background()
 	if err := r.Sync(ctx, cfg); err != nil {
 		t.Fatal(err)
@@ -166,7 +166,7 @@ func TestChangeUnderWayAtStop(t *testing.T) {
 					r.Run(ctx)
 				}
 			}()
-			defer r.stop()
+			defer r.stop(false)
 			slow.Store(true)
 			errc := make(chan error, 1)
 			go func() {
@@ -215,4 +215,42 @@ func drainFirstBackend(svcs []Service, o *Overlay) error {
 	s.Backends[0].State = StateDrain
 	o.put(s)
 	return nil
+}
+
+// A sync that restarts the API (its socket moved) while an API call waits for that very sync
+// does not stall: the old API closes at once (a graceful close would wait for the handler, and
+// the handler for the sync, apiCloseWait). The caller's connection is closed under it, as
+// before the graceful close existed.
+func TestAPIRestartWhileCallWaitsDoesNotStall(t *testing.T) {
+	dir := t.TempDir()
+	cfg := checkedConfig(dir)
+	cfg.Services[0].HealthCheck = nil
+	r, wake, _ := wakingRuntime()
+	r.Env = func([]string) (Env, error) { return testEnv, nil }
+	ctx := context.Background()
+	if err := r.Sync(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop()
+	select { // a trigger the first sync may leave
+	case <-wake:
+	case <-time.After(100 * time.Millisecond):
+	}
+	moved := cfg
+	moved.API = &API{Socket: filepath.Join(dir, "lb2.sock")}
+	took := make(chan time.Duration, 1)
+	go func() { // the agent's loop: the change's sync reads the new config
+		<-wake
+		start := time.Now()
+		r.Sync(ctx, moved)
+		took <- time.Since(start)
+	}()
+	errc := make(chan error, 1)
+	go func() {
+		errc <- NewClient(cfg.API.Socket, "", "").Do(ctx, "PATCH", BackendPath("web", "10.1.0.11:8080"), []byte(`{"state":"drain"}`), nil)
+	}()
+	if d := <-took; d >= apiCloseWait/2 {
+		t.Errorf("the sync that restarted the API took %v (held by the close of a handler waiting for it)", d.Round(time.Millisecond))
+	}
+	<-errc
 }

@@ -112,3 +112,25 @@ func TestHandedAging(t *testing.T) {
 		t.Errorf("a new end's mark %d, want the new epoch %d", m, p.cfg.HandedEpoch)
 	}
 }
+
+// A pod-to-pod server end whose mark counts only because a handed end shares its slot is not
+// entered into handed: conntrack, asked once, says its flow is not NAT-ed, its pair is kept,
+// and its packets from several clients ask no more (an entry would keep one client's answer,
+// and the others would ask conntrack at every packet).
+func TestMarkCollisionLeavesPodToPodEndOut(t *testing.T) {
+	p := newProgEnv(t)
+	pod, remote := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.2.2")
+	p.route(remote, 0)
+	server := fastpathEndpoint{Port: htons(2000), Proto: 17} // frame(pod, remote) goes to remote:2000
+	copy(server.Addr[:], remote.AsSlice())
+	p.markHanded(server) // as another end's remember() does when it shares the slot
+	for i := range 10 {
+		if ret, _ := p.run(withPorts(frame(pod, remote, 64), uint16(1000+i%2), 2000)); ret != actRedirect {
+			t.Fatalf("packet %d: return %d, want TC_ACT_REDIRECT", i, int32(ret))
+		}
+	}
+	var h fastpathHandedEnd
+	if err := p.set.maps.Handed.Lookup(server, &h); err == nil {
+		t.Errorf("a pod-to-pod server end that only shares a mark was entered into handed: %+v", h)
+	}
+}

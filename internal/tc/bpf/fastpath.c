@@ -699,22 +699,18 @@ static __always_inline void remember(struct settings *cfg, struct endpoint *e, b
 		bpf_map_update_elem(&handed, e, &h, BPF_ANY);
 }
 
-/* was_handed returns e's entry in handed, or NULL; its mark answers first for most ends. An
- * end with a mark of the current epochs but no entry (the LRU forgot it: more client ends were
- * used since, or it shares its mark with a handed end) is entered again with nothing asked, so
- * that conntrack is asked about its replies: without the entry, a reply of a NAT-ed connection
- * would be redirected without its un-NAT. */
-static __always_inline struct handed_end *was_handed(struct settings *cfg, struct endpoint *e)
+/* marked reports whether e's mark is of the current epochs (or out of reach). */
+static __always_inline bool marked(struct settings *cfg, struct endpoint *e)
 {
 	__u64 *mark = handed_mark(e);
-	struct handed_end *h, none = {};
 
-	if (mark && *mark < *(volatile __u32 *)&cfg->handed_since)
-		return NULL;
-	if ((h = bpf_map_lookup_elem(&handed, e)))
-		return h;
-	bpf_map_update_elem(&handed, e, &none, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&handed, e);
+	return !mark || *mark >= *(volatile __u32 *)&cfg->handed_since;
+}
+
+/* was_handed returns e's entry in handed, or NULL; its mark answers first for most ends. */
+static __always_inline struct handed_end *was_handed(struct settings *cfg, struct endpoint *e)
+{
+	return marked(cfg, e) ? bpf_map_lookup_elem(&handed, e) : NULL;
 }
 
 /* sender reports whether a packet from an address with flags sf arriving on a device of role
@@ -1106,6 +1102,28 @@ static __always_inline bool nat_reply(struct __sk_buff *skb, struct flow *f, str
 	return n.nat;
 }
 
+/* handed_nat reports whether a packet to a client end the program handed to the stack is of
+ * a flow conntrack knows as NAT-ed (nat_reply). An end with a mark of the current epochs but no
+ * entry was forgotten by the LRU (more client ends were used since) or shares its mark with a
+ * handed end: conntrack is asked, and only a NAT-ed flow's end is entered again (with the
+ * answer), so that its replies keep their un-NAT; an end that only shares a mark stays out of
+ * handed (its pair is kept, and asks no more while it holds). */
+static __always_inline bool handed_nat(struct __sk_buff *skb, struct settings *cfg, struct flow *f)
+{
+	struct handed_end *h, n = {.port = f->src.port, .nat = 1};
+
+	if (!marked(cfg, &f->dst))
+		return false;
+	if ((h = bpf_map_lookup_elem(&handed, &f->dst)))
+		return nat_reply(skb, f, h);
+	if (!natted_flow(skb, f))
+		return false;
+	n.asked = bpf_ktime_get_coarse_ns();
+	__builtin_memcpy(n.server, f->src.addr, 16);
+	bpf_map_update_elem(&handed, &f->dst, &n, BPF_NOEXIST);
+	return true;
+}
+
 /* roles looks an address up in its family's trie (an lpm6 key serves both: the IPv4 trie
  * reads only its prefix length and first 4 bytes). */
 static __always_inline struct addr *roles(struct flow *f, struct endpoint *e)
@@ -1159,7 +1177,6 @@ static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struc
 				  struct flow *f, __u32 *egress, __u32 *dflags, struct nat_flow **n)
 {
 	struct addr *s, *d;
-	struct handed_end *h;
 	int class;
 
 	d = roles(f, &f->dst);
@@ -1178,8 +1195,7 @@ static __always_inline int decide(struct __sk_buff *skb, struct iface *in, struc
 	}
 	/* A reply to a client end the program handed to the stack: if conntrack knows its flow
 	 * as NAT-ed, the stack un-NATs it, whatever else the packet is. */
-	if (nat_checked(cfg, in->role, d->flags) && (h = was_handed(cfg, &f->dst)) &&
-	    nat_reply(skb, f, h)) {
+	if (nat_checked(cfg, in->role, d->flags) && handed_nat(skb, cfg, f)) {
 		if (carry(skb, cfg, f, n))
 			return CARRY;
 		count(STAT_NAT, skb);
