@@ -62,12 +62,8 @@ func ReaderPinName(id ebpf.ProgramID) string { return fmt.Sprintf("reader-%d", i
 // pinDir returns the pin directory, mounting the BPF filesystem if none is (Apply), and
 // where it mounted it (empty: it was mounted).
 func (m *Manager) pinDir() (dir, mounted string, err error) {
-	if m.PinDir != "" {
-		return m.PinDir, "", nil
-	}
-	fs, err := BPFFS()
-	if err == nil {
-		return filepath.Join(fs, "hostaccel"), "", nil
+	if dir, err = m.pins(); err == nil {
+		return dir, "", nil
 	}
 	// As other eBPF agents do: mount it where it belongs (a DaemonSet mounts the host's).
 	if merr := unix.Mount("bpf", DefaultBPFFS, "bpf", 0, "mode=0700"); merr != nil {

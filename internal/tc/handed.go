@@ -71,6 +71,16 @@ func (s *progSet) ageHanded(ctx context.Context, cfg *fastpathSettings, list fun
 	return nil
 }
 
+// rememberOpen enters the client ends of the NAT-ed connections conntrack holds now into a
+// fresh set (first epoch): before it is attached, and again once it is (rememberNATed).
+func (s *progSet) rememberOpen(ctx context.Context) error {
+	flows, err := conntrack.List(ctx)
+	if err != nil {
+		return err
+	}
+	return s.rememberNATed(flows, handedFirstEpoch)
+}
+
 // rememberNATed enters the client end of every connection conntrack knows as NAT-ed into the
 // handed map, with a mark of epoch: of a set about to be attached (the program records such
 // ends only as their packets pass it, and a reply to a connection that is older than the

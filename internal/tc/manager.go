@@ -230,11 +230,7 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	}
 	res.ProgramID = set.id
 	if fresh && res.NATCheck {
-		flows, err := conntrack.List(ctx)
-		if err == nil {
-			err = set.rememberNATed(flows, handedFirstEpoch)
-		}
-		if err != nil {
+		if err := set.rememberOpen(ctx); err != nil {
 			return res, fmt.Errorf("tc: the NAT-ed connections already open: %w", err)
 		}
 	}
@@ -298,11 +294,7 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 		// listed again once those SYNs have reached conntrack (handedSettle). From the
 		// attachments on, the program remembers the ends itself.
 		time.Sleep(handedSettle)
-		flows, err := conntrack.List(ctx)
-		if err == nil {
-			err = set.rememberNATed(flows, handedFirstEpoch)
-		}
-		if err != nil {
+		if err := set.rememberOpen(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("tc: the NAT-ed connections opened while the program was attached: %w", err))
 		}
 	}
