@@ -37,7 +37,11 @@
 // timeout, so it stands for an entry conntrack still holds; meanwhile the replies cost one
 // hash lookup. Pure pod-to-pod flows have no entry at all (both directions are redirected, so
 // the stack never sees them): their destination's mark is void (one inlined array read), and
-// they keep the redirect. A mark is the epoch (settings.handed_epoch) in which its end was
+// they keep the redirect. An end whose mark counts but that handed does not hold (it shares its
+// mark with a handed end, or the LRU forgot it) is asked about in conntrack too, even where a
+// pair is kept for its two addresses by a direct flow: a NAT-ed flow's end is entered again,
+// a direct flow's answer is kept per flow for 100 ms (direct_flows, LRU of 16,384), and its
+// packets keep the pair meanwhile. A mark is the epoch (settings.handed_epoch) in which its end was
 // handed; marks below settings.handed_since are void. Every end handed to the stack marks one
 // (every DNS query to a ClusterIP from a new port), so Apply ages them (handed.go) once more than
 // 1/16 of a sample are set, at most once a minute: a new epoch, the client ends of the NAT-ed

@@ -245,6 +245,7 @@ type fastpathSlot6 struct {
 const (
 	fastpathMapAddrs4          = "addrs4"
 	fastpathMapAddrs6          = "addrs6"
+	fastpathMapDirectFlows     = "direct_flows"
 	fastpathMapHanded          = "handed"
 	fastpathMapHandedMarks     = "handed_marks"
 	fastpathMapIfaces          = "ifaces"
@@ -316,6 +317,7 @@ type fastpathProgramSpecs struct {
 type fastpathMapSpecs struct {
 	Addrs4      *ebpf.MapSpec `ebpf:"addrs4"`
 	Addrs6      *ebpf.MapSpec `ebpf:"addrs6"`
+	DirectFlows *ebpf.MapSpec `ebpf:"direct_flows"`
 	Handed      *ebpf.MapSpec `ebpf:"handed"`
 	HandedMarks *ebpf.MapSpec `ebpf:"handed_marks"`
 	Ifaces      *ebpf.MapSpec `ebpf:"ifaces"`
@@ -363,6 +365,7 @@ func (o *fastpathObjects) Close() error {
 type fastpathMaps struct {
 	Addrs4      *ebpf.Map `ebpf:"addrs4"`
 	Addrs6      *ebpf.Map `ebpf:"addrs6"`
+	DirectFlows *ebpf.Map `ebpf:"direct_flows"`
 	Handed      *ebpf.Map `ebpf:"handed"`
 	HandedMarks *ebpf.Map `ebpf:"handed_marks"`
 	Ifaces      *ebpf.Map `ebpf:"ifaces"`
@@ -383,6 +386,7 @@ func (m *fastpathMaps) Close() error {
 	return _FastpathClose(
 		m.Addrs4,
 		m.Addrs6,
+		m.DirectFlows,
 		m.Handed,
 		m.HandedMarks,
 		m.Ifaces,

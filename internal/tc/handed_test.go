@@ -133,4 +133,14 @@ func TestMarkCollisionLeavesPodToPodEndOut(t *testing.T) {
 	if err := p.set.maps.Handed.Lookup(server, &h); err == nil {
 		t.Errorf("a pod-to-pod server end that only shares a mark was entered into handed: %+v", h)
 	}
+	// conntrack's answer is kept per flow (direct_flows): one per client, which kept_pair
+	// reads instead of asking again.
+	var k, v []byte
+	flows := 0
+	for it := p.set.maps.DirectFlows.Iterate(); it.Next(&k, &v); {
+		flows++
+	}
+	if flows != 2 {
+		t.Errorf("direct_flows holds %d flows after packets of 2, want conntrack's answer kept for each", flows)
+	}
 }

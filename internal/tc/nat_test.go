@@ -446,7 +446,16 @@ func moves64K(from, to net.Conn) error {
 // its mark still counts goes to the stack as nat: the program enters the end again and asks
 // conntrack, instead of redirecting the reply past its un-DNAT (the client would see the
 // backend's address and drop it).
+//
+// Also where a direct pod-to-pod connection between the same two addresses (the Pod and the
+// backend Pod, other ports) keeps their pair: pairs are kept per pair of addresses, and a
+// reply that found the pair took its way without asking about its end (i/o timeout before).
 func TestNATReplyToForgottenEnd(t *testing.T) {
+	t.Run("alone", func(t *testing.T) { natReplyToForgottenEnd(t, false) })
+	t.Run("beside a direct connection", func(t *testing.T) { natReplyToForgottenEnd(t, true) })
+}
+
+func natReplyToForgottenEnd(t *testing.T, direct bool) {
 	e := newNATEnv(t)
 	e.d.NATCheck = model.NATCheckBoth
 	e.apply()
@@ -454,6 +463,26 @@ func TestNATReplyToForgottenEnd(t *testing.T) {
 		client, server := clusterIPConn(t, e, v6)
 		if err := moves64K(client, server); err != nil {
 			t.Fatalf("%s ClusterIP connection, client to server: %v", fam(v6), err)
+		}
+		if direct {
+			a := e.topo.Addrs(v6)
+			srv, err := e.topo.Remote.ListenTCP(netip.AddrPortFrom(a.RemotePod, 0).String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+			c, err := e.topo.Pod.DialTCP(a.Pod.String(), srv.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			before := e.status()
+			if err := moves64K(c, c); err != nil { // echoed: both ways
+				t.Fatalf("%s direct connection: %v", fam(v6), err)
+			}
+			if n := e.status().Class(model.PodToPod).Packets - before.Class(model.PodToPod).Packets; n < 10 {
+				t.Fatalf("%s direct connection: %d packets redirected, want its pair kept", fam(v6), n)
+			}
 		}
 		local := netip.MustParseAddrPort(client.LocalAddr().String())
 		end := fastpathEndpoint{Port: htons(local.Port()), Proto: 6}

@@ -426,6 +426,20 @@ struct nat_key {
 	struct endpoint src, dst;
 };
 
+/* Flows to an end whose mark counts but that handed does not hold, which conntrack said are
+ * not NAT-ed, and when (bpf_ktime_get_coarse_ns(); used for HANDED_TTL_NS). Such an end shares
+ * its mark with a handed end, or was handed and then forgotten by the LRU: only conntrack tells
+ * which, and a pair kept for the flow's two addresses (by a direct flow) may be used only for
+ * the first. A flow is entered here by decide(), asked once per HANDED_TTL_NS, and kept_pair()
+ * uses its pair while the answer is fresh; a handed entry for the end (its SYN seen again)
+ * comes first. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct nat_key);
+	__type(value, __u64);
+} direct_flows SEC(".maps");
+
 /* ... and what they become: conntrack's answer about the flow, kept for HANDED_TTL_NS. A flow
  * is carried (translated and redirected here, as the flowtable would) only while conntrack
  * says it is NAT-ed by this node and offloaded by the flowtable (IPS_OFFLOAD: the flowtable's
@@ -705,12 +719,6 @@ static __always_inline bool marked(struct settings *cfg, struct endpoint *e)
 	__u64 *mark = handed_mark(e);
 
 	return !mark || *mark >= *(volatile __u32 *)&cfg->handed_since;
-}
-
-/* was_handed returns e's entry in handed, or NULL; its mark answers first for most ends. */
-static __always_inline struct handed_end *was_handed(struct settings *cfg, struct endpoint *e)
-{
-	return marked(cfg, e) ? bpf_map_lookup_elem(&handed, e) : NULL;
 }
 
 /* sender reports whether a packet from an address with flags sf arriving on a device of role
@@ -1102,22 +1110,41 @@ static __always_inline bool nat_reply(struct __sk_buff *skb, struct flow *f, str
 	return n.nat;
 }
 
+/* known_direct reports whether conntrack said, within HANDED_TTL_NS, that the packet's flow
+ * (to an end not in handed) is not NAT-ed (direct_flows). */
+static __always_inline bool known_direct(struct flow *f)
+{
+	struct nat_key k = {.src = f->src, .dst = f->dst};
+	__u64 *asked = bpf_map_lookup_elem(&direct_flows, &k);
+
+	return asked && bpf_ktime_get_coarse_ns() - *asked < HANDED_TTL_NS;
+}
+
 /* handed_nat reports whether a packet to a client end the program handed to the stack is of
  * a flow conntrack knows as NAT-ed (nat_reply). An end with a mark of the current epochs but no
  * entry was forgotten by the LRU (more client ends were used since) or shares its mark with a
- * handed end: conntrack is asked, and only a NAT-ed flow's end is entered again (with the
- * answer), so that its replies keep their un-NAT; an end that only shares a mark stays out of
- * handed (its pair is kept, and asks no more while it holds). */
+ * handed end: conntrack is asked (once per flow and HANDED_TTL_NS), and only a NAT-ed flow's
+ * end is entered again (with the answer), so that its replies keep their un-NAT; a flow that is
+ * not NAT-ed goes into direct_flows, and its end stays out of handed (an end that only shares a
+ * mark, such as a pod-to-pod server's, would otherwise ask at every packet from alternating
+ * clients, nat_reply keeping one server end's answer). */
 static __always_inline bool handed_nat(struct __sk_buff *skb, struct settings *cfg, struct flow *f)
 {
 	struct handed_end *h, n = {.port = f->src.port, .nat = 1};
+	struct nat_key k = {.src = f->src, .dst = f->dst};
+	__u64 now;
 
 	if (!marked(cfg, &f->dst))
 		return false;
 	if ((h = bpf_map_lookup_elem(&handed, &f->dst)))
 		return nat_reply(skb, f, h);
-	if (!natted_flow(skb, f))
+	if (known_direct(f))
 		return false;
+	if (!natted_flow(skb, f)) {
+		now = bpf_ktime_get_coarse_ns();
+		bpf_map_update_elem(&direct_flows, &k, &now, BPF_ANY);
+		return false;
+	}
 	n.asked = bpf_ktime_get_coarse_ns();
 	__builtin_memcpy(n.server, f->src.addr, 16);
 	bpf_map_update_elem(&handed, &f->dst, &n, BPF_NOEXIST);
@@ -1425,7 +1452,11 @@ static __always_inline struct pair *kept_pair(struct __sk_buff *skb, struct sett
 	/* A valid pair that does not answer this packet stays as it is. */
 	if (p->class >= NUM_CLASSES || !(cfg->classes & (1U << p->class)) || !usable(skb, cfg, &p->nh, tot_len))
 		return NULL;
-	if (nat_checked(cfg, p->role, p->dflags) && was_handed(cfg, &f->dst))
+	/* An end whose mark counts: one in handed goes the full way (nat_reply), and so does one
+	 * not in handed until conntrack said its flow is direct (handed_nat): the LRU may have
+	 * forgotten a NAT-ed client end whose two addresses also have a direct flow. */
+	if (nat_checked(cfg, p->role, p->dflags) && marked(cfg, &f->dst) &&
+	    (bpf_map_lookup_elem(&handed, &f->dst) || !known_direct(f)))
 		return NULL;
 	/* this CPU's next packets of the pair take the express lane */
 	fill_slot(cfg, f, p, &k4, &k6, h);
