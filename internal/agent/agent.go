@@ -61,6 +61,12 @@ type Source interface {
 	Report() any
 }
 
+// SyncObserver is a Source that is told each sync's outcome (the Kubernetes source answers the
+// Services' health check ports 503 while its changes do not reach the kernel).
+type SyncObserver interface {
+	Synced(err error)
+}
+
 // Agent reconciles one network namespace.
 type Agent struct {
 	opts Options
@@ -268,6 +274,9 @@ func (a *Agent) Sync(ctx context.Context) error {
 	snapshot := *st
 	snapshot.DriftRepairs = maps.Clone(st.DriftRepairs)
 	a.mu.Unlock()
+	if s, ok := a.opts.Source.(SyncObserver); ok {
+		s.Synced(err)
+	}
 	a.publish(snapshot)
 	if a.opts.OnSync != nil {
 		a.opts.OnSync(time.Since(start), snapshot, err)

@@ -251,3 +251,34 @@ func TestReprobeAfterTheChange(t *testing.T) {
 		t.Errorf("probes saw the new CIDR in the kernel: %v, want [false true] (the second after the change)", probes)
 	}
 }
+
+// observedSource is a Source that records the outcomes the agent tells it (SyncObserver).
+type observedSource struct {
+	cfg      *config.Config
+	outcomes []error
+}
+
+func (s *observedSource) Config() (*config.Config, error) { return s.cfg, nil }
+func (s *observedSource) Changed() <-chan struct{}        { return nil }
+func (s *observedSource) Notes() []string                 { return nil }
+func (s *observedSource) Report() any                     { return nil }
+func (s *observedSource) Synced(err error)                { s.outcomes = append(s.outcomes, err) }
+
+// The agent tells a SyncObserver source every sync's outcome: the Kubernetes source answers the
+// Services' health check ports 503 once its changes wait too long for one that succeeds.
+func TestSyncOutcomeToldToTheSource(t *testing.T) {
+	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}, {Name: "eth1", Up: true}}
+	cfg, err := config.Parse([]byte(cfgText))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ok := range []bool{false, true} {
+		a, _ := newTestAgent(t, ok, &links)
+		src := &observedSource{cfg: cfg}
+		a.opts.Source = src
+		err := a.Sync(context.Background())
+		if len(src.outcomes) != 1 || (src.outcomes[0] == nil) != ok || !errors.Is(src.outcomes[0], err) {
+			t.Errorf("flowtable %v: the source was told %v, want the sync's error %v", ok, src.outcomes, err)
+		}
+	}
+}

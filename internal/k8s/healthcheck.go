@@ -77,14 +77,66 @@ func healthChecks(svcs []*corev1.Service, balanced []LBFront) []HealthCheckPort 
 	return out
 }
 
+// DefaultProxyHealthTimeout is how long a derived change may wait for the agent to put it in
+// the kernel before the health check ports answer 503 (Options.ProxyHealthTimeout): kube-proxy's
+// default, twice its 30 s sync period.
+const DefaultProxyHealthTimeout = time.Minute
+
+// proxyHealth is kube-proxy's serviceProxyHealthy: whether the agent keeps the kernel up to date
+// with what the Source derives. It is not once a change has waited longer than timeout for a
+// sync that succeeds (a change derived, or a sync that failed, starts the wait; a sync that
+// succeeds ends it). Then every health check port answers 503, also with local endpoints, so
+// that the cloud's load balancer leaves a node whose rules are stale.
+type proxyHealth struct {
+	mu      sync.Mutex
+	waiting time.Time // since when a change waits (zero: none)
+	timeout time.Duration
+	now     func() time.Time
+}
+
+func newProxyHealth(timeout time.Duration, now func() time.Time) *proxyHealth {
+	// the first config waits for the agent's first sync
+	return &proxyHealth{timeout: timeout, now: now, waiting: now()}
+}
+
+// changed says that a derived change waits for a sync.
+func (p *proxyHealth) changed() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.waiting.IsZero() {
+		p.waiting = p.now()
+	}
+}
+
+// synced records a sync's outcome.
+func (p *proxyHealth) synced(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case err == nil:
+		p.waiting = time.Time{}
+	case p.waiting.IsZero():
+		p.waiting = p.now()
+	}
+}
+
+// healthy reports whether no change has waited longer than the timeout, and since when one
+// waits (zero: none).
+func (p *proxyHealth) healthy() (bool, time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.waiting.IsZero() || p.now().Sub(p.waiting) < p.timeout, p.waiting
+}
+
 // healthServer answers the health check ports as kube-proxy does: HTTP on every path, 200
-// while the Service has local endpoints and 503 while it has none, with a JSON body naming
-// the Service and the count. Sync opens and closes the ports as Services come and go; a port
-// it cannot listen on (taken) is logged and tried again by Retry (every ProbeInterval) and
-// at the next Sync.
+// while the Service has local endpoints and the agent is healthy (proxyHealth), else 503, with
+// a JSON body naming the Service and the count. Sync opens and closes the ports as Services
+// come and go; a port it cannot listen on (taken) is logged and tried again by Retry (every
+// ProbeInterval) and at the next Sync.
 type healthServer struct {
-	addr string // the address to listen on ("" all)
-	log  *slog.Logger
+	addr  string // the address to listen on ("" all)
+	log   *slog.Logger
+	proxy *proxyHealth // nil: healthy
 
 	mu    sync.Mutex
 	ports map[int32]*healthPort
@@ -92,24 +144,29 @@ type healthServer struct {
 }
 
 type healthPort struct {
-	srv *http.Server
-	mu  sync.Mutex
-	hc  HealthCheckPort
+	srv   *http.Server
+	proxy *proxyHealth
+	mu    sync.Mutex
+	hc    HealthCheckPort
 }
 
 func (p *healthPort) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	p.mu.Lock()
 	hc := p.hc
 	p.mu.Unlock()
+	healthy := true
+	if p.proxy != nil {
+		healthy, _ = p.proxy.healthy()
+	}
 	body, _ := json.Marshal(map[string]any{
 		"service":             map[string]string{"namespace": hc.Namespace, "name": hc.Name},
 		"localEndpoints":      hc.LocalEndpoints,
-		"serviceProxyHealthy": true,
+		"serviceProxyHealthy": healthy,
 	})
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(hc.LocalEndpoints))
-	if hc.LocalEndpoints == 0 {
+	if hc.LocalEndpoints == 0 || !healthy {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
 	_, _ = w.Write(body)
@@ -146,7 +203,7 @@ func (h *healthServer) sync(hcs []HealthCheckPort) {
 			p.mu.Unlock()
 			continue
 		}
-		p := &healthPort{hc: hc}
+		p := &healthPort{hc: hc, proxy: h.proxy}
 		ln, err := net.Listen("tcp", net.JoinHostPort(h.addr, strconv.Itoa(int(hc.Port))))
 		if err != nil {
 			h.log.Warn("cannot serve a Service's health check port", "service", hc.Namespace+"/"+hc.Name, "port", hc.Port, "err", err)

@@ -3,6 +3,7 @@ package k8s
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -167,4 +168,54 @@ func TestHealthCheckWeightHeader(t *testing.T) {
 	if w := resp.Header.Get("X-Load-Balancing-Endpoint-Weight"); w != "3" {
 		t.Errorf("X-Load-Balancing-Endpoint-Weight %q, want 3", w)
 	}
+}
+
+// kube-proxy answers 503 also with local endpoints while it is unhealthy: a change has waited
+// longer than its health timeout for a sync that succeeds (its rules are stale), so that the
+// cloud's load balancer leaves the node. The agent tells the Source each sync's outcome.
+func TestHealthCheckProxyUnhealthyIs503(t *testing.T) {
+	now := time.Unix(1000, 0)
+	p := newProxyHealth(time.Minute, func() time.Time { return now })
+	hcPort := freePort(t)
+	h := &healthServer{addr: "127.0.0.1", log: quietLog(), proxy: p}
+	defer h.Close()
+	h.Sync([]HealthCheckPort{{"default", "web", hcPort, 3}})
+	ask := func(what string, wantCode int, wantHealthy bool) {
+		t.Helper()
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", hcPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body struct {
+			LocalEndpoints      int  `json:"localEndpoints"`
+			ServiceProxyHealthy bool `json:"serviceProxyHealthy"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != wantCode || body.ServiceProxyHealthy != wantHealthy || body.LocalEndpoints != 3 ||
+			resp.Header.Get("X-Load-Balancing-Endpoint-Weight") != "3" {
+			t.Errorf("%s: %d %+v weight %q, want %d serviceProxyHealthy %v with 3 local endpoints",
+				what, resp.StatusCode, body, resp.Header.Get("X-Load-Balancing-Endpoint-Weight"), wantCode, wantHealthy)
+		}
+	}
+	ask("started, no sync yet", http.StatusOK, true)
+	now = now.Add(61 * time.Second)
+	ask("no sync a minute after the start", http.StatusServiceUnavailable, false)
+	p.synced(nil)
+	ask("synced", http.StatusOK, true)
+	now = now.Add(time.Hour)
+	ask("an hour of nothing to do", http.StatusOK, true)
+	p.synced(errors.New("nft: no such file"))
+	now = now.Add(59 * time.Second)
+	p.synced(errors.New("nft: no such file")) // the wait runs from the first failure
+	ask("failing for 59 s", http.StatusOK, true)
+	now = now.Add(2 * time.Second)
+	ask("failing for 61 s", http.StatusServiceUnavailable, false)
+	p.synced(nil)
+	ask("synced again", http.StatusOK, true)
+	p.changed() // derived, and the agent never syncs it (stuck)
+	now = now.Add(61 * time.Second)
+	ask("a change waiting 61 s", http.StatusServiceUnavailable, false)
 }

@@ -65,6 +65,9 @@ type Options struct {
 	// address), as kube-proxy does (healthcheck.go). The agent's; `k8s render` serves none.
 	HealthChecks       bool
 	HealthCheckAddress string
+	// ProxyHealthTimeout: once a derived change has waited this long for a sync that succeeds
+	// (Synced), the health check ports answer 503 (DefaultProxyHealthTimeout).
+	ProxyHealthTimeout time.Duration
 }
 
 // Source derives hostaccel's config from the Kubernetes API. Create it with New, run it with
@@ -100,6 +103,8 @@ type Source struct {
 	subnets []netip.Prefix
 	// health answers the Services' health check ports (Options.HealthChecks).
 	health *healthServer
+	// proxy is whether the agent keeps up (Synced), for the health check ports.
+	proxy *proxyHealth
 }
 
 // Status is the source's view of itself and of the API, for `hostaccel status` and metrics.
@@ -127,6 +132,11 @@ type Status struct {
 	DeriveError string `json:"deriveError,omitempty"`
 	// HealthChecks are the Services' health check ports answered here.
 	HealthChecks []HealthCheckPort `json:"healthChecks,omitempty"`
+	// ServiceProxyHealthy is false while a derived change has waited longer than
+	// Options.ProxyHealthTimeout for the agent's sync (since ChangeWaitingSince): the health
+	// check ports then answer 503, as kube-proxy's do.
+	ServiceProxyHealthy bool      `json:"serviceProxyHealthy"`
+	ChangeWaitingSince  time.Time `json:"changeWaitingSince,omitzero"`
 	// Summary explains the config in use (the last field: Report writes it).
 	Summary *Summary `json:"summary,omitempty"`
 }
@@ -178,8 +188,12 @@ func New(client kubernetes.Interface, opts Options) (*Source, error) {
 		ready:   make(chan struct{}),
 		st:      Status{NodeName: opts.NodeName},
 	}
+	if opts.ProxyHealthTimeout <= 0 {
+		opts.ProxyHealthTimeout = DefaultProxyHealthTimeout
+	}
+	s.proxy = newProxyHealth(opts.ProxyHealthTimeout, time.Now)
 	if opts.HealthChecks {
-		s.health = &healthServer{addr: opts.HealthCheckAddress, log: s.log}
+		s.health = &healthServer{addr: opts.HealthCheckAddress, log: s.log, proxy: s.proxy}
 	}
 	s.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(stripManagedFields))
 	add := func(inf cache.SharedIndexInformer, h cache.ResourceEventHandler) {
@@ -354,6 +368,7 @@ func (s *Source) Report() any {
 	st, last := s.st, s.last
 	sum, ok := s.sumJSON, s.sumOf == last
 	s.mu.Unlock()
+	st.ServiceProxyHealthy, st.ChangeWaitingSince = s.proxy.healthy()
 	b, err := json.Marshal(st)
 	if err != nil || last == nil || len(b) < 2 || b[len(b)-1] != '}' {
 		return s.Status()
@@ -386,8 +401,14 @@ func (s *Source) Status() Status {
 		sum := s.last.Summary
 		st.Summary = &sum
 	}
+	st.ServiceProxyHealthy, st.ChangeWaitingSince = s.proxy.healthy()
 	return st
 }
+
+// Synced is told each sync's outcome by the agent: a change waits from a failed sync (or its
+// derivation) until a sync succeeds, and the health check ports answer 503 once it has waited
+// longer than Options.ProxyHealthTimeout (kube-proxy's serviceProxyHealthy).
+func (s *Source) Synced(err error) { s.proxy.synced(err) }
 
 func (s *Source) markDirty() {
 	select {
@@ -456,6 +477,7 @@ func (s *Source) derive(ctx context.Context) {
 	if changed {
 		s.st.Changes++
 		s.st.LastChange = time.Now()
+		s.proxy.changed()
 	}
 	if !changed && s.last != nil {
 		// The same config: the agent knows it by its pointer (agent.Source).
