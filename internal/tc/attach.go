@@ -91,6 +91,9 @@ func (o *observed) detach(atts []attachment, keep *progSet) ([]string, error) {
 	return names, errors.Join(errs...)
 }
 
+// attachProgram is attach (a variable: tests make an attach fail).
+var attachProgram = attach
+
 // attach attaches set's program to l in mode, replacing in place (atomically) one of our
 // attachments there if it can; it returns the attachment replaced.
 func attach(mode Mode, l netlink.Link, set *progSet, mine []attachment, sets map[ebpf.ProgramID]*progSet) (attachment, error) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -488,10 +489,23 @@ func (m *Manager) attachAll(o *observed, set *progSet, mode Mode, w contents, d 
 		var err error
 		if i := slices.IndexFunc(mine, func(a attachment) bool { return a.mode == mode && a.prog == set.id }); i >= 0 {
 			keep = mine[i]
-		} else if keep, err = attach(mode, l, set, mine, o.sets); gone(err) {
+		} else if keep, err = attachProgram(mode, l, set, mine, o.sets); gone(err) {
 			res.Missing = append(res.Missing, name)
 			continue
 		} else if err != nil {
+			// The programs of other sets come off the device (its packets take the stack
+			// until an attach succeeds): their maps are no longer written, and a peer CIDR
+			// removed or an exclusion added since would not reach them.
+			var older []string
+			for _, a := range mine {
+				if a.prog != set.id {
+					stale = append(stale, a)
+					older = append(older, fmt.Sprintf("%s program %d", a.mode, a.prog))
+				}
+			}
+			if len(older) > 0 {
+				err = fmt.Errorf("%w (detached from it: %s; its packets take the stack until an attach succeeds)", err, strings.Join(older, ", "))
+			}
 			errs = append(errs, err)
 			continue
 		} else {

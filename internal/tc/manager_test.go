@@ -1338,3 +1338,64 @@ func TestOwnClsactsSkipsAVanishedDevice(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// A device the new program set cannot be attached to (here: an upgrade whose attach fails on
+// the gateway) keeps no program of the older set: that set's maps are no longer written, so a
+// peer CIDR removed or an exclusion added since would still be redirected there. Its packets
+// take the stack until an attach succeeds, and the error says so. Before, the older program
+// stayed on the device.
+func TestAttachFailureLeavesNoOlderProgram(t *testing.T) {
+	for _, mode := range []Mode{ModeTCX, ModeClsBPF} {
+		t.Run(string(mode), func(t *testing.T) {
+			needMode(t, mode)
+			e := newEnv(t, mode)
+			old := e.apply().ProgramID
+			e.onSet(func(s *progSet) error { // a set of another build: the next apply loads a new one
+				return s.settings.Put(uint32(0), fastpathSettings{Classes: 0b11, Build: 1})
+			})
+			gw := e.topo.GatewayName
+			attachProgram = func(mode Mode, l netlink.Link, set *progSet, mine []attachment, sets map[ebpf.ProgramID]*progSet) (attachment, error) {
+				if l.Attrs().Name == gw {
+					return attachment{}, fmt.Errorf("%s: attach %s: injected failure", gw, mode)
+				}
+				return attach(mode, l, set, mine, sets)
+			}
+			t.Cleanup(func() { attachProgram = attach })
+			var res Result
+			var err error
+			e.do(func() error { res, err = e.m.Apply(context.Background(), e.d); return nil })
+			if err == nil || !strings.Contains(err.Error(), "injected failure") || !strings.Contains(err.Error(), fmt.Sprintf("program %d", old)) {
+				t.Errorf("apply with gw's attach failing: %+v, %v; want the failure, naming the older program detached", res, err)
+			}
+			progs := func() map[string][]ebpf.ProgramID {
+				out := map[string][]ebpf.ProgramID{}
+				e.do(func() error {
+					o, err := observe()
+					if err != nil {
+						return err
+					}
+					defer o.Close()
+					for name, l := range o.links {
+						for _, a := range o.on(l.Attrs().Index) {
+							out[name] = append(out[name], a.prog)
+						}
+					}
+					return nil
+				})
+				return out
+			}
+			got := progs()
+			if !slices.Equal(got[e.topo.TransportName], []ebpf.ProgramID{res.ProgramID}) || len(got[gw]) != 0 {
+				t.Errorf("programs after the failed attach: %v; want the new one (%d) on %s and none on %s (the older was %d)",
+					got, res.ProgramID, e.topo.TransportName, gw, old)
+			}
+			attachProgram = attach
+			if res := e.apply(); !slices.Equal(res.Attached, []string{gw}) {
+				t.Errorf("next apply = %+v, want %s attached", res, gw)
+			}
+			if got := progs(); !slices.Equal(got[gw], []ebpf.ProgramID{res.ProgramID}) {
+				t.Errorf("programs after the next apply: %v, want %d on %s", got, res.ProgramID, gw)
+			}
+		})
+	}
+}
