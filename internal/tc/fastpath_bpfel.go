@@ -25,6 +25,12 @@ type fastpathCounter struct {
 	Bytes   uint64
 }
 
+type fastpathDirectFlow struct {
+	_     structs.HostLayout
+	K     fastpathNatKey
+	Asked uint64
+}
+
 type fastpathEndpoint struct {
 	_     structs.HostLayout
 	Addr  [16]uint8

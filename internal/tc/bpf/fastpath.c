@@ -430,14 +430,23 @@ struct nat_key {
  * not NAT-ed, and when (bpf_ktime_get_coarse_ns(); used for HANDED_TTL_NS). Such an end shares
  * its mark with a handed end, or was handed and then forgotten by the LRU: only conntrack tells
  * which, and a pair kept for the flow's two addresses (by a direct flow) may be used only for
- * the first. A flow is entered here by decide(), asked once per HANDED_TTL_NS, and kept_pair()
- * uses its pair while the answer is fresh; a handed entry for the end (its SYN seen again)
- * comes first. */
+ * the first. A flow is entered by decide() (one conntrack lookup per HANDED_TTL_NS), and
+ * kept_pair() uses its pair while the answer is fresh; a handed entry for the end (its SYN seen
+ * again) comes first. Kept per CPU, direct-mapped by the flow's hash: an inlined array read and
+ * a compare, where a hash map's lookup of the 40-byte key cost ~350 instructions per packet (a
+ * flow that loses its slot to another only asks conntrack again). */
+struct direct_flow {
+	struct nat_key k;
+	__u64 asked;
+};
+
+#define DIRECT_FLOWS 4096
+
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct nat_key);
-	__type(value, __u64);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, DIRECT_FLOWS);
+	__type(key, __u32);
+	__type(value, struct direct_flow);
 } direct_flows SEC(".maps");
 
 /* ... and what they become: conntrack's answer about the flow, kept for HANDED_TTL_NS. A flow
@@ -856,7 +865,7 @@ static __always_inline int finish(struct __sk_buff *skb, struct bpf_fib_lookup *
 
 /* A packet's ends and TTL / hop limit, as both families share them. */
 struct flow {
-	struct endpoint src, dst;
+	struct endpoint src, dst; /* first, as in struct nat_key (direct_slot) */
 	/* settings.generation as the packet arrived, before any lookup: what it decides is of that
 	 * generation (the agent bumps it before and after it writes the maps) */
 	__u32 gen;
@@ -867,6 +876,9 @@ struct flow {
 	__u8 opens;     /* a connection's first packet: UDP (no way to tell), or a TCP SYN */
 	__u16 tcpflags; /* TCP: the header's flags; TCP_FLAGS_UNKNOWN where out of reach or not TCP */
 };
+
+_Static_assert(offsetof(struct flow, dst) == sizeof(struct endpoint) && sizeof(struct nat_key) == 2 * sizeof(struct endpoint),
+	       "struct flow starts with struct nat_key's layout");
 
 #define TCP_FLAGS_OFF 13 /* in the TCP header */
 #define TCP_CSUM_OFF 16
@@ -1110,14 +1122,41 @@ static __always_inline bool nat_reply(struct __sk_buff *skb, struct flow *f, str
 	return n.nat;
 }
 
+/* direct_slot returns this CPU's direct_flows slot for the packet's flow (struct flow starts
+ * with its two ends, laid out as struct nat_key). */
+static __always_inline struct direct_flow *direct_slot(struct flow *f)
+{
+	__u32 i = words_hash((__u32 *)f, sizeof(struct nat_key) / 4) & (DIRECT_FLOWS - 1);
+
+	return bpf_map_lookup_elem(&direct_flows, &i);
+}
+
 /* known_direct reports whether conntrack said, within HANDED_TTL_NS, that the packet's flow
  * (to an end not in handed) is not NAT-ed (direct_flows). */
 static __always_inline bool known_direct(struct flow *f)
 {
-	struct nat_key k = {.src = f->src, .dst = f->dst};
-	__u64 *asked = bpf_map_lookup_elem(&direct_flows, &k);
+	struct direct_flow *d = direct_slot(f);
+	__u32 *x, *y = (__u32 *)f, diff = 0;
+	int i;
 
-	return asked && bpf_ktime_get_coarse_ns() - *asked < HANDED_TTL_NS;
+	if (!d)
+		return false;
+	x = (__u32 *)&d->k;
+#pragma unroll
+	for (i = 0; i < sizeof(struct nat_key) / 4; i++)
+		diff |= x[i] ^ y[i];
+	return !diff && bpf_ktime_get_coarse_ns() - d->asked < HANDED_TTL_NS;
+}
+
+/* note_direct keeps conntrack's answer that the packet's flow is not NAT-ed (direct_flows). */
+static __always_inline void note_direct(struct flow *f)
+{
+	struct direct_flow *d = direct_slot(f);
+
+	if (d) {
+		__builtin_memcpy(&d->k, f, sizeof(d->k));
+		d->asked = bpf_ktime_get_coarse_ns();
+	}
 }
 
 /* handed_nat reports whether a packet to a client end the program handed to the stack is of
@@ -1131,8 +1170,6 @@ static __always_inline bool known_direct(struct flow *f)
 static __always_inline bool handed_nat(struct __sk_buff *skb, struct settings *cfg, struct flow *f)
 {
 	struct handed_end *h, n = {.port = f->src.port, .nat = 1};
-	struct nat_key k = {.src = f->src, .dst = f->dst};
-	__u64 now;
 
 	if (!marked(cfg, &f->dst))
 		return false;
@@ -1141,8 +1178,7 @@ static __always_inline bool handed_nat(struct __sk_buff *skb, struct settings *c
 	if (known_direct(f))
 		return false;
 	if (!natted_flow(skb, f)) {
-		now = bpf_ktime_get_coarse_ns();
-		bpf_map_update_elem(&direct_flows, &k, &now, BPF_ANY);
+		note_direct(f);
 		return false;
 	}
 	n.asked = bpf_ktime_get_coarse_ns();
