@@ -21,6 +21,7 @@ TARGETS=(
 	"./internal/conntrack FuzzParseFlow"
 	"./internal/k8s FuzzDerive"
 	"./internal/model FuzzFastJSON"
+	"./internal/tc FuzzProgram"
 )
 failed=0
 printf "%-20s %-18s %9s %7s %10s  %s\n" package target committed corpus execs result

@@ -2,7 +2,7 @@
 # The whole test suite (run as root on Debian bookworm): installs what is missing, then
 #  0. go vet; where clang is present, the generated BPF objects match their source,
 #  1. unit tests (golden renders with the knftables Fake, config validation, parsers), then
-#     every fuzz target for 10 s (scripts/fuzz.sh; 7 targets, one at a time),
+#     every fuzz target for 10 s (scripts/fuzz.sh; 8 targets, one at a time),
 #  2. host tests in network namespaces with the real nft, conntrack and netlink; the container
 #     image (scripts/image.sh) run under podman as the DaemonSet runs it (test/image),
 #  3. kernel tests that need the nftables flowtable, inside the project's VM (qemu TCG, Debian

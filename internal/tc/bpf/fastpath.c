@@ -1672,7 +1672,7 @@ static __always_inline int forward4(struct __sk_buff *skb, struct settings *cfg)
 	int class;
 
 	ports = (void *)(ip + 1);
-	if ((void *)(ports + 2) > end || ip->ihl != 5)
+	if ((void *)(ports + 2) > end || *(__u8 *)ip != 0x45 /* version 4, IHL 5 */)
 		return PASS;
 	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
 		return PASS;
@@ -1727,7 +1727,7 @@ static __always_inline int forward6(struct __sk_buff *skb, struct settings *cfg)
 	int class;
 
 	ports = (void *)(ip6 + 1);
-	if ((void *)(ports + 2) > end)
+	if ((void *)(ports + 2) > end || ip6->version != 6)
 		return PASS;
 	/* Extension headers (fragments included) take the normal path. */
 	if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP)
@@ -1824,7 +1824,7 @@ static __always_inline int express4(struct __sk_buff *skb, struct settings *cfg)
 	__u32 saddr, daddr, ingress, i;
 	struct slot4 *s;
 
-	if ((void *)(ports + 2) > end || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)))
+	if ((void *)(ports + 2) > end || *(__u8 *)ip != 0x45 /* version 4, IHL 5 */ || (ip->frag_off & bpf_htons(0x3fff)))
 		return EXPRESS_MISS;
 	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
 		return EXPRESS_MISS;
@@ -1875,7 +1875,7 @@ static __always_inline int nat_express4(struct __sk_buff *skb, struct settings *
 
 	if (!(cfg->flags & SETTINGS_NAT_CARRY))
 		return EXPRESS_MISS;
-	if ((void *)(l4 + TCP_CSUM_OFF + 2) > end || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)) ||
+	if ((void *)(l4 + TCP_CSUM_OFF + 2) > end || *(__u8 *)ip != 0x45 /* version 4, IHL 5 */ || (ip->frag_off & bpf_htons(0x3fff)) ||
 	    ip->protocol != IPPROTO_TCP || (l4[TCP_FLAGS_OFF] & (TCP_SYN | TCP_FIN | TCP_RST)))
 		return EXPRESS_MISS;
 	saddr = ip->saddr;
@@ -1915,7 +1915,7 @@ static __always_inline int nat_express6(struct __sk_buff *skb, struct settings *
 
 	if (!(cfg->flags & SETTINGS_NAT_CARRY))
 		return EXPRESS_MISS;
-	if ((void *)(l4 + TCP_CSUM_OFF + 2) > end || ip6->nexthdr != IPPROTO_TCP ||
+	if ((void *)(l4 + TCP_CSUM_OFF + 2) > end || ip6->version != 6 || ip6->nexthdr != IPPROTO_TCP ||
 	    (l4[TCP_FLAGS_OFF] & (TCP_SYN | TCP_FIN | TCP_RST)))
 		return EXPRESS_MISS;
 	pw = *(__u32 *)ports;
@@ -1952,7 +1952,7 @@ static __always_inline int express6(struct __sk_buff *skb, struct settings *cfg)
 	struct slot6 *s;
 	__u32 i;
 
-	if ((void *)(ports + 2) > end)
+	if ((void *)(ports + 2) > end || ip6->version != 6)
 		return EXPRESS_MISS;
 	if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP)
 		return EXPRESS_MISS;
