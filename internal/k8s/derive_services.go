@@ -102,7 +102,9 @@ type LBFront struct {
 type LBBackend struct {
 	Address string `json:"address"`
 	Port    int32  `json:"port"`
-	// State is up (ready) or drain (not ready: established connections finish, no new ones).
+	// State is up (ready), drain (terminating but serving: established connections and
+	// session-affinity clients keep it, no new ones) or down (not serving: established
+	// connections finish, new ones and affinity clients go elsewhere, UDP flows are flushed).
 	State    string `json:"state"`
 	NodeName string `json:"nodeName,omitempty"`
 	// serving: not ready, but serving (terminating); up where no backend of the front is
@@ -114,6 +116,7 @@ type LBBackend struct {
 const (
 	StateUp    = lb.StateUp
 	StateDrain = lb.StateDrain
+	StateDown  = lb.StateDown
 )
 
 // schedulers the lb.hostaccel.io/scheduler annotation may name.
@@ -296,7 +299,14 @@ func portName(sp corev1.ServicePort) string {
 // backends collects a Service port's endpoints from its EndpointSlices:
 //
 //   - ready -> up
-//   - not ready -> drain (established connections finish; kube-proxy does not cut them either)
+//   - not ready, serving (terminating) -> drain: established connections finish (kube-proxy
+//     does not cut them either), and so do session-affinity clients, for the termination's
+//     grace period at most;
+//   - not serving (failing readiness) -> down: as kube-proxy, which leaves such an endpoint
+//     out, established TCP connections keep it (conntrack), while session-affinity clients go
+//     elsewhere at once (a drained backend would keep them, renewed by every connection) and
+//     UDP flows are flushed (kube-proxy clears the conntrack entries of endpoints that stop
+//     serving; the load balancer flushes a UDP service's backends that go down);
 //   - but when no endpoint is ready, serving terminating ones are up: kube-proxy's fallback
 //     that lets a rolling update finish without refusing new connections.
 //
@@ -360,9 +370,14 @@ func backends(eps []*discoveryv1.EndpointSlice, sp corev1.ServicePort) []LBBacke
 	out := make([]LBBackend, 0, len(byAddr))
 	for _, c := range byAddr {
 		b := c.LBBackend
-		b.State, b.serving = StateDrain, c.serving && !c.ready
-		if c.ready {
+		b.serving = c.serving && !c.ready
+		switch {
+		case c.ready:
 			b.State = StateUp
+		case c.serving:
+			b.State = StateDrain
+		default:
+			b.State = StateDown
 		}
 		out = append(out, b)
 	}

@@ -173,7 +173,7 @@ func TestDeriveBalancedServices(t *testing.T) {
 	// What the load balancer gets: one service per front, readiness as the admin state.
 	webBackends := []lb.Backend{
 		{Address: "10.244.0.5", Port: 8080, State: lb.StateUp},
-		{Address: "10.244.1.5", Port: 8080, State: lb.StateDrain},
+		{Address: "10.244.1.5", Port: 8080, State: lb.StateDown},
 		{Address: "10.244.1.6", Port: 8080, State: lb.StateUp},
 	}
 	want := []lb.Service{
@@ -245,12 +245,12 @@ func TestBackendStates(t *testing.T) {
 		eps  []ep
 		want map[string]string
 	}{
-		{"ready up, not ready drained", []ep{up("10.0.0.1", ""), notReady("10.0.0.2", "")},
-			map[string]string{"10.0.0.1": StateUp, "10.0.0.2": StateDrain}},
+		{"ready up, not ready down", []ep{up("10.0.0.1", ""), notReady("10.0.0.2", "")},
+			map[string]string{"10.0.0.1": StateUp, "10.0.0.2": StateDown}},
 		{"terminating drained while another is ready", []ep{up("10.0.0.1", ""), terminating("10.0.0.2", "")},
 			map[string]string{"10.0.0.1": StateUp, "10.0.0.2": StateDrain}},
 		{"only terminating: serving ones stay up (kube-proxy's fallback)", []ep{terminating("10.0.0.2", ""), notReady("10.0.0.3", "")},
-			map[string]string{"10.0.0.2": StateUp, "10.0.0.3": StateDrain}},
+			map[string]string{"10.0.0.2": StateUp, "10.0.0.3": StateDown}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -390,5 +390,48 @@ func TestDeriveOneServiceNeverBreaksTheConfig(t *testing.T) {
 	if n := d.Config.Node; !slices.Equal(n.NodeIPs, []string{"172.18.0.2"}) || !slices.Equal(n.PeerNodeIPs, []string{"172.18.0.3"}) ||
 		!slices.Equal(n.PeerPodCIDRs, []string{"10.244.1.0/24"}) || !slices.Contains(n.LoadBalancerIPs, "203.0.113.8/32") {
 		t.Errorf("node: %+v", n)
+	}
+}
+
+// An endpoint that fails readiness takes no new connection, also not from a client that
+// session affinity had pinned to it (kube-proxy leaves it out): it is down, where drain kept
+// it the target of its persistent clients, renewed by each of their connections. A terminating
+// endpoint that still serves is drained (its affinity clients finish with it). Rendered, the
+// not-ready endpoint is no target of the affinity map.
+func TestNotReadyEndpointLosesAffinityClients(t *testing.T) {
+	svc := service("default", "sticky", corev1.ServiceTypeClusterIP, "10.96.0.20", port("http", 80, 8080, 0))
+	svc.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	snap := Snapshot{
+		Nodes:    []*corev1.Node{node("self", []string{"10.244.0.0/24"}, "172.18.0.2")},
+		Services: []*corev1.Service{svc},
+		EndpointSlices: []*discoveryv1.EndpointSlice{slice("default", "sticky", "s-a", "http", 8080,
+			up("10.244.0.5", "self"), notReady("10.244.0.6", "self"), terminating("10.244.0.7", "self"))},
+	}
+	d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]string{}
+	for _, b := range d.Config.LoadBalancer.Services[0].Backends {
+		states[b.Address] = b.State
+	}
+	if want := map[string]string{"10.244.0.5": StateUp, "10.244.0.6": StateDown, "10.244.0.7": StateDrain}; !reflect.DeepEqual(states, want) {
+		t.Errorf("backend states %v, want %v", states, want)
+	}
+	dump, err := lb.Render(lb.Resolve(d.Config.LoadBalancer.Services, nil, lb.Env{})).Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := 0
+	for _, l := range strings.Split(dump, "\n") {
+		if strings.Contains(l, "targets") && strings.Contains(l, "element") {
+			targets++
+			if strings.Contains(l, "10.244.0.6") {
+				t.Errorf("the not-ready endpoint is a target of persistent clients: %s", l)
+			}
+		}
+	}
+	if targets == 0 {
+		t.Fatalf("no affinity targets rendered:\n%s", dump)
 	}
 }

@@ -59,7 +59,7 @@ func (s *Source) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(descDeriveFailing, b2f(st.DeriveError != ""))
 	var accel, other, fronts float64
-	backends := map[string]float64{StateUp: 0, StateDrain: 0}
+	backends := map[string]float64{StateUp: 0, StateDrain: 0, StateDown: 0}
 	if sum := st.Summary; sum != nil {
 		for _, p := range sum.Peers {
 			if p.Accelerated {

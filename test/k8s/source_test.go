@@ -265,25 +265,27 @@ func TestServicesAndEndpointSlices(t *testing.T) {
 		t.Errorf("loadBalancerIPs = %v", got)
 	}
 
-	// 10.244.1.10 goes not ready (readiness probe failing): drained.
+	// 10.244.1.10 goes not ready (readiness probe failing): down (no new connections, nor
+	// session-affinity clients; established ones keep it).
 	es.Endpoints[1].Conditions.Ready = ptr(false)
 	es.Endpoints[1].Conditions.Serving = ptr(false)
 	if es, err = admin.DiscoveryV1().EndpointSlices(ns).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	d = k8stest.WaitFor(t, "not-ready endpoint drained", 5*time.Second, func() bool {
-		return matches(want(nil, lb.StateUp, lb.StateDrain, lb.StateUp))
+	d = k8stest.WaitFor(t, "not-ready endpoint down", 5*time.Second, func() bool {
+		return matches(want(nil, lb.StateUp, lb.StateDown, lb.StateUp))
 	})
-	t.Logf("endpoint not ready -> backend drain in %s", d.Round(time.Millisecond))
+	t.Logf("endpoint not ready -> backend down in %s", d.Round(time.Millisecond))
 
-	// 10.244.0.10 terminates (serving while it shuts down): drained too, another is ready.
+	// 10.244.0.10 terminates (serving while it shuts down): drained, another is ready.
 	es.Endpoints[0].Conditions.Ready = ptr(false)
+	es.Endpoints[0].Conditions.Serving = ptr(true)
 	es.Endpoints[0].Conditions.Terminating = ptr(true)
 	if es, err = admin.DiscoveryV1().EndpointSlices(ns).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	k8stest.WaitFor(t, "terminating endpoint drained", 5*time.Second, func() bool {
-		return matches(want(nil, lb.StateDrain, lb.StateDrain, lb.StateUp))
+		return matches(want(nil, lb.StateDrain, lb.StateDown, lb.StateUp))
 	})
 
 	// sessionAffinity: ClientIP -> persistence (timeoutSeconds, default 3h).
@@ -297,7 +299,7 @@ func TestServicesAndEndpointSlices(t *testing.T) {
 		t.Fatal(err)
 	}
 	d = k8stest.WaitFor(t, "persistence", 5*time.Second, func() bool {
-		return matches(want(lb.D(900*time.Second), lb.StateDrain, lb.StateDrain, lb.StateUp))
+		return matches(want(lb.D(900*time.Second), lb.StateDrain, lb.StateDown, lb.StateUp))
 	})
 	t.Logf("sessionAffinity ClientIP -> persistence 15m in %s", d.Round(time.Millisecond))
 
