@@ -115,6 +115,10 @@ func (dr *deriver) derive(base *config.Config, snap Snapshot, p Params) (*Derive
 		warn("node %s has no spec.podCIDRs yet", self.Name)
 	}
 
+	var bn config.Node // the base's static entries
+	if base != nil {
+		bn = base.Node
+	}
 	var peerCIDRs, peerIPs []string
 	for _, n := range sortedNodes(snap.Nodes) {
 		if n.Name == p.NodeName {
@@ -126,8 +130,27 @@ func (dr *deriver) derive(base *config.Config, snap Snapshot, p Params) (*Derive
 		case len(peer.PodCIDRs) == 0:
 			peer.Accelerated, peer.Reason = false, "no spec.podCIDRs"
 		case peer.Accelerated:
-			peerCIDRs = append(peerCIDRs, accelerable(peer.PodCIDRs, peer.NodeIPs, p)...)
-			peerIPs = append(peerIPs, peer.NodeIPs...)
+			// A Pod CIDR that overlaps this node's, the Service CIDRs or an earlier Node's (a
+			// stale Node, a hand-set podCIDR) leaves this Node out, with a warning: the config
+			// would be invalid, and one Node must not freeze the node's config. One within the
+			// base's peer CIDRs is there already.
+			var add []string
+			for _, c := range accelerable(peer.PodCIDRs, peer.NodeIPs, p) {
+				pc := netip.MustParsePrefix(c)
+				if within(pc, bn.PeerPodCIDRs) {
+					continue
+				}
+				if o, ok := overlapping(pc, bn.LocalPodCIDRs, sum.LocalPodCIDRs, bn.ServiceCIDRs, bn.PeerPodCIDRs, peerCIDRs); ok {
+					peer.Accelerated, peer.Reason = false, fmt.Sprintf("pod CIDR %s overlaps %s (this node's, a Service CIDR, or another Node's)", c, o)
+					warn("node %s left out: %s", n.Name, peer.Reason)
+					break
+				}
+				add = append(add, c)
+			}
+			if peer.Accelerated {
+				peerCIDRs = append(peerCIDRs, add...)
+				peerIPs = append(peerIPs, peer.NodeIPs...)
+			}
 		}
 		sum.Peers = append(sum.Peers, peer)
 	}
@@ -147,7 +170,7 @@ func (dr *deriver) derive(base *config.Config, snap Snapshot, p Params) (*Derive
 	c.Node.PeerPodCIDRs = union(c.Node.PeerPodCIDRs, peerCIDRs)
 	c.Node.NodeIPs = union(c.Node.NodeIPs, sum.NodeIPs)
 	c.Node.PeerNodeIPs = union(c.Node.PeerNodeIPs, peerIPs)
-	c.Node.LoadBalancerIPs = union(c.Node.LoadBalancerIPs, hostPrefixes(lbIPs))
+	c.Node.LoadBalancerIPs = union(c.Node.LoadBalancerIPs, notWithin(hostPrefixes(lbIPs), c.Node.LoadBalancerIPs))
 	if len(c.LoadBalancer.Services) == 0 {
 		c.LoadBalancer.Services = svcs // (lbServices' own slice: no copy of 5,000 services per change)
 	} else {
@@ -178,6 +201,50 @@ func hostPrefixes(ips []string) []string {
 	for _, s := range ips {
 		ip := netip.MustParseAddr(s)
 		out = append(out, netip.PrefixFrom(ip, ip.BitLen()).String())
+	}
+	return out
+}
+
+// prefixOf parses a CIDR, or an address as its host prefix.
+func cidrOf(s string) (netip.Prefix, bool) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), true
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.PrefixFrom(a, a.BitLen()), true
+	}
+	return netip.Prefix{}, false
+}
+
+// within reports whether p lies inside one of list's prefixes (or addresses).
+func within(p netip.Prefix, list []string) bool {
+	return slices.ContainsFunc(list, func(s string) bool {
+		q, ok := cidrOf(s)
+		return ok && q.Bits() <= p.Bits() && q.Contains(p.Addr())
+	})
+}
+
+// overlapping returns the first entry of lists that overlaps p.
+func overlapping(p netip.Prefix, lists ...[]string) (string, bool) {
+	for _, l := range lists {
+		for _, s := range l {
+			if q, ok := cidrOf(s); ok && q.Overlaps(p) {
+				return s, true
+			}
+		}
+	}
+	return "", false
+}
+
+// notWithin is the entries of add (prefixes) that no entry of base holds: an address of the
+// base's static loadBalancerIPs (or in one of its prefixes, such as a MetalLB pool) is there
+// already, and listed again it would overlap.
+func notWithin(add, base []string) []string {
+	out := add[:0:0]
+	for _, s := range add {
+		if p, ok := cidrOf(s); !ok || !within(p, base) {
+			out = append(out, s)
+		}
 	}
 	return out
 }

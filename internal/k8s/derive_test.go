@@ -435,3 +435,56 @@ func TestNotReadyEndpointLosesAffinityClients(t *testing.T) {
 		t.Fatalf("no affinity targets rendered:\n%s", dump)
 	}
 }
+
+// A static loadBalancerIPs entry of the base (an address, or a pool's prefix) that holds a
+// Service's ingress IP covers it: before, the ingress IP was added again, overlapped, and the
+// whole derivation was refused (the node's config frozen at its last good one).
+func TestBaseLoadBalancerIPsCoverIngressIPs(t *testing.T) {
+	for _, static := range []string{"172.18.0.151", "172.18.0.128/25"} {
+		t.Run(static, func(t *testing.T) {
+			web := service("default", "web", corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
+			web.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "172.18.0.151"}, {IP: "172.18.1.7"}}
+			snap := Snapshot{
+				Nodes:          []*corev1.Node{node("self", []string{"10.244.0.0/24"}, "172.18.0.2")},
+				Services:       []*corev1.Service{web},
+				EndpointSlices: []*discoveryv1.EndpointSlice{slice("default", "web", "web-a", "http", 8080, up("10.244.0.5", "self"))},
+			}
+			base := mustBase(t, strings.Replace(baseYAML, "  serviceCIDRs: [10.96.0.0/16]\n", "  serviceCIDRs: [10.96.0.0/16]\n  loadBalancerIPs: ["+static+"]\n", 1))
+			d, err := Derive(base, snap, Params{NodeName: "self"})
+			if err != nil {
+				t.Fatalf("an ingress IP within the base's loadBalancerIPs: %v", err)
+			}
+			if got, want := d.Config.Node.LoadBalancerIPs, []string{static, "172.18.1.7/32"}; !slices.Equal(got, want) {
+				t.Errorf("loadBalancerIPs %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// A peer Node whose Pod CIDR overlaps this node's, a Service CIDR or an earlier Node's (by
+// name) is left out with a reason and a warning; the others are accelerated. Before, the whole
+// derivation was refused.
+func TestOverlappingPeerPodCIDRLeavesThatNodeOut(t *testing.T) {
+	snap := Snapshot{Nodes: []*corev1.Node{
+		node("self", []string{"10.244.0.0/24"}, "172.18.0.2"),
+		node("n1", []string{"10.244.1.0/24"}, "172.18.0.3"),
+		node("n2", []string{"10.244.1.128/25"}, "172.18.0.4"), // n1's
+		node("odd", []string{"10.244.0.0/16"}, "172.18.0.9"),  // everyone's
+		node("svc", []string{"10.96.0.0/24"}, "172.18.0.10"),  // the Service CIDR's
+	}}
+	d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
+	if err != nil {
+		t.Fatalf("overlapping Pod CIDRs of peer Nodes: %v", err)
+	}
+	if got, want := d.Config.Node.PeerPodCIDRs, []string{"10.244.1.0/24"}; !slices.Equal(got, want) {
+		t.Errorf("peerPodCIDRs %v, want %v", got, want)
+	}
+	for _, p := range d.Summary.Peers {
+		if want := p.Name == "n1"; p.Accelerated != want || (!want && !strings.Contains(p.Reason, "overlaps")) {
+			t.Errorf("peer %s: accelerated %v (%s), want %v", p.Name, p.Accelerated, p.Reason, want)
+		}
+	}
+	if n := len(d.Summary.Warnings); n != 3 {
+		t.Errorf("warnings %q, want one per Node left out", d.Summary.Warnings)
+	}
+}
