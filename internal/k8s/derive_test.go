@@ -488,3 +488,43 @@ func TestOverlappingPeerPodCIDRLeavesThatNodeOut(t *testing.T) {
 		t.Errorf("warnings %q, want one per Node left out", d.Summary.Warnings)
 	}
 }
+
+// A Service whose externalIPs name another Service's ClusterIP and port (the API lets anyone
+// set them: CVE-2020-8554) does not take that Service's front away: cluster and node port
+// fronts claim their VIPs before external ones. Before, namespace order decided, and here
+// cluster DNS went to aaa/evil's Pods.
+func TestExternalIPDoesNotTakeAClusterIP(t *testing.T) {
+	dnsPort := corev1.ServicePort{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53}
+	dns := service("kube-system", "kube-dns", corev1.ServiceTypeClusterIP, "10.96.0.10", dnsPort)
+	evil := service("aaa", "evil", corev1.ServiceTypeClusterIP, "10.96.0.77", dnsPort)
+	evil.Spec.ExternalIPs = []string{"10.96.0.10"}
+	udp := corev1.ProtocolUDP
+	s1 := slice("kube-system", "kube-dns", "dns-a", "dns", 53, up("10.244.1.5", "n1"))
+	s1.Ports[0].Protocol = &udp
+	s2 := slice("aaa", "evil", "evil-a", "dns", 53, up("10.244.1.66", "n1"))
+	s2.Ports[0].Protocol = &udp
+	snap := Snapshot{
+		Nodes:          []*corev1.Node{node("self", []string{"10.244.0.0/24"}, "172.18.0.2"), node("n1", []string{"10.244.1.0/24"}, "172.18.0.3")},
+		Services:       []*corev1.Service{dns, evil},
+		EndpointSlices: []*discoveryv1.EndpointSlice{s1, s2},
+	}
+	d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := false
+	for _, s := range d.Config.LoadBalancer.Services {
+		if slices.Contains(s.VIPs, "10.96.0.10") && s.Port == 53 {
+			served = true
+			if len(s.Backends) != 1 || s.Backends[0].Address != "10.244.1.5" {
+				t.Errorf("kube-dns's ClusterIP udp/53 is served by %s with %v, want kube-dns's endpoint", s.Name, s.Backends)
+			}
+		}
+	}
+	if !served {
+		t.Errorf("kube-dns's ClusterIP is not served: %v", d.Summary.Warnings)
+	}
+	if !slices.ContainsFunc(d.Summary.Warnings, func(w string) bool { return strings.HasPrefix(w, "aaa/evil:dns/external") }) {
+		t.Errorf("warnings %q, want aaa/evil's external front not balanced", d.Summary.Warnings)
+	}
+}

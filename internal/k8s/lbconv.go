@@ -44,41 +44,63 @@ func (dr *deriver) lbServices(static []lb.Service, fronts []LBFront, warn func(s
 		out = make([]lb.Service, 0, len(fronts))
 	}
 	defer func() { dr.svcScratch = out[:0] }()
-	for i := range fronts {
-		f := &fronts[i]
-		if f.Skipped != "" {
-			continue
-		}
-		m := dr.frontService(i, f)
-		s := &m.src
-		if errs := m.aloneErrs(); len(errs) > 0 {
-			f.Skipped = "the load balancer rejects it: " + errs[0].Error()
-		} else if names[s.Name] {
-			f.Skipped = fmt.Sprintf("the name %s is already used", s.Name)
-		} else {
-			for _, k := range m.vipKeys() {
-				if other, dup := used[k]; dup {
-					f.Skipped = fmt.Sprintf("%s %s/%d is already served by %s", k.vip, k.proto, k.port, other)
-					break
-				}
+	// Cluster and node port fronts claim their VIPs and ports first, then the external ones:
+	// an externalIP (or ingress IP) that is another Service's ClusterIP, which the API lets
+	// anyone set (CVE-2020-8554), must not take that Service's front away (namespace order
+	// decided before).
+	// The services keep the fronts' order.
+	taken := make([]*svcMemo, len(fronts))
+	for pass := range 2 {
+		for i := range fronts {
+			if (fronts[i].Front == FrontExternal) != (pass == 1) {
+				continue
 			}
+			taken[i] = dr.claim(i, &fronts[i], used, names, warn)
 		}
-		if f.Skipped != "" {
-			warn("%s: not balanced: %s", f.Name, f.Skipped)
-			continue
+	}
+	for _, m := range taken {
+		if m != nil {
+			// (The memo's lists, shared: the config they go into is read, and handed out
+			// only as finish's copies.)
+			out, memos = append(out, m.src), append(memos, m)
 		}
-		names[s.Name] = true
-		for _, k := range m.vipKeys() {
-			used[k] = s.Name
-		}
-		// (The memo's lists, shared: the config they go into is read, and handed out only as
-		// finish's copies.)
-		out, memos = append(out, *s), append(memos, m)
 	}
 	if len(out) == 0 {
 		return nil, nil // (as before the capacity)
 	}
 	return out, memos
+}
+
+// claim gives front f (the i-th) to the load balancer, returning its memo, unless it is
+// skipped already, the load balancer rejects it alone, or its name or one of its VIP keys is
+// taken (then Skipped says so, with a warning, and it returns nil).
+func (dr *deriver) claim(i int, f *LBFront, used map[svcKey]string, names map[string]bool, warn func(string, ...any)) *svcMemo {
+	if f.Skipped != "" {
+		return nil
+	}
+	m := dr.frontService(i, f)
+	s := &m.src
+	if errs := m.aloneErrs(); len(errs) > 0 {
+		f.Skipped = "the load balancer rejects it: " + errs[0].Error()
+	} else if names[s.Name] {
+		f.Skipped = fmt.Sprintf("the name %s is already used", s.Name)
+	} else {
+		for _, k := range m.vipKeys() {
+			if other, dup := used[k]; dup {
+				f.Skipped = fmt.Sprintf("%s %s/%d is already served by %s", k.vip, k.proto, k.port, other)
+				break
+			}
+		}
+	}
+	if f.Skipped != "" {
+		warn("%s: not balanced: %s", f.Name, f.Skipped)
+		return nil
+	}
+	names[s.Name] = true
+	for _, k := range m.vipKeys() {
+		used[k] = s.Name
+	}
+	return m
 }
 
 // frontService is the load balancer service of a front.
