@@ -125,7 +125,11 @@ func (r *Runtime) startAPI(a API) (*apiServer, error) {
 }
 
 func (s *apiServer) serve(ln net.Listener, h http.Handler) {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	// Idle and slow connections are closed: a peer that may reach api.listen (and not know
+	// the key) must not hold the agent's file descriptors open for good. Handlers that wait
+	// for a sync write within applyTimeout, below WriteTimeout.
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: applyTimeout + 15*time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 64 << 10}
 	s.servers = append(s.servers, srv)
 	go srv.Serve(ln)
 }
@@ -401,7 +405,13 @@ func merge(doc, patch any) any {
 
 // change applies fn (called with r.mu held) to a copy of the overlay, validates the result with every service,
 // saves it, and waits for the agent to apply it. A failed apply restores the previous state.
+// Changes run one at a time (changeMu, held until the change is applied or rolled back): a
+// sync then carries at most one change, so that a failed one rolls back exactly that change.
+// Two changes saved before one sync that failed were both told "rolled back", while the first
+// stayed in force and the second, valid, was undone.
 func (r *Runtime) change(ctx context.Context, fn func(svcs []Service, o *Overlay) error) error {
+	r.changeMu.Lock()
+	defer r.changeMu.Unlock()
 	r.mu.Lock()
 	prev := r.overlay.clone()
 	o := r.overlay.clone()
@@ -442,14 +452,22 @@ func (r *Runtime) change(ctx context.Context, fn func(svcs []Service, o *Overlay
 	err := r.waitApplied(ctx, gen)
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !errors.Is(err, errStopping) {
 		r.mu.Lock()
-		if r.gen == gen { // nothing changed since: roll back
+		rolled := r.gen == gen // (changeMu: no change came since)
+		var saveErr error
+		if rolled {
 			r.overlay = prev
 			r.overlayVer++
-			prev.Save(r.overlayPath)
+			saveErr = prev.Save(r.overlayPath)
 			r.gen++
 		}
 		r.mu.Unlock()
 		r.Trigger()
+		switch {
+		case !rolled:
+			return err
+		case saveErr != nil:
+			return fmt.Errorf("%w (the change was rolled back, but the state file still has it: loadBalancer.stateFile: %v)", err, saveErr)
+		}
 		return fmt.Errorf("%w (the change was rolled back)", err)
 	}
 	return err

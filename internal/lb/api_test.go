@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -377,5 +378,85 @@ func TestChangeRolledBackWhenItsSyncFails(t *testing.T) {
 	r.mu.Unlock()
 	if svcs[0].Backends[0].State == StateDrain {
 		t.Error("the change is still in the services after its rollback")
+	}
+}
+
+// Two API changes made at once are applied one after the other: one whose sync fails is
+// rolled back alone, and one made meanwhile is applied. Before, both were saved before the next
+// sync, which carried both and failed: both callers were told "rolled back", the failing change
+// stayed in the state file (every later sync failed with it) and the valid one was undone.
+func TestConcurrentChangesRollBackOnlyTheFailedOne(t *testing.T) {
+	r, wake, _ := wakingRuntime()
+	r.Env = func(devs []string) (Env, error) {
+		if slices.Contains(devs, "eth9") {
+			return Env{}, errors.New("list neighbours on eth9: no such device")
+		}
+		return testEnv, nil
+	}
+	defer r.stop(false)
+	ctx := context.Background()
+	state := filepath.Join(t.TempDir(), "state.yaml")
+	cfg := Config{API: &API{Disabled: true}, StateFile: state, Services: []Service{fixture(DNAT, RoundRobin)}}
+	if err := r.Sync(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(r.Handler())
+	defer srv.Close()
+	c := &Client{HTTP: srv.Client(), Base: srv.URL}
+	gen := func() uint64 { r.mu.Lock(); defer r.mu.Unlock(); return r.gen }
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !ok(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: timed out", what)
+			}
+		}
+	}
+	bad := fixture(DSR, RoundRobin) // its interface does not exist: the sync fails
+	bad.Name, bad.VIPs, bad.Interface = "bad", []string{"192.0.2.50"}, "eth9"
+	errA, errB := make(chan error, 1), make(chan error, 1)
+	go func() { errA <- c.Do(ctx, http.MethodPost, "/v1/services", bad, nil) }()
+	waitFor("A saved", func() bool { return gen() >= 1 })
+	go func() {
+		errB <- c.Do(ctx, http.MethodPatch, BackendPath("web", "10.1.0.11:8080"), map[string]any{"state": "drain"}, nil)
+	}()
+	time.Sleep(50 * time.Millisecond) // B waits for A (before: B was saved too, gen 2)
+	// The agent's loop: a sync per wake-up, until both callers have their answer.
+	var ea, eb error
+	for got := 0; got < 2; {
+		select {
+		case ea = <-errA:
+			got++
+		case eb = <-errB:
+			got++
+		case <-wake:
+			_ = r.Sync(ctx, cfg)
+		case <-time.After(5 * time.Second):
+			t.Fatal("no answer")
+		}
+	}
+	if ea == nil || !strings.Contains(ea.Error(), "rolled back") {
+		t.Errorf("A (a service on a missing interface): %v, want its failure, rolled back", ea)
+	}
+	if eb != nil {
+		t.Errorf("B (a drain): %v, want applied", eb)
+	}
+	o, err := LoadOverlay(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	drained := false
+	for _, s := range o.Services {
+		names = append(names, s.Name)
+		for _, b := range s.Backends {
+			drained = drained || s.Name == "web" && b.Address == "10.1.0.11" && b.State == StateDrain
+		}
+	}
+	if slices.Contains(names, "bad") || !drained {
+		t.Errorf("state file: services %v, web's 10.1.0.11 drained %v; want no bad, the drain kept", names, drained)
+	}
+	if err := r.Sync(ctx, cfg); err != nil {
+		t.Errorf("the next sync: %v", err)
 	}
 }

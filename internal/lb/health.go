@@ -250,18 +250,61 @@ func check(ctx context.Context, t target) error {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 		cmd.WaitDelay = time.Second
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("%s: %v: %s", t.Check.Command[0], err, strings.TrimSpace(string(out)))
+		// The output is kept in part (it becomes the backend's LastError, logged and in every
+		// status): a script that prints megabytes before it fails must not make the agent
+		// hold them per backend.
+		out := &headTail{}
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("%s: %v: %s", t.Check.Command[0], err, strings.TrimSpace(out.String()))
 		}
 		return nil
 	}
 	return fmt.Errorf("unknown check type %q", t.Check.Type)
 }
 
+// headTail is an io.Writer that keeps the first and last headTailKeep bytes written.
+type headTail struct {
+	head, tail []byte
+	cut        int // bytes dropped between them
+}
+
+const headTailKeep = 512
+
+func (w *headTail) Write(p []byte) (int, error) {
+	n := len(p)
+	if room := headTailKeep - len(w.head); room > 0 {
+		k := min(room, len(p))
+		w.head, p = append(w.head, p[:k]...), p[k:]
+	}
+	w.tail = append(w.tail, p...)
+	if over := len(w.tail) - headTailKeep; over > 0 {
+		w.cut += over
+		w.tail = append(w.tail[:0], w.tail[over:]...)
+	}
+	return n, nil
+}
+
+func (w *headTail) String() string {
+	if w.cut == 0 {
+		return string(w.head) + string(w.tail)
+	}
+	return fmt.Sprintf("%s ... (%d bytes left out) ... %s", w.head, w.cut, w.tail)
+}
+
 func checkHTTP(ctx context.Context, t target, addr string) error {
 	hc := t.Check
-	tr := &http.Transport{DisableKeepAlives: true, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} // a health check, not a client: self-signed backends are normal
+	// A health check, not a client: self-signed backends are normal. The server name
+	// (SNI) is the check's host where it has one: backends that pick their certificate by
+	// it, or refuse a handshake without it, answer as they do to their clients.
+	tlsConf := &tls.Config{InsecureSkipVerify: true}
+	if hc.Host != "" {
+		tlsConf.ServerName = hc.Host
+		if h, _, err := net.SplitHostPort(hc.Host); err == nil {
+			tlsConf.ServerName = h
+		}
+	}
+	tr := &http.Transport{DisableKeepAlives: true, TLSClientConfig: tlsConf}
 	defer tr.CloseIdleConnections()
 	path := hc.Path
 	if path == "" {

@@ -2,6 +2,9 @@ package lb
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -279,5 +282,43 @@ func TestCheckerSpreadsFirstChecksAndClosesTCPWithRST(t *testing.T) {
 	}
 	if err := <-done; err == nil || !strings.Contains(err.Error(), "connection reset") {
 		t.Errorf("the backend read %v after the check, want a connection reset (RST), not EOF (FIN)", err)
+	}
+}
+
+// An https check sends the check's host as the server name (SNI), as clients do: a backend
+// that refuses a handshake without it (nginx's ssl_reject_handshake, ingress controllers) was
+// marked down although it served its clients. A command check's output is kept in part: a
+// script that printed megabytes before it failed made them the backend's LastError, held per
+// backend, logged and in every status.
+func TestCheckSNIAndBoundedOutput(t *testing.T) {
+	var sni atomic.Value
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	srv.TLS = &tls.Config{GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+		sni.Store(h.ServerName)
+		if h.ServerName == "" {
+			return nil, errors.New("no SNI")
+		}
+		return nil, nil
+	}}
+	srv.StartTLS()
+	defer srv.Close()
+	a, port := addrPort(t, srv.Listener.Addr())
+	for _, host := range []string{"svc.example", "svc.example:8443"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := check(ctx, target{Check: HealthCheck{Type: "https", Host: host}, Addr: a, Port: port})
+		cancel()
+		if err != nil || sni.Load() != "svc.example" {
+			t.Errorf("https check with host %s: %v, server name %q; want healthy, svc.example", host, err, sni.Load())
+		}
+	}
+
+	cmd := HealthCheck{Type: "command", Command: []string{"/bin/sh", "-c", "echo first; head -c 3000000 /dev/zero | tr '\\0' x; echo; echo last; exit 3"}}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := check(ctx, target{Check: cmd, Addr: a, Port: port})
+	if err == nil || len(err.Error()) > 2048 || !strings.Contains(err.Error(), "first") || !strings.Contains(err.Error(), "last") ||
+		!strings.Contains(err.Error(), "bytes left out") {
+		s := fmt.Sprint(err)
+		t.Errorf("a failing command that printed 3 MB: error of %d bytes (%.100s...), want at most 2 KiB, its first and last lines", len(s), s)
 	}
 }

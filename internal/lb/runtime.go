@@ -32,6 +32,7 @@ type Runtime struct {
 	// repaired (Result.Drift); the agent logs and counts it.
 	OnDrift func(what []string)
 
+	changeMu    sync.Mutex // API changes, one at a time (change)
 	mu          sync.Mutex
 	cfg         Config
 	overlay     Overlay
