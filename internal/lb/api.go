@@ -8,12 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,16 +52,30 @@ const maxBody = 1 << 20
 var applyTimeout = 15 * time.Second
 
 type apiServer struct {
+	mu      sync.Mutex
 	servers []*http.Server
 	socket  string
+	tcpErr  error // why the TCP listener (api.listen) is not serving; the socket serves still
+	closed  bool
 }
 
-// serveAPI starts, restarts or stops the API to match a (nil: off).
+// serveAPI starts, restarts or stops the API to match a (nil: off). A TCP listener that
+// could not start (a key file unreadable, the address in use) leaves the unix socket serving,
+// and is tried again at the next sync.
 func (r *Runtime) serveAPI(a *API) error {
 	r.mu.Lock()
 	cur, running, closed := r.apiCfg, r.api, r.closed
 	r.mu.Unlock()
-	if closed || a != nil && running != nil && *a == cur {
+	if closed {
+		return nil
+	}
+	if a != nil && running != nil && *a == cur {
+		running.mu.Lock()
+		failed := running.tcpErr != nil
+		running.mu.Unlock()
+		if failed {
+			return running.startTCP(*a, r.Handler())
+		}
 		return nil
 	}
 	if running != nil {
@@ -84,7 +100,9 @@ func (r *Runtime) serveAPI(a *API) error {
 	r.api, r.apiCfg = srv, *a
 	r.mu.Unlock()
 	r.Log.Info("load balancer API serving", "socket", a.Socket, "listen", a.Listen)
-	return nil
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	return srv.tcpErr
 }
 
 func (r *Runtime) startAPI(a API) (*apiServer, error) {
@@ -93,7 +111,17 @@ func (r *Runtime) startAPI(a API) (*apiServer, error) {
 	if err := os.MkdirAll(filepath.Dir(a.Socket), 0o755); err != nil {
 		return nil, fmt.Errorf("loadBalancer.api.socket: %w", err)
 	}
-	os.Remove(a.Socket) // a stale socket from a previous run
+	// A stale socket from a previous run is removed; anything else there is not ours.
+	if fi, err := os.Lstat(a.Socket); err == nil {
+		if fi.Mode().Type() != fs.ModeSocket {
+			return nil, fmt.Errorf("loadBalancer.api.socket: %s exists and is not a socket", a.Socket)
+		}
+		if c, err := net.DialTimeout("unix", a.Socket, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("loadBalancer.api.socket: %s: another process serves on it", a.Socket)
+		}
+		os.Remove(a.Socket)
+	}
 	ln, err := net.Listen("unix", a.Socket)
 	if err != nil {
 		return nil, fmt.Errorf("loadBalancer.api.socket: %w", err)
@@ -103,25 +131,37 @@ func (r *Runtime) startAPI(a API) (*apiServer, error) {
 		return nil, fmt.Errorf("loadBalancer.api.socket: %w", err)
 	}
 	s.serve(ln, mux)
-	if a.Listen != "" {
-		key, err := model.ReadConfigFile(a.KeyFile)
-		if err != nil {
-			s.close(false)
-			return nil, fmt.Errorf("loadBalancer.api.keyFile: %w", err)
-		}
-		k := bytes.TrimSpace(key)
-		if len(k) < 16 {
-			s.close(false)
-			return nil, fmt.Errorf("loadBalancer.api.keyFile: %s: the key is shorter than 16 bytes", a.KeyFile)
-		}
-		tln, err := net.Listen("tcp", a.Listen)
-		if err != nil {
-			s.close(false)
-			return nil, fmt.Errorf("loadBalancer.api.listen: %w", err)
-		}
-		s.serve(tln, requireKey(k, mux))
-	}
+	_ = s.startTCP(a, mux) // (in s.tcpErr)
 	return s, nil
+}
+
+// startTCP starts the TCP listener of a, if it has one; its error is kept in s.tcpErr.
+func (s *apiServer) startTCP(a API, mux http.Handler) error {
+	err := s.listenTCP(a, mux)
+	s.mu.Lock()
+	s.tcpErr = err
+	s.mu.Unlock()
+	return err
+}
+
+func (s *apiServer) listenTCP(a API, mux http.Handler) error {
+	if a.Listen == "" {
+		return nil
+	}
+	key, err := model.ReadConfigFile(a.KeyFile)
+	if err != nil {
+		return fmt.Errorf("loadBalancer.api.keyFile: %w (the unix socket serves)", err)
+	}
+	k := bytes.TrimSpace(key)
+	if len(k) < 16 {
+		return fmt.Errorf("loadBalancer.api.keyFile: %s: the key is shorter than 16 bytes (the unix socket serves)", a.KeyFile)
+	}
+	tln, err := net.Listen("tcp", a.Listen)
+	if err != nil {
+		return fmt.Errorf("loadBalancer.api.listen: %w (the unix socket serves)", err)
+	}
+	s.serve(tln, requireKey(k, mux))
+	return nil
 }
 
 func (s *apiServer) serve(ln net.Listener, h http.Handler) {
@@ -130,6 +170,12 @@ func (s *apiServer) serve(ln net.Listener, h http.Handler) {
 	// for a sync write within applyTimeout, below WriteTimeout.
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: applyTimeout + 15*time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 64 << 10}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed { // (a TCP listener tried again while Stop closed the API)
+		ln.Close()
+		return
+	}
 	s.servers = append(s.servers, srv)
 	go srv.Serve(ln)
 }
@@ -139,7 +185,11 @@ func (s *apiServer) serve(ln net.Listener, h http.Handler) {
 func (s *apiServer) close(graceful bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), apiCloseWait)
 	defer cancel()
-	for _, srv := range s.servers {
+	s.mu.Lock()
+	s.closed = true
+	servers := s.servers
+	s.mu.Unlock()
+	for _, srv := range servers {
 		if !graceful || srv.Shutdown(ctx) != nil {
 			srv.Close()
 		}

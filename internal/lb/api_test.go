@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -458,5 +459,63 @@ func TestConcurrentChangesRollBackOnlyTheFailedOne(t *testing.T) {
 	}
 	if err := r.Sync(ctx, cfg); err != nil {
 		t.Errorf("the next sync: %v", err)
+	}
+}
+
+// The API serves whatever else fails: a state file that conflicts with the config (edited
+// while the agent was down) fails every sync, and `hostaccel lb reset` through the API is the
+// way out; a key file that cannot be read (api.listen's) leaves the unix socket serving, and
+// the TCP listener is tried again at the next sync. Before, the first sync failed before it
+// started the API, and the key file's error closed the unix socket too.
+func TestAPIServesThroughConflictsAndABadKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state.yaml")
+	api := fixture(DNAT, RoundRobin)
+	api.Name, api.VIPs = "api", []string{"192.0.2.20"}
+	if err := (Overlay{Services: []Service{api}}).Save(state); err != nil {
+		t.Fatal(err)
+	}
+	clash := fixture(DNAT, RoundRobin)
+	clash.Name, clash.VIPs = "clash", []string{"192.0.2.20"}
+	sock, key := filepath.Join(dir, "lb.sock"), filepath.Join(dir, "lb.key")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := ln.Addr().String()
+	ln.Close()
+	cfg := Config{API: &API{Socket: sock, Listen: listen, KeyFile: key}, StateFile: state, Services: []Service{fixture(DNAT, RoundRobin), clash}}
+	r, wake, _ := wakingRuntime()
+	r.Env = func([]string) (Env, error) { return testEnv, nil }
+	defer r.Stop()
+	ctx := context.Background()
+	if err := r.Sync(ctx, cfg); err == nil || !strings.Contains(err.Error(), "conflict") {
+		t.Fatalf("sync with a conflicting state file: %v", err)
+	}
+	reset := make(chan error, 1)
+	go func() {
+		reset <- NewClient(sock, "", "").Do(ctx, http.MethodPost, ServicePath("api")+"/reset", nil, nil)
+	}()
+	select {
+	case <-wake:
+	case err := <-reset:
+		t.Fatalf("lb reset api over the unix socket: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reset asked for no sync")
+	}
+	if err := r.Sync(ctx, cfg); err != nil {
+		t.Fatalf("sync after the reset: %v", err)
+	}
+	if err := <-reset; err != nil {
+		t.Errorf("lb reset api: %v", err)
+	}
+	if err := os.WriteFile(key, []byte("0123456789abcdef0123"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Sync(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := NewClient("", listen, "0123456789abcdef0123").Do(ctx, http.MethodGet, "/v1/status", nil, nil); err != nil {
+		t.Errorf("the TCP listener once its key file is there: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -208,8 +209,31 @@ func TestFileFieldErrorsNameTheField(t *testing.T) {
 	}
 	key := filepath.Join(dir, "key")
 	os.WriteFile(key, []byte("0123456789abcdef0123"), 0o600)
-	if _, err := r.startAPI(API{Socket: filepath.Join(dir, "lb.sock"), Listen: "192.0.2.1:99999", KeyFile: key}); err == nil || !strings.HasPrefix(err.Error(), "loadBalancer.api.listen: ") {
-		t.Errorf("listen: %v", err)
+	// A file at the socket's path is not removed (a typo naming a config file), nor is a
+	// socket another process serves on.
+	if _, err := r.startAPI(API{Socket: file}); err == nil || err.Error() != "loadBalancer.api.socket: "+file+" exists and is not a socket" {
+		t.Errorf("socket path of a file: %v", err)
+	}
+	if _, err := os.Stat(file); err != nil {
+		t.Errorf("the file at the socket's path: %v", err)
+	}
+	other := filepath.Join(dir, "other.sock")
+	oln, err := net.Listen("unix", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer oln.Close()
+	if _, err := r.startAPI(API{Socket: other}); err == nil || !strings.Contains(err.Error(), "another process serves on it") {
+		t.Errorf("socket path of a socket another process serves: %v", err)
+	}
+	// The unix socket serves still where the TCP listener cannot (tried again at every sync).
+	s, err := r.startAPI(API{Socket: filepath.Join(dir, "lb.sock"), Listen: "192.0.2.1:99999", KeyFile: key})
+	if err != nil {
+		t.Fatalf("socket: %v", err)
+	}
+	defer s.close(false)
+	if s.tcpErr == nil || !strings.HasPrefix(s.tcpErr.Error(), "loadBalancer.api.listen: ") {
+		t.Errorf("listen: %v", s.tcpErr)
 	}
 }
 

@@ -126,12 +126,14 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 		}
 		return err
 	}
+	// The API first: where the state file conflicts with the config, `hostaccel lb reset`
+	// and `delete` (through it) are the way out.
+	if err := r.serveAPI(cfg.APIConfig()); err != nil {
+		r.Log.Error("load balancer API", "err", err)
+	}
 	svcs, err := r.services(cfg)
 	if err != nil {
 		return err
-	}
-	if err := r.serveAPI(cfg.APIConfig()); err != nil {
-		r.Log.Error("load balancer API", "err", err)
 	}
 	r.mu.Lock()
 	if r.checker == nil {
