@@ -11,10 +11,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"regexp"
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/hostaccel/hostaccel/internal/model"
 )
@@ -549,6 +551,21 @@ func (h *HealthCheck) validate(f string) []error {
 	}
 	if h.Path != "" && !strings.HasPrefix(h.Path, "/") {
 		bad("path: %s does not start with /", model.Quote(h.Path))
+	} else if h.Path != "" {
+		// every check would fail on it (the backend marked down at its first check)
+		if _, err := url.ParseRequestURI(h.Path); err != nil || strings.ContainsFunc(h.Path, unicode.IsControl) {
+			bad("path: %s is not a valid request path", model.Quote(h.Path))
+		}
+	}
+	if h.Host != "" && (strings.ContainsFunc(h.Host, func(r rune) bool { return unicode.IsControl(r) || unicode.IsSpace(r) || r == '/' })) {
+		bad("host: %s is not a valid Host header", model.Quote(h.Host))
+	}
+	if h.Query != "" {
+		if name := strings.TrimSuffix(h.Query, "."); len(name) > 253 {
+			bad("query: %s is longer than 253 bytes", model.Quote(h.Query))
+		} else if slices.ContainsFunc(strings.Split(name, "."), func(l string) bool { return l == "" || len(l) > 63 }) {
+			bad("query: %s has an empty label or one longer than 63 bytes", model.Quote(h.Query))
+		}
 	}
 	if h.ExpectStatus != 0 && (h.ExpectStatus < 100 || h.ExpectStatus > 599) {
 		bad("expectStatus: %d is not an HTTP status", h.ExpectStatus)

@@ -92,6 +92,16 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].healthCheck.send: a udp check needs a request payload`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "udp"} }},
 		{`services[0].healthCheck.command: a command check needs a command`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "command"} }},
 		{`services[0].healthCheck.path, host, expectStatus: only for http and https checks`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "tcp", Path: "/"} }},
+		// settings every check would fail on (the backends down at their first check)
+		{`services[0].healthCheck.path: "/%zz" is not a valid request path`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "http", Path: "/%zz"} }},
+		{`services[0].healthCheck.path: "/a\nb" is not a valid request path`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "http", Path: "/a\nb"} }},
+		{`services[0].healthCheck.host: "a b" is not a valid Host header`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "https", Host: "a b"} }},
+		{`services[0].healthCheck.query: "` + strings.Repeat("a", 64) + `"…(72 bytes) has an empty label or one longer than 63 bytes`, func(s *Service) {
+			s.Protocol, s.HealthCheck = "udp", &HealthCheck{Type: "dns", Query: strings.Repeat("a", 64) + ".example"}
+		}},
+		{`services[0].healthCheck.query: "a..example" has an empty label or one longer than 63 bytes`, func(s *Service) {
+			s.Protocol, s.HealthCheck = "udp", &HealthCheck{Type: "dns", Query: "a..example"}
+		}},
 		{`services[0].healthCheck.interval: 10ms is not between 50ms and 1h`, func(s *Service) {
 			s.HealthCheck = &HealthCheck{Type: "tcp", Interval: Duration{Duration: 10 * time.Millisecond}, Timeout: Duration{Duration: 5 * time.Millisecond}}
 		}},
