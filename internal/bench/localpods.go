@@ -120,7 +120,7 @@ func localTC(ctx context.Context, p *testbed.LocalPods, s model.State) (func() e
 }
 
 // localNote is printed under the report when the same-node traffic ran.
-const localNote = "Pod-to-Pod (same node): two Pods behind their own gateway veths of one node (10.213.0.0/16), netperf with 64-byte messages (-m 64 for TCP_STREAM, -r 64,64 otherwise) and 64-KiB ones. Default: the node routes between the gateways. hostaccel tc: the tc datapath's local-pod-to-pod class (both gateways, the NAT check on), each packet moved from one Pod's veth into the other Pod with bpf_redirect_peer. hostaccel sockmap: socket to socket. hostaccel auto: what datapath auto chooses for the class on this kernel (sockmap where FIONREAD counts its data, else tc, else the flowtable). Loopback: netperf to 127.0.0.1 inside one Pod, the limit. Other variants do not run this traffic."
+const localNote = "Pod-to-Pod (same node): two Pods behind their own gateway veths of one node (10.213.0.0/16), netperf with 64-byte messages (-m 64 for TCP_STREAM, -r 64,64 otherwise) and 64-KiB ones. Default: the node routes between the gateways. hostaccel tc: the tc datapath's local-pod-to-pod class (both gateways, the NAT check on), each packet moved from one Pod's veth into the other Pod with bpf_redirect_peer. hostaccel sockmap: socket to socket. hostaccel auto: what datapath auto chooses for the class on this kernel with its defaults (tc, else the flowtable; sockmap only with sockmap.auto: true, and where FIONREAD counts its data). Loopback: netperf to 127.0.0.1 inside one Pod, the limit. Other variants do not run this traffic."
 
 // localPods measures the same-node traffic types of o for the variants that have a setup for
 // it, interleaved (each repetition rotates the variants).

@@ -35,8 +35,10 @@ type Config struct {
 	// Flowtable tunes the flowtable datapath (datapath flowtable, or auto where it picks it).
 	Flowtable Flowtable `json:"flowtable"`
 	// TC tunes the tc datapath (datapath tc, or auto where it picks tc).
-	TC    TC    `json:"tc"`
-	Agent Agent `json:"agent"`
+	TC TC `json:"tc"`
+	// Sockmap tunes the sockmap datapath.
+	Sockmap Sockmap `json:"sockmap"`
+	Agent   Agent   `json:"agent"`
 	// LoadBalancer is the nftables L4 load balancer (docs/lb.md).
 	LoadBalancer lb.Config `json:"loadBalancer"`
 }
@@ -48,6 +50,15 @@ type Flowtable struct {
 	// has counters only with net.netfilter.nf_conntrack_acct=1, and the flag costs every
 	// offloaded packet (~0.4% of TCP_RR in the VM bench).
 	CountOffloaded bool `json:"countOffloaded"`
+}
+
+// Sockmap tunes the sockmap datapath.
+type Sockmap struct {
+	// Auto lets `datapath: auto` put local-pod-to-pod on the sockmap datapath where the
+	// kernel can. Off by default: a receiver that reads with splice(2), as Go's io.Copy from
+	// one TCP connection to another does (every Go TCP proxy), does not see the data moved
+	// socket to socket and loses it at EOF, silently. Turn it on where no Pod does that.
+	Auto bool `json:"auto"`
 }
 
 // TC tunes the tc datapath.

@@ -69,6 +69,7 @@ func (c *Config) State(links []Link, strict bool) (model.State, []string, error)
 		CountOffloaded:  c.Flowtable.CountOffloaded,
 		TCNATCheck:      c.TC.NATCheck,
 		TCNoNATCarry:    c.TC.NATCarry != nil && !*c.TC.NATCarry,
+		SockmapInAuto:   c.Sockmap.Auto,
 	}
 	if c.Node.Transports.Auto {
 		for _, l := range links {

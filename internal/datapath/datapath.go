@@ -146,12 +146,13 @@ func Choose(s model.State, caps probe.Result) (Plan, error) {
 		case tcAvailable(caps) && !useTC:
 			p.Notes = append(p.Notes, "auto keeps pod-to-pod and node-to-remote-pod off the tc datapath: this kernel lacks bpf_skb_ct_lookup, so tc could not tell the flows this node NATs (set tc.natCheck: off if it NATs no Pod traffic)")
 		}
-		// local-pod-to-pod goes socket to socket where the kernel can; else tc moves its
+		// local-pod-to-pod goes socket to socket where the kernel can and sockmap.auto allows
+		// it (splice(2) readers lose moved data: off by default); else tc moves its
 		// packets from one Pod's gateway veth into the other Pod (bpf_redirect_peer), where
 		// tc is chosen; else the flowtable takes it (it passes the forward hook between two
 		// gateway veths).
-		useSockmap := sockmapAvailable(caps)
-		if !useSockmap && s.Enabled(model.LocalPodToPod) {
+		useSockmap := s.SockmapInAuto && sockmapAvailable(caps)
+		if s.SockmapInAuto && !useSockmap && s.Enabled(model.LocalPodToPod) {
 			p.Notes = append(p.Notes, "auto keeps local-pod-to-pod off the sockmap datapath: "+sockmapWhyNot(caps))
 		}
 		var viaTC, viaSockmap, rest []model.Class

@@ -132,11 +132,16 @@ func TestChoosePrivilege(t *testing.T) {
 	}
 }
 
-// local-pod-to-pod: socket to socket where the kernel has sockmap, else tc (bpf_redirect_peer)
-// where auto chooses tc, else the flowtable (it passes the forward hook), with a note;
-// datapath sockmap without it is an error.
+// local-pod-to-pod: socket to socket where sockmap.auto allows it and the kernel has sockmap,
+// else tc (bpf_redirect_peer) where auto chooses tc, else the flowtable (it passes the forward
+// hook), with a note; datapath sockmap without it is an error. Without sockmap.auto, auto never
+// picks sockmap (a splice(2) reader loses moved data), and says nothing of it.
 func TestChooseSockmap(t *testing.T) {
 	s := model.State{Datapath: model.DatapathAuto, Classes: []model.Class{model.LocalPodToPod, model.PodToPod}}
+	if p, err := Choose(s, full); err != nil || p.Summary() != "tc: [local-pod-to-pod pod-to-pod]" || len(p.Notes) > 0 {
+		t.Errorf("full kernel, sockmap.auto off: %s %v %v", p.Summary(), p.Notes, err)
+	}
+	s.SockmapInAuto = true
 	if p, err := Choose(s, full); err != nil || p.Summary() != "sockmap: [local-pod-to-pod]; tc: [pod-to-pod]" || len(p.Notes) > 0 {
 		t.Errorf("full kernel: %s %v %v", p.Summary(), p.Notes, err)
 	}

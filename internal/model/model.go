@@ -90,6 +90,7 @@ type State struct {
 	CountOffloaded  bool     // conntrack's counters keep running for offloaded flows (the flowtable's counter flag)
 	TCNATCheck      NATCheck // where the tc datapath checks conntrack for NAT ("": NATCheckBoth)
 	TCNoNATCarry    bool     // the tc datapath leaves NAT-ed flows to the flowtable (tc.natCarry: false)
+	SockmapInAuto   bool     // auto may put local-pod-to-pod on the sockmap datapath (sockmap.auto)
 }
 
 // Devices returns the gateways and transports, sorted and without duplicates.

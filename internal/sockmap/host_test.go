@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -1033,5 +1034,75 @@ func attachedProgram(tb testing.TB, name string) *ebpf.Program {
 			return p
 		}
 		p.Close()
+	}
+}
+
+// An exclusion added, or a Pod CIDR removed, while a connection is open applies to that
+// connection's next message: it takes TCP (past netfilter no more), and what was moved before
+// is read first. Before, sk_msg never looked at the tries: only new connections were kept out,
+// and a long-lived one (a gRPC channel, a database pool) bypassed netfilter for its life.
+func TestPolicyChangeReachesOpenConnections(t *testing.T) {
+	b := newBed(t, true)
+	moved := func(what string, c, s net.Conn) uint64 {
+		t.Helper()
+		before := b.status()
+		msg := make([]byte, 1<<20)
+		go c.Write(msg)
+		if _, err := io.ReadFull(s, msg); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return b.status().Redirected.Bytes - before.Redirected.Bytes
+	}
+	for _, change := range []string{"B excluded", "B's Pod CIDR removed"} {
+		if _, err := b.m.Apply(context.Background(), b.desired()); err != nil {
+			t.Fatal(err)
+		}
+		n0 := b.status().Sockets
+		c, s := b.pair(false)
+		if n := b.settle(n0 + 2); n < n0+2 {
+			t.Fatalf("%d sockets, want %d", n, n0+2)
+		}
+		if d := moved(change+", before", c, s); d == 0 {
+			t.Fatalf("%s: nothing moved socket to socket before the change", change)
+		}
+		st := model.State{LocalPodCIDRs: b.pods.CIDRs, Exclude: []netip.Prefix{netip.PrefixFrom(b.pods.B4, 32)}, Classes: []model.Class{model.LocalPodToPod}}
+		if change != "B excluded" {
+			st = model.State{Classes: []model.Class{model.LocalPodToPod}}
+			for _, p := range b.pods.CIDRs {
+				if !p.Contains(b.pods.B4) {
+					st.LocalPodCIDRs = append(st.LocalPodCIDRs, p)
+				}
+			}
+		}
+		if _, err := b.m.Apply(context.Background(), Render(st)); err != nil {
+			t.Fatal(err)
+		}
+		if d := moved(change, c, s); d > 0 {
+			t.Errorf("%s: the open connection still had %d bytes moved socket to socket", change, d)
+		}
+		c.Close()
+		s.Close()
+	}
+}
+
+// More prefixes than the tries hold are refused before anything is written, naming the
+// fields. Before (tries of 4,096), Apply failed part way with the exclusions that sort last
+// unwritten, on a live, enabled set: new connections to those Pods were moved.
+func TestTooManyPrefixesChangeNothing(t *testing.T) {
+	b := newBed(t, true)
+	if _, err := b.m.Apply(context.Background(), b.desired()); err != nil {
+		t.Fatal(err)
+	}
+	before := b.status()
+	var ex []netip.Prefix
+	for i := range 262144 {
+		ex = append(ex, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(100 + i>>16), byte(i >> 8), byte(i)}), 32))
+	}
+	res, err := b.m.Apply(context.Background(), Render(model.State{LocalPodCIDRs: b.pods.CIDRs, Exclude: ex, Classes: []model.Class{model.LocalPodToPod}}))
+	if err == nil || !strings.Contains(err.Error(), "node.localPodCIDRs and exclude give") || res.ElementsAdded+res.ElementsUpdated+res.ElementsRemoved != 0 {
+		t.Errorf("apply of 262,146 IPv4 prefixes: %+v, %v; want refused, nothing written", res, err)
+	}
+	if after := b.status(); after.ProgramID != before.ProgramID {
+		t.Errorf("program %d -> %d", before.ProgramID, after.ProgramID)
 	}
 }

@@ -252,6 +252,9 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	if m.last != nil && !res.Loaded && !maps.Equal(m.last.pods, cur) {
 		res.Drift = append(res.Drift, "map pods4/pods6 changed")
 	}
+	if err := fits(set, cur, want); err != nil {
+		return res, err
+	}
 	if err := m.update(set, cur, want, &res); err != nil {
 		return res, err
 	}
@@ -367,6 +370,32 @@ func removeReaders(pins string, keep *progSet) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// fits checks, before anything is written, that the tries hold want, and cur and want together
+// (update adds before it deletes): a trie that filled up half way left exclusions unwritten
+// while the set was enabled (new connections to those Pods moved past netfilter).
+func fits(set *progSet, cur, want map[netip.Prefix]uint32) error {
+	var wanted, both [2]int // IPv4, IPv6
+	for p := range want {
+		wanted[famOf(p)]++
+		both[famOf(p)]++
+	}
+	for p := range cur {
+		if _, ok := want[p]; !ok {
+			both[famOf(p)]++
+		}
+	}
+	for i, m := range []*ebpf.Map{set.maps.Pods4, set.maps.Pods6} {
+		max := int(m.MaxEntries())
+		if wanted[i] > max {
+			return fmt.Errorf("sockmap: node.localPodCIDRs and exclude give %d IPv%d prefixes, more than the datapath's %d (nothing was changed)", wanted[i], 4+2*i, max)
+		}
+		if both[i] > max {
+			return fmt.Errorf("sockmap: the %d IPv%d prefixes of node.localPodCIDRs and exclude and the %d the datapath holds now that go would be more than its %d at once (nothing was changed; apply a smaller change first)", wanted[i], 4+2*i, both[i]-wanted[i], max)
+		}
+	}
+	return nil
 }
 
 // update brings the tries from cur to want: exclusions first, then the rest, then deletions

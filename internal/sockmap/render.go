@@ -43,16 +43,34 @@ func (d *Desired) entries() map[netip.Prefix]uint32 {
 	for _, p := range d.Exclude {
 		all[p] |= addrExclude
 	}
+	// A prefix's flags are its own and those of every prefix that holds it: looked up per
+	// distinct prefix length (few), not compared with every prefix (quadratic: 262,144
+	// exclusions took minutes).
+	var lens [2][]int // IPv4, IPv6
+	for p := range all {
+		f := famOf(p)
+		if !slices.Contains(lens[f], p.Bits()) {
+			lens[f] = append(lens[f], p.Bits())
+		}
+	}
 	for p := range all {
 		var f uint32
-		for q, g := range all {
-			if q.Bits() <= p.Bits() && q.Addr().Is4() == p.Addr().Is4() && q.Contains(p.Addr()) {
-				f |= g
+		for _, b := range lens[famOf(p)] {
+			if b <= p.Bits() {
+				f |= all[netip.PrefixFrom(p.Addr(), b).Masked()]
 			}
 		}
 		out[p] = f
 	}
 	return out
+}
+
+// famOf is 0 for an IPv4 prefix, 1 for IPv6.
+func famOf(p netip.Prefix) int {
+	if p.Addr().Is4() {
+		return 0
+	}
+	return 1
 }
 
 // canonical masks, unmaps, sorts and de-duplicates prefixes (LPM trie keys must be masked).

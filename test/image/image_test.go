@@ -500,7 +500,7 @@ agent: {resyncPeriod: 2s, minSyncInterval: 100ms}
 	}
 }
 
-// datapath sockmap, which deploy/auto/ gives local-pod-to-pod: with deploy/tc/'s capabilities
+// datapath sockmap, which deploy/auto/ gives local-pod-to-pod with sockmap.auto: true: with deploy/tc/'s capabilities
 // alone the container sees only its own cgroup (its cgroup namespace), and the readiness probe
 // says that the cgroup v2 root is not found; with deploy/auto/'s mounts of the host's
 // /sys/fs/cgroup and /sys/fs/bpf the agent attaches to the root, TCP between two Pods of the

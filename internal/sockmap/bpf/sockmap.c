@@ -133,7 +133,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 4096);
+	__uint(max_entries, 262144); /* as tc's tries; allocated per entry (NO_PREALLOC) */
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct lpm4);
 	__type(value, struct addr);
@@ -141,7 +141,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 4096);
+	__uint(max_entries, 262144); /* as tc's tries; allocated per entry (NO_PREALLOC) */
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct lpm6);
 	__type(value, struct addr);
@@ -299,6 +299,15 @@ int hostaccel_sm(struct sk_msg_md *msg)
 		return SK_PASS;
 	}
 	__u8 one = 1;
+	/* Both ends must still be local Pods, not excluded: an exclusion added (or a Pod CIDR
+	 * removed) after the connection was entered applies to its next message. From then on the
+	 * direction takes TCP for good (what was moved before is read first: the order holds).
+	 * Two trie lookups per message (sendmsg), not per packet. */
+	if (!pod(own.local) || !pod(own.remote)) {
+		bpf_map_update_elem(&tcp_only, &own, &one, BPF_ANY);
+		count(STAT_PASSED, size);
+		return SK_PASS;
+	}
 	/* The bound: the peer holds max_queued or more unread (sent - read). The direction then
 	 * takes TCP (TCP's receive window holds the writer back) until the peer has read all
 	 * that was sent, moved and over TCP: the moved data waits in the peer's socket queue,
