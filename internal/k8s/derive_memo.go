@@ -402,7 +402,7 @@ func sameService(a, b *lb.Service) bool {
 		a.Interface != b.Interface || a.BackendInterface != b.BackendInterface || a.Scheduler != b.Scheduler ||
 		a.FlushConntrack != b.FlushConntrack || !sameSlice(a.VIPs, b.VIPs) || !sameSlice(a.Ports, b.Ports) ||
 		!sameSlice(a.SNATAddresses, b.SNATAddresses) || !sameSlice(a.HashFields, b.HashFields) ||
-		!samePtr(a.Persistence, b.Persistence) || !samePtr(a.FlowTimeout, b.FlowTimeout) ||
+		!sameSlice(a.SourceRanges, b.SourceRanges) || !samePtr(a.Persistence, b.Persistence) || !samePtr(a.FlowTimeout, b.FlowTimeout) ||
 		!sameHealthCheck(a.HealthCheck, b.HealthCheck) || (a.Backends == nil) != (b.Backends == nil) ||
 		len(a.Backends) != len(b.Backends) {
 		return false

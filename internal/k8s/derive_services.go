@@ -67,6 +67,32 @@ func externalAddresses(svcs []*corev1.Service) []string {
 	return slices.Compact(out)
 }
 
+// sourceRanges is s's loadBalancerSourceRanges, as kube-proxy reads them (spaces trimmed;
+// one that is not a CIDR is left out with a warning). Where the Service has ranges but none of
+// vip's family, that family gets a range no client is in: kube-proxy drops every client of it.
+func sourceRanges(s *corev1.Service, vip string, warn func(string, ...any)) []string {
+	var out []string
+	is4, any := netip.MustParseAddr(vip).Is4(), false
+	for _, r := range s.Spec.LoadBalancerSourceRanges {
+		p, err := netip.ParsePrefix(strings.TrimSpace(r))
+		if err != nil {
+			warn("service %s/%s: loadBalancerSourceRanges: %q is not a CIDR; ignored", s.Namespace, s.Name, r)
+			continue
+		}
+		any = true
+		if p.Addr().Unmap().Is4() == is4 {
+			out = append(out, p.Masked().String())
+		}
+	}
+	if any && len(out) == 0 {
+		if is4 {
+			return []string{"0.0.0.0/32"}
+		}
+		return []string{"::/128"}
+	}
+	return out
+}
+
 // nsName is a Service's namespace and name.
 type nsName struct{ namespace, name string }
 
@@ -93,7 +119,10 @@ type LBFront struct {
 	Scheduler string `json:"scheduler,omitempty"`
 	// Persistence is sessionAffinity: ClientIP's timeout (0: no persistence).
 	Persistence time.Duration `json:"persistence,omitempty"`
-	Backends    []LBBackend   `json:"backends"`
+	// SourceRanges: the Service's loadBalancerSourceRanges (external fronts of type
+	// LoadBalancer): only those clients reach it.
+	SourceRanges []string    `json:"sourceRanges,omitempty"`
+	Backends     []LBBackend `json:"backends"`
 	// Skipped says why the front is not given to the load balancer (no endpoints).
 	Skipped string `json:"skipped,omitempty"`
 }
@@ -239,6 +268,9 @@ func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn 
 					}
 					if !netip.MustParseAddr(fam[0]).Is4() {
 						f.Name += "/ipv6"
+					}
+					if front == FrontExternal && s.Spec.Type == corev1.ServiceTypeLoadBalancer {
+						f.SourceRanges = sourceRanges(s, fam[0], warn)
 					}
 					f.LBName = name(f.Name)
 					if len(f.Backends) == 0 {

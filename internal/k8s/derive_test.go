@@ -528,3 +528,45 @@ func TestExternalIPDoesNotTakeAClusterIP(t *testing.T) {
 		t.Errorf("warnings %q, want aaa/evil's external front not balanced", d.Summary.Warnings)
 	}
 }
+
+// loadBalancerSourceRanges restrict the external front of a LoadBalancer Service (as kube-
+// proxy's firewall does the load balancer IPs), per family: a family without a range gets one
+// no client is in. Cluster and node port fronts are not restricted. Before, the field was
+// ignored: every source reached the load balancer IP.
+func TestLoadBalancerSourceRanges(t *testing.T) {
+	web := service("default", "web", corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
+	web.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "172.18.0.151"}, {IP: "2001:db8::151"}}
+	web.Spec.LoadBalancerSourceRanges = []string{" 192.0.2.0/24", "198.51.100.7/32", "bad"}
+	snap := Snapshot{
+		Nodes:          []*corev1.Node{node("self", []string{"10.244.0.0/24"}, "172.18.0.2")},
+		Services:       []*corev1.Service{web},
+		EndpointSlices: []*discoveryv1.EndpointSlice{slice("default", "web", "web-a", "http", 8080, up("10.244.0.5", "self"), up("fd00::5", "self"))},
+	}
+	d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, f := range d.Summary.Balanced {
+		got[f.Name] = f.SourceRanges
+	}
+	want := map[string][]string{
+		"default/web:http/cluster":       nil,
+		"default/web:http/nodeport":      nil,
+		"default/web:http/external":      {"192.0.2.0/24", "198.51.100.7/32"},
+		"default/web:http/external/ipv6": {"::/128"},
+	}
+	for name, w := range want {
+		if r, ok := got[name]; !ok || !slices.Equal(r, w) {
+			t.Errorf("%s: source ranges %v (front there: %v), want %v", name, r, ok, w)
+		}
+	}
+	if !slices.ContainsFunc(d.Summary.Warnings, func(w string) bool { return strings.Contains(w, `"bad" is not a CIDR`) }) {
+		t.Errorf("warnings %q, want one for the bad range", d.Summary.Warnings)
+	}
+	for _, s := range d.Config.LoadBalancer.Services {
+		if slices.Contains(s.VIPs, "172.18.0.151") && !slices.Equal(s.SourceRanges, want["default/web:http/external"]) {
+			t.Errorf("the load balancer service of 172.18.0.151: source ranges %v", s.SourceRanges)
+		}
+	}
+}

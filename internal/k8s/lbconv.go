@@ -115,6 +115,7 @@ func frontService(f *LBFront) lb.Service {
 		// kube-proxy clears stale UDP conntrack entries; so does the load balancer when a
 		// backend goes down.
 		FlushConntrack: f.Protocol == "udp",
+		SourceRanges:   f.SourceRanges,
 	}
 	if f.Persistence > 0 {
 		s.Persistence = lb.D(f.Persistence)

@@ -107,6 +107,9 @@ type Service struct {
 	Persistence *Duration `json:"persistence,omitempty"`
 	// FlowTimeout (dsr, stateless-dnat): how long an idle flow keeps its backend (default 5m).
 	FlowTimeout *Duration `json:"flowTimeout,omitempty"`
+	// SourceRanges (snat, dnat): only clients in these CIDRs reach the service; packets of
+	// others to its VIPs are dropped (Kubernetes' loadBalancerSourceRanges). Empty: all.
+	SourceRanges []string `json:"sourceRanges,omitempty"`
 	// FlushConntrack deletes a backend's conntrack entries (snat, dnat) when it goes down or
 	// fails its health check, so that clients see a reset at once instead of a timeout.
 	FlushConntrack bool         `json:"flushConntrack,omitempty"`
@@ -381,6 +384,14 @@ func (s *Service) validate(f string) []error {
 	ingress := topo == DSR || topo == StatelessDNAT
 	if len(s.SNATAddresses) > 0 && topo != SNAT {
 		bad("snatAddresses: only a snat service translates source addresses")
+	}
+	if len(s.SourceRanges) > 0 && topo != SNAT && topo != DNAT {
+		bad("sourceRanges: only for snat and dnat services")
+	}
+	for i, v := range s.SourceRanges {
+		if _, err := netip.ParsePrefix(v); err != nil {
+			bad("sourceRanges[%d]: %s is not a CIDR", i, model.Quote(v))
+		}
 	}
 	snatFam := map[bool]bool{}
 	for i, v := range s.SNATAddresses {

@@ -92,6 +92,10 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].healthCheck.send: a udp check needs a request payload`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "udp"} }},
 		{`services[0].healthCheck.command: a command check needs a command`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "command"} }},
 		{`services[0].healthCheck.path, host, expectStatus: only for http and https checks`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "tcp", Path: "/"} }},
+		{`services[0].sourceRanges[0]: "10.0.0.1" is not a CIDR`, func(s *Service) { s.SourceRanges = []string{"10.0.0.1"} }},
+		{`services[0].sourceRanges: only for snat and dnat services`, func(s *Service) {
+			s.Topology, s.Interface, s.SourceRanges = DSR, "eth0", []string{"10.0.0.0/8"}
+		}},
 		// settings every check would fail on (the backends down at their first check)
 		{`services[0].healthCheck.path: "/%zz" is not a valid request path`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "http", Path: "/%zz"} }},
 		{`services[0].healthCheck.path: "/a\nb" is not a valid request path`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "http", Path: "/a\nb"} }},

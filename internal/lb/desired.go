@@ -378,6 +378,7 @@ func sameDefinition(a, b *Service) bool {
 		a.Interface != b.Interface || a.BackendInterface != b.BackendInterface || a.Scheduler != b.Scheduler ||
 		a.FlushConntrack != b.FlushConntrack || !slices.Equal(a.VIPs, b.VIPs) || !slices.Equal(a.Ports, b.Ports) ||
 		!slices.Equal(a.SNATAddresses, b.SNATAddresses) || !slices.Equal(a.HashFields, b.HashFields) ||
+		!slices.Equal(a.SourceRanges, b.SourceRanges) ||
 		!samePtr(a.Persistence, b.Persistence) || !samePtr(a.FlowTimeout, b.FlowTimeout) ||
 		!(a.HealthCheck == b.HealthCheck || a.HealthCheck != nil && b.HealthCheck != nil && reflect.DeepEqual(*a.HealthCheck, *b.HealthCheck)) ||
 		len(a.Backends) != len(b.Backends) {
@@ -402,6 +403,7 @@ func SameBackend(x, y *Backend) bool {
 // change the other.
 func (s Service) Clone() Service {
 	s.VIPs, s.Ports, s.SNATAddresses, s.HashFields = slices.Clone(s.VIPs), slices.Clone(s.Ports), slices.Clone(s.SNATAddresses), slices.Clone(s.HashFields)
+	s.SourceRanges = slices.Clone(s.SourceRanges)
 	s.Persistence, s.FlowTimeout = clonePtr(s.Persistence), clonePtr(s.FlowTimeout)
 	if s.HealthCheck != nil {
 		hc := *s.HealthCheck

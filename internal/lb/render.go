@@ -351,6 +351,9 @@ func natService(b *builder, ss *ServiceState, f family) {
 	}
 	chain, post := "svc-"+name+"-"+f.suffix, "post-"+name+"-"+f.suffix
 	b.chain(&knftables.Chain{Name: chain})
+	if rs := sourceRanges(ss, f); rs != "" {
+		b.rule(chain, pre+"source ranges", rs)
+	}
 	b.rule(chain, pre+"count", b.counter(chain, pre+whatNewConnections))
 	slots := ss.slots(f.is6)
 	if p := ss.Service.Persistence; p != nil {
@@ -383,6 +386,42 @@ func natService(b *builder, ss *ServiceState, f family) {
 			b.elem("post-"+f.suffix, key, "goto "+post)
 		}
 	}
+}
+
+// sourceRanges is the rule that drops the packets of clients outside the service's source
+// ranges of family f ("": no ranges; a family without any drops every client of it).
+func sourceRanges(ss *ServiceState, f family) string {
+	if len(ss.Service.SourceRanges) == 0 {
+		return ""
+	}
+	var ps []netip.Prefix
+	for _, r := range ss.Service.SourceRanges {
+		p, err := netip.ParsePrefix(r)
+		if err != nil {
+			continue
+		}
+		a, bits := p.Addr(), p.Bits()
+		if a.Is4In6() {
+			a, bits = a.Unmap(), max(bits-96, 0)
+		}
+		if a.Is6() == f.is6 {
+			ps = append(ps, netip.PrefixFrom(a, bits).Masked())
+		}
+	}
+	if len(ps) == 0 {
+		return "drop"
+	}
+	// widest first, and none inside another (the set's intervals may not overlap)
+	slices.SortFunc(ps, func(a, b netip.Prefix) int { return cmp.Or(a.Bits()-b.Bits(), a.Addr().Compare(b.Addr())) })
+	var in []string
+	var kept []netip.Prefix
+	for _, p := range ps {
+		if !slices.ContainsFunc(kept, func(k netip.Prefix) bool { return k.Contains(p.Addr()) }) {
+			kept = append(kept, p)
+			in = append(in, p.String())
+		}
+	}
+	return f.nf + " saddr != { " + strings.Join(in, ", ") + " } drop"
 }
 
 // persistent renders the service chain of a snat/dnat service with persistence. The choice

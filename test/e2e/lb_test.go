@@ -317,3 +317,65 @@ func transferUntilError(c net.Conn, d time.Duration) error {
 	}
 	return nil
 }
+
+// A service's sourceRanges (Kubernetes' loadBalancerSourceRanges) let only those clients
+// reach its VIPs, per family; others' packets are dropped. Real traffic on the host's kernel
+// (datapath none: no flowtable needed): IPv4 from the client's address allowed, IPv6 from a
+// range without it refused, then the ranges changed the other way round.
+func TestLoadBalancerSourceRanges(t *testing.T) {
+	tp := lbTopo(t)
+	for _, v6 := range []bool{false, true} {
+		for _, b := range lbBackends(tp, v6) {
+			s, err := tp.Pod.ListenTCP(hostport(b, lbPort))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+		}
+	}
+	config := func(ranges ...string) string {
+		var bes []string
+		for _, v6 := range []bool{false, true} {
+			for _, b := range lbBackends(tp, v6) {
+				bes = append(bes, fmt.Sprintf(`{address: "%s"}`, b))
+			}
+		}
+		return nodeConfig(tp, fmt.Sprintf(`datapath: none
+loadBalancer:
+  api: {disabled: true}
+  stateFile: %s/lb-services.yaml
+  services:
+  - name: web
+    vips: ["%s", "%s"]
+    port: %d
+    topology: dnat
+    sourceRanges: ["%s"]
+    backends: [%s]
+`, t.TempDir(), lbVIP[false], lbVIP[true], lbPort, strings.Join(ranges, `", "`), strings.Join(bes, ", ")))
+	}
+	reach := func(v6 bool) error {
+		return tp.Remote.Do(func() error {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: tp.Addrs(v6).External.AsSlice()}, Timeout: time.Second}
+			c, err := d.Dial("tcp", hostport(lbVIP[v6], lbPort))
+			if err == nil {
+				c.Close()
+			}
+			return err
+		})
+	}
+	v4, v6 := tp.Addrs(false).External, tp.Addrs(true).External
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, config(netip.PrefixFrom(v4, 24).Masked().String(), "2001:db8:ffff::/48")))
+	if err := reach(false); err != nil {
+		t.Errorf("IPv4 client in the ranges: %v", err)
+	}
+	if err := reach(true); err == nil {
+		t.Errorf("IPv6 client outside the ranges connected")
+	}
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, config("192.0.2.0/24", netip.PrefixFrom(v6, 64).Masked().String())))
+	if err := reach(false); err == nil {
+		t.Errorf("IPv4 client outside the ranges connected")
+	}
+	if err := reach(true); err != nil {
+		t.Errorf("IPv6 client in the ranges: %v", err)
+	}
+}
