@@ -196,6 +196,11 @@ func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn 
 	out := make([]LBFront, 0, len(svcs))
 	for _, s := range svcs {
 		eps := slicesOf[nsName{s.Namespace, s.Name}]
+		if len(eps) > 1 {
+			// in name order: the lister's order changes from call to call (a map), and the
+			// memo (frontsOf) compares the slices in order
+			slices.SortFunc(eps, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+		}
 		if dr != nil {
 			if fs, ok := dr.frontsOf(s, eps, self.Name, nodeIPs, p, warn); ok {
 				out = append(out, fs...)
