@@ -116,6 +116,8 @@ func frontService(f *LBFront) lb.Service {
 		// backend goes down.
 		FlushConntrack: f.Protocol == "udp",
 		SourceRanges:   f.SourceRanges,
+		// a Pod connecting to its own Service, picked itself: masqueraded, as kube-proxy does
+		Hairpin: f.Topology == lb.DNAT,
 	}
 	if f.Persistence > 0 {
 		s.Persistence = lb.D(f.Persistence)

@@ -110,6 +110,10 @@ type Service struct {
 	// SourceRanges (snat, dnat): only clients in these CIDRs reach the service; packets of
 	// others to its VIPs are dropped (Kubernetes' loadBalancerSourceRanges). Empty: all.
 	SourceRanges []string `json:"sourceRanges,omitempty"`
+	// Hairpin (dnat): a backend that is a client of the service and is picked for its own
+	// connection has that connection's source masqueraded; else its reply, from itself to
+	// itself, would skip the un-DNAT (kube-proxy masquerades these). snat does so anyway.
+	Hairpin bool `json:"hairpin,omitempty"`
 	// FlushConntrack deletes a backend's conntrack entries (snat, dnat) when it goes down or
 	// fails its health check, so that clients see a reset at once instead of a timeout.
 	FlushConntrack bool         `json:"flushConntrack,omitempty"`
@@ -384,6 +388,9 @@ func (s *Service) validate(f string) []error {
 	ingress := topo == DSR || topo == StatelessDNAT
 	if len(s.SNATAddresses) > 0 && topo != SNAT {
 		bad("snatAddresses: only a snat service translates source addresses")
+	}
+	if s.Hairpin && topo != DNAT {
+		bad("hairpin: only for dnat services (snat masquerades every connection)")
 	}
 	if len(s.SourceRanges) > 0 && topo != SNAT && topo != DNAT {
 		bad("sourceRanges: only for snat and dnat services")

@@ -92,6 +92,7 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].healthCheck.send: a udp check needs a request payload`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "udp"} }},
 		{`services[0].healthCheck.command: a command check needs a command`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "command"} }},
 		{`services[0].healthCheck.path, host, expectStatus: only for http and https checks`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "tcp", Path: "/"} }},
+		{`services[0].hairpin: only for dnat services (snat masquerades every connection)`, func(s *Service) { s.Topology, s.Hairpin = SNAT, true }},
 		{`services[0].sourceRanges[0]: "10.0.0.1" is not a CIDR`, func(s *Service) { s.SourceRanges = []string{"10.0.0.1"} }},
 		{`services[0].sourceRanges: only for snat and dnat services`, func(s *Service) {
 			s.Topology, s.Interface, s.SourceRanges = DSR, "eth0", []string{"10.0.0.0/8"}

@@ -372,6 +372,7 @@ func natService(b *builder, ss *ServiceState, f family) {
 		}
 	}
 	snat := ss.Topology == SNAT
+	hairpin := ss.Topology == DNAT && ss.Service.Hairpin
 	if snat {
 		b.chain(&knftables.Chain{Name: post})
 		if a := snatAddress(ss, f); a != "" {
@@ -379,6 +380,21 @@ func natService(b *builder, ss *ServiceState, f family) {
 		} else {
 			b.rule(post, pre+"masquerade", "masquerade")
 		}
+	} else if hairpin {
+		// A backend's own connection to the service, scheduled to itself: source and
+		// destination are the same backend (a set of "b . b"; nft compares no two fields).
+		self := setName(name, "hairpin-"+f.suffix)
+		b.set(self, f.nf+" saddr . "+f.nf+" daddr", "a backend . itself")
+		b.chain(&knftables.Chain{Name: post})
+		b.rule(post, pre+"hairpin masquerade", f.nf+" saddr . "+f.nf+" daddr @"+self+" masquerade")
+		seen := map[netip.Addr]bool{}
+		for _, be := range ss.Backends {
+			if be.Addr.Is6() == f.is6 && !seen[be.Addr] {
+				seen[be.Addr] = true
+				b.elem(self, []string{be.Addr.String(), be.Addr.String()})
+			}
+		}
+		snat = true // (the post chain is entered as a snat service's)
 	}
 	for _, key := range vipKeys(ss, f) {
 		b.elem("services-"+f.suffix, key, "goto "+chain)

@@ -379,3 +379,41 @@ loadBalancer:
 		t.Errorf("IPv6 client in the ranges: %v", err)
 	}
 }
+
+// A backend that connects to its own dnat service and is picked itself (a Pod calling its
+// own Service) gets an answer with hairpin on: its source is masqueraded, so that the reply
+// goes back through the node and its un-DNAT. Without it the backend answers itself directly,
+// from its own address, and the connection fails (kube-proxy masquerades such connections).
+func TestLoadBalancerHairpin(t *testing.T) {
+	tp := lbTopo(t)
+	a := tp.Addrs(false)
+	s, err := tp.Pod.ListenTCP(hostport(a.Pod, lbPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	for _, hairpin := range []bool{false, true} {
+		mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, nodeConfig(tp, fmt.Sprintf(`datapath: none
+loadBalancer:
+  api: {disabled: true}
+  stateFile: %s/lb-services.yaml
+  services:
+  - {name: web, vips: ["%s"], port: %d, topology: dnat, hairpin: %v, backends: [{address: "%s"}]}
+`, t.TempDir(), lbVIP[false], lbPort, hairpin, a.Pod))))
+		err := tp.Pod.Do(func() error {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: a.Pod.AsSlice()}, Timeout: time.Second}
+			c, err := d.Dial("tcp", hostport(lbVIP[false], lbPort))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			return testbed.Transfer(c, 64<<10, 16<<10)
+		})
+		if hairpin && err != nil {
+			t.Errorf("hairpin on: the backend's own connection to the VIP: %v", err)
+		}
+		if !hairpin && err == nil {
+			t.Errorf("hairpin off: the backend's own connection to the VIP worked; this test shows nothing")
+		}
+	}
+}
