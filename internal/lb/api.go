@@ -166,10 +166,11 @@ func (s *apiServer) listenTCP(a API, mux http.Handler) error {
 
 func (s *apiServer) serve(ln net.Listener, h http.Handler) {
 	// Idle and slow connections are closed: a peer that may reach api.listen (and not know
-	// the key) must not hold the agent's file descriptors open for good. Handlers that wait
-	// for a sync write within applyTimeout, below WriteTimeout.
+	// the key) must not hold the agent's file descriptors open for good. A change waits at
+	// most applyTimeout for the one before it and applyTimeout for its sync (change): below
+	// WriteTimeout.
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
-		WriteTimeout: applyTimeout + 15*time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 64 << 10}
+		WriteTimeout: 2*applyTimeout + 15*time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 64 << 10}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed { // (a TCP listener tried again while Stop closed the API)
@@ -455,14 +456,36 @@ func merge(doc, patch any) any {
 
 // change applies fn (called with r.mu held) to a copy of the overlay, validates the result with every service,
 // saves it, and waits for the agent to apply it. A failed apply restores the previous state.
-// Changes run one at a time (changeMu, held until the change is applied or rolled back): a
-// sync then carries at most one change, so that a failed one rolls back exactly that change.
-// Two changes saved before one sync that failed were both told "rolled back", while the first
-// stayed in force and the second, valid, was undone.
+//
+// Changes run one at a time, so that a sync carries at most one change and a failed one rolls
+// back exactly that change (two changes saved before one sync that failed were both told
+// "rolled back", while the first stayed in force and the second, valid, was undone):
+//   - a change waits for the one before it (lockChanges) as long as its caller waits, and at
+//     most applyTimeout; one whose caller gave up meanwhile is not saved;
+//   - once saved, it waits for its sync whether or not its caller still waits, so that a failed
+//     one is rolled back all the same;
+//   - one whose sync did not come within applyTimeout stays pending (r.unsettled): the next
+//     change waits for that sync first, and rolls the pending one back if it failed.
 func (r *Runtime) change(ctx context.Context, fn func(svcs []Service, o *Overlay) error) error {
-	r.changeMu.Lock()
-	defer r.changeMu.Unlock()
+	lockCtx, cancel := context.WithTimeout(ctx, applyTimeout)
+	err := r.lockChanges(lockCtx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("not saved: the change before it is still being applied: %w", err)
+	}
+	defer r.unlockChanges()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("not saved: %w", err)
+	}
+	if err := r.settlePending(ctx); err != nil {
+		return fmt.Errorf("not saved: %w", err)
+	}
 	r.mu.Lock()
+	if path := r.cfg.StatePath(); r.overlayPath != path {
+		err := r.overlayErr
+		r.mu.Unlock()
+		return &apiError{http.StatusServiceUnavailable, []string{fmt.Sprintf("not saved: loadBalancer.stateFile %s is not loaded (%v): fix or remove it; the agent reads it again at its next sync", path, err)}}
+	}
 	prev := r.overlay.clone()
 	o := r.overlay.clone()
 	// The last valid merge, if known, is the current one: fn reads it, and the new merge is
@@ -497,28 +520,98 @@ func (r *Runtime) change(ctx context.Context, fn func(svcs []Service, o *Overlay
 	r.mu.Unlock()
 	r.urgent.Store(true)
 	r.Trigger()
-	ctx, cancel := context.WithTimeout(ctx, applyTimeout)
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), applyTimeout)
 	defer cancel()
-	err := r.waitApplied(ctx, gen)
-	if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !errors.Is(err, errStopping) {
+	err = r.waitApplied(wctx, gen)
+	switch {
+	case err == nil:
+		return nil
+	case !syncFailed(err):
 		r.mu.Lock()
-		rolled := r.gen == gen // (changeMu: no change came since)
-		var saveErr error
-		if rolled {
-			r.overlay = prev
-			r.overlayVer++
-			saveErr = prev.Save(r.overlayPath)
-			r.gen++
-		}
+		r.pending = &pendingChange{gen: gen, prev: prev}
 		r.mu.Unlock()
-		r.Trigger()
-		switch {
-		case !rolled:
-			return err
-		case saveErr != nil:
-			return fmt.Errorf("%w (the change was rolled back, but the state file still has it: loadBalancer.stateFile: %v)", err, saveErr)
-		}
-		return fmt.Errorf("%w (the change was rolled back)", err)
+		return err
 	}
-	return err
+	rolled, saveErr := r.rollback(gen, prev)
+	switch {
+	case !rolled:
+		return err
+	case saveErr != nil:
+		return fmt.Errorf("%w (the change was rolled back, but the state file still has it: loadBalancer.stateFile: %v)", err, saveErr)
+	}
+	return fmt.Errorf("%w (the change was rolled back)", err)
+}
+
+// pendingChange is a change saved whose sync had not come when its caller was answered.
+type pendingChange struct {
+	gen  uint64
+	prev Overlay // the overlay before it
+}
+
+// syncFailed reports whether waitApplied's err says that a sync carrying the change failed
+// (not that the wait ended first, or that the agent stops).
+func syncFailed(err error) bool {
+	return !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !errors.Is(err, errStopping)
+}
+
+// settlePending waits for the sync of a change left pending (r.pending) and rolls it back if
+// that sync failed; an error says it is still pending.
+func (r *Runtime) settlePending(ctx context.Context) error {
+	r.mu.Lock()
+	p := r.pending
+	r.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, applyTimeout)
+	defer cancel()
+	err := r.waitApplied(wctx, p.gen)
+	if err != nil && !syncFailed(err) {
+		return fmt.Errorf("an earlier change is not applied yet: %w", err)
+	}
+	if err != nil {
+		rolled, saveErr := r.rollback(p.gen, p.prev)
+		r.Log.Warn("an earlier API change whose sync failed was rolled back", "err", err, "rolledBack", rolled, "stateFileErr", saveErr)
+	}
+	r.mu.Lock()
+	r.pending = nil
+	r.mu.Unlock()
+	return nil
+}
+
+// rollback restores prev as the overlay if no change came after generation gen.
+func (r *Runtime) rollback(gen uint64, prev Overlay) (rolled bool, saveErr error) {
+	r.mu.Lock()
+	if rolled = r.gen == gen; rolled {
+		r.overlay = prev
+		r.overlayVer++
+		saveErr = prev.Save(r.overlayPath)
+		r.gen++
+	}
+	r.mu.Unlock()
+	r.Trigger()
+	return rolled, saveErr
+}
+
+// lockChanges takes the API's change lock, or gives up when ctx ends.
+func (r *Runtime) lockChanges(ctx context.Context) error {
+	r.mu.Lock()
+	if r.changeSem == nil {
+		r.changeSem = make(chan struct{}, 1)
+	}
+	sem := r.changeSem
+	r.mu.Unlock()
+	select {
+	case sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (r *Runtime) unlockChanges() {
+	r.mu.Lock()
+	sem := r.changeSem
+	r.mu.Unlock()
+	<-sem
 }

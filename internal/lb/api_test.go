@@ -519,3 +519,127 @@ func TestAPIServesThroughConflictsAndABadKeyFile(t *testing.T) {
 		t.Errorf("the TCP listener once its key file is there: %v", err)
 	}
 }
+
+// Changes stay one per sync even when callers give up (from the review of today's diff):
+//   - a change whose caller left before its sync is still waited for, and rolled back when
+//     that sync fails: the next change is not saved beside it (before, it was, and the valid
+//     next change was rolled back while the failing one stayed for good);
+//   - a change that waits for the one before it and whose request ends is not saved (before, it
+//     was saved and applied after its caller was told it failed).
+func TestChangesStayOnePerSyncWhenCallersGiveUp(t *testing.T) {
+	r, wake, _ := wakingRuntime()
+	r.Env = func(devs []string) (Env, error) {
+		if slices.Contains(devs, "eth9") {
+			return Env{}, errors.New("list neighbours on eth9: no such device")
+		}
+		return testEnv, nil
+	}
+	defer r.stop(false)
+	ctx := context.Background()
+	state := filepath.Join(t.TempDir(), "state.yaml")
+	cfg := Config{API: &API{Disabled: true}, StateFile: state, Services: []Service{fixture(DNAT, RoundRobin)}}
+	if err := r.Sync(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(r.Handler())
+	defer srv.Close()
+	c := &Client{HTTP: srv.Client(), Base: srv.URL}
+	gen := func() uint64 { r.mu.Lock(); defer r.mu.Unlock(); return r.gen }
+	for deadline := time.Now().Add(100 * time.Millisecond); time.Now().Before(deadline); {
+		select { // (the first sync's wake-up)
+		case <-wake:
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	bad := fixture(DSR, RoundRobin) // its interface does not exist: its sync fails
+	bad.Name, bad.VIPs, bad.Interface = "bad", []string{"192.0.2.50"}, "eth9"
+	ctxA, cancelA := context.WithCancel(ctx)
+	errA := make(chan error, 1)
+	go func() { errA <- c.Do(ctxA, http.MethodPost, "/v1/services", bad, nil) }()
+	for gen() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	cancelA() // A's client gives up before the agent's sync
+	<-errA
+	// C waits for A, and its request ends (its caller gave up): never saved. (Called on the
+	// handler: whether a server sees a client leave depends on the connection.)
+	ctxC, cancelC := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancelC()
+	reqC := httptest.NewRequestWithContext(ctxC, http.MethodPatch, BackendPath("web", "10.1.0.12:8080"), strings.NewReader(`{"state": "drain"}`))
+	recC := httptest.NewRecorder()
+	r.Handler().ServeHTTP(recC, reqC)
+	if recC.Code == http.StatusOK || !strings.Contains(recC.Body.String(), "not saved") {
+		t.Errorf("C (its request ended while it waited for A): %d %s, want not saved", recC.Code, recC.Body)
+	}
+	errB := make(chan error, 1)
+	go func() {
+		errB <- c.Do(ctx, http.MethodPatch, BackendPath("web", "10.1.0.11:8080"), map[string]any{"state": "drain"}, nil)
+	}()
+	var eb error
+	for done := false; !done; { // the agent's loop: a sync per wake-up
+		select {
+		case eb = <-errB:
+			done = true
+		case <-wake:
+			_ = r.Sync(ctx, cfg)
+		case <-time.After(5 * time.Second):
+			t.Fatal("no answer")
+		}
+	}
+	if eb != nil {
+		t.Errorf("B (a valid drain): %v, want applied", eb)
+	}
+	o, err := LoadOverlay(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drained := map[string]bool{}
+	for _, s := range o.Services {
+		if s.Name == "bad" {
+			t.Errorf("the failing change A is still in the state file")
+		}
+		for _, b := range s.Backends {
+			drained[b.Address] = b.State == StateDrain
+		}
+	}
+	if !drained["10.1.0.11"] || drained["10.1.0.12"] {
+		t.Errorf("state file drains %v; want B's (10.1.0.11), not C's (10.1.0.12)", drained)
+	}
+	if err := r.Sync(ctx, cfg); err != nil {
+		t.Errorf("the next sync: %v", err)
+	}
+}
+
+// A state file that does not parse fails every sync; an API change then says so (503, naming
+// the file) and writes nothing. Before (since the API started before the state file was
+// read), it was saved to the path "" (a stray .tmp in the agent's working directory).
+func TestChangeRefusedWhileTheStateFileIsNotLoaded(t *testing.T) {
+	dir := t.TempDir()
+	wd, _ := os.Getwd()
+	if err := os.Chdir(dir); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Chdir(wd)
+	state := filepath.Join(dir, "state.yaml")
+	if err := os.WriteFile(state, []byte("services: [ {name: x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "lb.sock")
+	cfg := Config{API: &API{Socket: sock}, StateFile: state, Services: []Service{fixture(DNAT, RoundRobin)}}
+	r, _, _ := wakingRuntime()
+	r.Env = func([]string) (Env, error) { return testEnv, nil }
+	defer r.Stop()
+	ctx := context.Background()
+	if err := r.Sync(ctx, cfg); err == nil {
+		t.Fatal("sync with an unparseable state file succeeded")
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	err := NewClient(sock, "", "").Do(cctx, http.MethodPost, ServicePath("web")+"/reset", nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "not saved: loadBalancer.stateFile "+state+" is not loaded") {
+		t.Errorf("lb reset web: %v, want refused, naming the state file", err)
+	}
+	if _, e := os.Stat(filepath.Join(dir, ".tmp")); e == nil {
+		t.Errorf("a stray .tmp in the working directory")
+	}
+}

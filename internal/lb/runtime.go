@@ -32,8 +32,10 @@ type Runtime struct {
 	// repaired (Result.Drift); the agent logs and counts it.
 	OnDrift func(what []string)
 
-	changeMu    sync.Mutex // API changes, one at a time (change)
 	mu          sync.Mutex
+	changeSem   chan struct{}  // API changes, one at a time (lockChanges)
+	pending     *pendingChange // a change whose sync had not come when it was answered
+	overlayErr  error          // why the state file at cfg.StatePath() is not loaded
 	cfg         Config
 	overlay     Overlay
 	overlayPath string
@@ -329,9 +331,10 @@ func (r *Runtime) loadOverlay(cfg Config) error {
 	if path := cfg.StatePath(); path != r.overlayPath {
 		o, err := LoadOverlay(path)
 		if err != nil {
+			r.overlayErr = err
 			return fmt.Errorf("loadBalancer.stateFile: %w", err)
 		}
-		r.overlay, r.overlayPath = o, path
+		r.overlay, r.overlayPath, r.overlayErr = o, path, nil
 		r.overlayVer++
 	}
 	return nil
