@@ -387,23 +387,8 @@ func TestChangeRolledBackWhenItsSyncFails(t *testing.T) {
 // sync, which carried both and failed: both callers were told "rolled back", the failing change
 // stayed in the state file (every later sync failed with it) and the valid one was undone.
 func TestConcurrentChangesRollBackOnlyTheFailedOne(t *testing.T) {
-	r, wake, _ := wakingRuntime()
-	r.Env = func(devs []string) (Env, error) {
-		if slices.Contains(devs, "eth9") {
-			return Env{}, errors.New("list neighbours on eth9: no such device")
-		}
-		return testEnv, nil
-	}
-	defer r.stop(false)
-	ctx := context.Background()
-	state := filepath.Join(t.TempDir(), "state.yaml")
-	cfg := Config{API: &API{Disabled: true}, StateFile: state, Services: []Service{fixture(DNAT, RoundRobin)}}
-	if err := r.Sync(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(r.Handler())
-	defer srv.Close()
-	c := &Client{HTTP: srv.Client(), Base: srv.URL}
+	r, wake, c, cfg := failingDSRRuntime(t)
+	ctx, state := context.Background(), cfg.StateFile
 	gen := func() uint64 { r.mu.Lock(); defer r.mu.Unlock(); return r.gen }
 	waitFor := func(what string, ok func() bool) {
 		t.Helper()
@@ -527,23 +512,8 @@ func TestAPIServesThroughConflictsAndABadKeyFile(t *testing.T) {
 //   - a change that waits for the one before it and whose request ends is not saved (before, it
 //     was saved and applied after its caller was told it failed).
 func TestChangesStayOnePerSyncWhenCallersGiveUp(t *testing.T) {
-	r, wake, _ := wakingRuntime()
-	r.Env = func(devs []string) (Env, error) {
-		if slices.Contains(devs, "eth9") {
-			return Env{}, errors.New("list neighbours on eth9: no such device")
-		}
-		return testEnv, nil
-	}
-	defer r.stop(false)
-	ctx := context.Background()
-	state := filepath.Join(t.TempDir(), "state.yaml")
-	cfg := Config{API: &API{Disabled: true}, StateFile: state, Services: []Service{fixture(DNAT, RoundRobin)}}
-	if err := r.Sync(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(r.Handler())
-	defer srv.Close()
-	c := &Client{HTTP: srv.Client(), Base: srv.URL}
+	r, wake, c, cfg := failingDSRRuntime(t)
+	ctx, state := context.Background(), cfg.StateFile
 	gen := func() uint64 { r.mu.Lock(); defer r.mu.Unlock(); return r.gen }
 	for deadline := time.Now().Add(100 * time.Millisecond); time.Now().Before(deadline); {
 		select { // (the first sync's wake-up)
@@ -642,4 +612,26 @@ func TestChangeRefusedWhileTheStateFileIsNotLoaded(t *testing.T) {
 	if _, e := os.Stat(filepath.Join(dir, ".tmp")); e == nil {
 		t.Errorf("a stray .tmp in the working directory")
 	}
+}
+
+// failingDSRRuntime is a runtime whose syncs fail once a service names interface eth9 (its
+// neighbours cannot be listed), synced once with the fixture's service and a state file, and
+// a client of its API's handler.
+func failingDSRRuntime(t *testing.T) (*Runtime, chan struct{}, *Client, Config) {
+	t.Helper()
+	r, wake, _ := wakingRuntime()
+	r.Env = func(devs []string) (Env, error) {
+		if slices.Contains(devs, "eth9") {
+			return Env{}, errors.New("list neighbours on eth9: no such device")
+		}
+		return testEnv, nil
+	}
+	t.Cleanup(func() { r.stop(false) })
+	cfg := Config{API: &API{Disabled: true}, StateFile: filepath.Join(t.TempDir(), "state.yaml"), Services: []Service{fixture(DNAT, RoundRobin)}}
+	if err := r.Sync(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(r.Handler())
+	t.Cleanup(srv.Close)
+	return r, wake, &Client{HTTP: srv.Client(), Base: srv.URL}, cfg
 }
