@@ -183,10 +183,10 @@ YAML
 wait_status 'node-d .*10.244.3.0/24.* yes'
 status | grep -E '^  (PEER|node-)'
 
-step "10.244.1.10 goes not ready: its backend drains (established connections finish, no new ones)"
+step "10.244.1.10 goes not ready: its backend is down (established connections finish; new ones and affinity clients go elsewhere)"
 kubectl -n shop patch endpointslice web-1 --type=json \
 	-p '[{"op":"replace","path":"/endpoints/1/conditions/ready","value":false},{"op":"replace","path":"/endpoints/1/conditions/serving","value":false}]' >/dev/null
-wait_status '10.244.1.10:8080 drain'
+wait_status '10.244.1.10:8080 down'
 status | grep -E '^  (SERVICE|shop/)'
 
 step "the API server stops: the agent keeps the last applied state and says so"
