@@ -205,22 +205,11 @@ func hostPrefixes(ips []string) []string {
 	return out
 }
 
-// prefixOf parses a CIDR, or an address as its host prefix.
-func cidrOf(s string) (netip.Prefix, bool) {
-	if p, err := netip.ParsePrefix(s); err == nil {
-		return p.Masked(), true
-	}
-	if a, err := netip.ParseAddr(s); err == nil {
-		return netip.PrefixFrom(a, a.BitLen()), true
-	}
-	return netip.Prefix{}, false
-}
-
 // within reports whether p lies inside one of list's prefixes (or addresses).
 func within(p netip.Prefix, list []string) bool {
 	return slices.ContainsFunc(list, func(s string) bool {
-		q, ok := cidrOf(s)
-		return ok && q.Bits() <= p.Bits() && q.Contains(p.Addr())
+		q, err := model.ParsePrefix(s)
+		return err == nil && q.Bits() <= p.Bits() && q.Contains(p.Addr())
 	})
 }
 
@@ -228,7 +217,7 @@ func within(p netip.Prefix, list []string) bool {
 func overlapping(p netip.Prefix, lists ...[]string) (string, bool) {
 	for _, l := range lists {
 		for _, s := range l {
-			if q, ok := cidrOf(s); ok && q.Overlaps(p) {
+			if q, err := model.ParsePrefix(s); err == nil && q.Overlaps(p) {
 				return s, true
 			}
 		}
@@ -242,7 +231,7 @@ func overlapping(p netip.Prefix, lists ...[]string) (string, bool) {
 func notWithin(add, base []string) []string {
 	out := add[:0:0]
 	for _, s := range add {
-		if p, ok := cidrOf(s); !ok || !within(p, base) {
+		if p, err := model.ParsePrefix(s); err != nil || !within(p, base) {
 			out = append(out, s)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 
 	"sigs.k8s.io/knftables"
 
+	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/nftdump"
 )
 
@@ -416,12 +417,8 @@ func sourceRanges(ss *ServiceState, f family) string {
 		if err != nil {
 			continue
 		}
-		a, bits := p.Addr(), p.Bits()
-		if a.Is4In6() {
-			a, bits = a.Unmap(), max(bits-96, 0)
-		}
-		if a.Is6() == f.is6 {
-			ps = append(ps, netip.PrefixFrom(a, bits).Masked())
+		if p = model.Unmap4in6(p); p.Addr().Is6() == f.is6 {
+			ps = append(ps, p)
 		}
 	}
 	if len(ps) == 0 {

@@ -147,6 +147,16 @@ func ComparePrefix(a, b netip.Prefix) int {
 	return a.Bits() - b.Bits()
 }
 
+// Unmap4in6 is p with an IPv4-mapped IPv6 address as IPv4 (its length less 96, at least 0),
+// masked: how the BPF tries and the load balancer's rules hold an IPv4 range written as IPv6.
+func Unmap4in6(p netip.Prefix) netip.Prefix {
+	a, bits := p.Addr(), p.Bits()
+	if a.Is4In6() {
+		a, bits = a.Unmap(), max(bits-96, 0)
+	}
+	return netip.PrefixFrom(a, bits).Masked()
+}
+
 // Duration is a time.Duration written as "30s" in configs (one type for every section).
 type Duration struct{ time.Duration }
 

@@ -77,12 +77,7 @@ func famOf(p netip.Prefix) int {
 func canonical(ps []netip.Prefix) []netip.Prefix {
 	var out []netip.Prefix
 	for _, p := range ps {
-		a := p.Addr()
-		bits := p.Bits()
-		if a.Is4In6() {
-			a, bits = a.Unmap(), max(bits-96, 0)
-		}
-		out = append(out, netip.PrefixFrom(a, bits).Masked())
+		out = append(out, model.Unmap4in6(p))
 	}
 	model.SortPrefixes(out)
 	return slices.Compact(out)
