@@ -221,6 +221,9 @@ func writeKubernetes(out io.Writer, st k8s.Status) {
 			if f.Skipped != "" {
 				backends = "(" + f.Skipped + ")"
 			}
+			for _, why := range f.LeftOut {
+				backends += " (left out: " + why + ")"
+			}
 			pers := "-"
 			if f.Persistence > 0 {
 				pers = f.Persistence.String()

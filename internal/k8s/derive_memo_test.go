@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -278,5 +279,55 @@ func TestMemoKeepsFrontsWhateverTheSliceOrder(t *testing.T) {
 	}
 	if m1 == nil || dr.fronts[svc] != m1 {
 		t.Errorf("the same EndpointSlices in another order: the Service's fronts were derived again")
+	}
+}
+
+// A front that lost one of its external IPs to another Service gets it back when that Service
+// goes, also where the deriver keeps the fronts of unchanged Services: the reduced service is
+// not kept as the front's.
+func TestExternalIPComesBackWhenItsClaimantGoes(t *testing.T) {
+	base, p := mustBase(t, baseYAML), Params{NodeName: "self"}
+	a := service("default", "a", corev1.ServiceTypeClusterIP, "10.96.0.10", port("http", 80, 8080, 0))
+	a.Spec.ExternalIPs = []string{"203.0.113.7"}
+	b := service("team-b", "b", corev1.ServiceTypeClusterIP, "10.96.0.11", port("http", 80, 8080, 0))
+	b.Spec.ExternalIPs = []string{"203.0.113.7", "203.0.113.8"}
+	snap := Snapshot{
+		Nodes:    []*corev1.Node{node("self", []string{"10.244.0.0/24"}, "172.18.0.2")},
+		Services: []*corev1.Service{a, b},
+		EndpointSlices: []*discoveryv1.EndpointSlice{
+			slice("default", "a", "a-1", "http", 8080, up("10.244.0.5", "self")),
+			slice("team-b", "b", "b-1", "http", 8080, up("10.244.0.6", "self")),
+		},
+	}
+	bExternal := func(d *Derived) (vips, leftOut []string) {
+		for _, f := range d.Summary.Balanced {
+			if f.Name == "team-b/b:http/external" {
+				return f.VIPs, f.LeftOut
+			}
+		}
+		t.Fatal("no external front of team-b/b")
+		return nil, nil
+	}
+	var dr deriver
+	checkSame(t, &dr, base, snap, p, "both")
+	d, err := dr.derive(base, snap, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vips, left := bExternal(d); !slices.Equal(vips, []string{"203.0.113.8"}) || len(left) != 1 || !strings.HasPrefix(left[0], "203.0.113.7 tcp/80 is already served by") {
+		t.Errorf("with a: b's external front serves %v, left out %q; want 203.0.113.8, and 203.0.113.7 left out", vips, left)
+	}
+	snap.Services = []*corev1.Service{b}
+	snap.EndpointSlices = snap.EndpointSlices[1:]
+	checkSame(t, &dr, base, snap, p, "a gone")
+	d, err = dr.derive(base, snap, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vips, left := bExternal(d); !slices.Equal(vips, []string{"203.0.113.7", "203.0.113.8"}) || left != nil {
+		t.Errorf("a gone: b's external front serves %v, left out %q; want both", vips, left)
+	}
+	if n := len(d.Config.LoadBalancer.Services); n != 2 || !slices.Equal(d.Config.LoadBalancer.Services[1].VIPs, []string{"203.0.113.7", "203.0.113.8"}) {
+		t.Errorf("a gone: services %+v", d.Config.LoadBalancer.Services)
 	}
 }

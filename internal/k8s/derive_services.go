@@ -125,6 +125,9 @@ type LBFront struct {
 	Backends     []LBBackend `json:"backends"`
 	// Skipped says why the front is not given to the load balancer (no endpoints).
 	Skipped string `json:"skipped,omitempty"`
+	// LeftOut says, per VIP the front does not serve (another Service has it), why; VIPs
+	// lists those it serves.
+	LeftOut []string `json:"leftOut,omitempty"`
 }
 
 // LBBackend is one endpoint of a front.

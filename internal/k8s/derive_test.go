@@ -344,7 +344,8 @@ func TestZonedAddressesIgnored(t *testing.T) {
 // A Service the load balancer cannot take (two Services claiming one external IP and port, as
 // the API allows; an endpoint port out of range) is left out with a warning instead of making
 // the whole derived config invalid, which would freeze this node's config, peers and all
-// (found by FuzzDerive). API addresses that are IPv4-mapped count as IPv4, zoned ones not at all.
+// (found by FuzzDerive). Of a front with several VIPs, only the one another Service has is
+// left out (before, b's other external IP went with it). API addresses that are IPv4-mapped count as IPv4, zoned ones not at all.
 func TestDeriveOneServiceNeverBreaksTheConfig(t *testing.T) {
 	a := service("default", "a", corev1.ServiceTypeClusterIP, "10.96.0.10", port("http", 80, 8080, 0))
 	a.Spec.ExternalIPs = []string{"203.0.113.7"}
@@ -373,13 +374,14 @@ func TestDeriveOneServiceNeverBreaksTheConfig(t *testing.T) {
 		"[10.96.0.10]:80 [{10.244.1.5 8080 <nil> 0 up }]",
 		"[203.0.113.7]:80 [{10.244.1.5 8080 <nil> 0 up }]",
 		"[10.96.0.11]:80 [{10.244.1.6 8080 <nil> 0 up } {10.244.1.7 8080 <nil> 0 up }]",
+		"[203.0.113.8]:80 [{10.244.1.6 8080 <nil> 0 up } {10.244.1.7 8080 <nil> 0 up }]",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("load balancer services:\n got %q\nwant %q", got, want)
 	}
 	warnings := strings.Join(d.Summary.Warnings, "\n")
 	for _, w := range []string{
-		"team-b/b:http/external: not balanced: 203.0.113.7 tcp/80 is already served by " + lbName("default/a:http/external"),
+		"team-b/b:http/external: one VIP left out, the others balanced: 203.0.113.7 tcp/80 is already served by " + lbName("default/a:http/external"),
 		"default/bad:http/cluster: not balanced: the load balancer rejects it: service.backends[0].port: 70000 is not a valid port",
 		`node n1: podCIDR "::ffff:10.244.9.0/120" is not a CIDR; ignored`,
 	} {

@@ -84,12 +84,29 @@ func (dr *deriver) claim(i int, f *LBFront, used map[svcKey]string, names map[st
 		f.Skipped = "the load balancer rejects it: " + errs[0].Error()
 	} else if names[s.Name] {
 		f.Skipped = fmt.Sprintf("the name %s is already used", s.Name)
-	} else {
-		for _, k := range m.vipKeys() {
-			if other, dup := used[k]; dup {
-				f.Skipped = fmt.Sprintf("%s %s/%d is already served by %s", k.vip, k.proto, k.port, other)
-				break
+	} else if taken := takenVIPs(f.VIPs, m.vipKeys(), used); len(taken) > 0 {
+		// VIPs another service has are left out; the front keeps the others (one external IP
+		// that another Service claimed took all of this Service's external IPs away before).
+		left := f.VIPs[:0:0]
+		for _, v := range f.VIPs {
+			if _, ok := taken[v]; !ok {
+				left = append(left, v)
 			}
+		}
+		if len(left) == 0 {
+			f.Skipped = taken[f.VIPs[0]]
+		} else {
+			for _, v := range f.VIPs {
+				if why, ok := taken[v]; ok {
+					f.LeftOut = append(f.LeftOut, why)
+					warn("%s: one VIP left out, the others balanced: %s", f.Name, why)
+				}
+			}
+			// (the memo of the reduced service is not kept with the front: when the other
+			// service goes, the front gets its whole service back)
+			f.VIPs = left
+			s := frontService(f)
+			m = dr.memo(&s)
 		}
 	}
 	if f.Skipped != "" {
@@ -101,6 +118,31 @@ func (dr *deriver) claim(i int, f *LBFront, used map[svcKey]string, names map[st
 		used[k] = s.Name
 	}
 	return m
+}
+
+// takenVIPs are those of vips (as a front writes them) with a key that used has, each with why.
+func takenVIPs(vips []string, keys []svcKey, used map[svcKey]string) map[string]string {
+	var byAddr map[netip.Addr]string
+	for _, k := range keys {
+		if other, dup := used[k]; dup {
+			if byAddr == nil {
+				byAddr = map[netip.Addr]string{}
+			}
+			if _, seen := byAddr[k.vip]; !seen {
+				byAddr[k.vip] = fmt.Sprintf("%s %s/%d is already served by %s", k.vip, k.proto, k.port, other)
+			}
+		}
+	}
+	if byAddr == nil {
+		return nil
+	}
+	taken := map[string]string{}
+	for _, v := range vips {
+		if a, err := netip.ParseAddr(v); err == nil && byAddr[a] != "" {
+			taken[v] = byAddr[a]
+		}
+	}
+	return taken
 }
 
 // frontService is the load balancer service of a front.
