@@ -221,6 +221,9 @@ func writeKubernetes(out io.Writer, st k8s.Status) {
 			if f.Skipped != "" {
 				backends = "(" + f.Skipped + ")"
 			}
+			if f.Internal != "" {
+				backends += " (this node's Pods and the node: every endpoint, by the cluster front)"
+			}
 			for _, why := range f.LeftOut {
 				backends += " (left out: " + why + ")"
 			}

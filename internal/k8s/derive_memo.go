@@ -66,7 +66,7 @@ type deriver struct {
 	// usedKeys, usedNames, slicesOf: scratch maps of lbServices and balance, emptied by each
 	// derivation instead of made anew.
 	usedKeys  map[svcKey]string
-	usedNames map[string]bool
+	usedNames map[string]*lb.Service
 	slicesOf  map[nsName][]*discoveryv1.EndpointSlice
 }
 
@@ -101,7 +101,7 @@ func (dr *deriver) memo(s *lb.Service) *svcMemo {
 // front).
 func (m *svcMemo) aloneErrs() []error {
 	if !m.aloneDone {
-		m.alone, m.aloneDone = lb.ValidateServices([]lb.Service{m.src}, func(int) string { return "service" }), true
+		m.alone, m.aloneDone = lb.ValidateService(&m.src, "service"), true
 	}
 	return m.alone
 }
@@ -143,13 +143,12 @@ func (dr *deriver) frontService(i int, f *LBFront) *svcMemo {
 
 // frontMemo is what balance made of one Service.
 type frontMemo struct {
-	slices   []*discoveryv1.EndpointSlice
-	selfName string
-	nodeIPs  []string
-	policy   ServicePolicy
-	proxy    string
-	fronts   []LBFront
-	warned   []string
+	slices []*discoveryv1.EndpointSlice
+	self   thisNode
+	policy ServicePolicy
+	proxy  string
+	fronts []LBFront
+	warned []string
 	// svcs: the memo of each front's load balancer service, once lbServices asked for it.
 	svcs []*svcMemo
 }
@@ -159,10 +158,9 @@ type frontMemo struct {
 // changes, and never changes one in place), this node's name and IPs, the service policy.
 // The fronts' lists are the memo's: read, never changed (balance's caller copies the fronts
 // it changes; Summary.Balanced shares them).
-func (dr *deriver) frontsOf(s *corev1.Service, eps []*discoveryv1.EndpointSlice, selfName string, nodeIPs []string, p Params, warn func(string, ...any)) ([]LBFront, bool) {
+func (dr *deriver) frontsOf(s *corev1.Service, eps []*discoveryv1.EndpointSlice, self thisNode, p Params, warn func(string, ...any)) ([]LBFront, bool) {
 	m := dr.fronts[s]
-	if m == nil || m.selfName != selfName || m.policy != p.Services || m.proxy != p.ProxyName ||
-		!slices.Equal(m.slices, eps) || !slices.Equal(m.nodeIPs, nodeIPs) {
+	if m == nil || !m.self.same(self) || m.policy != p.Services || m.proxy != p.ProxyName || !slices.Equal(m.slices, eps) {
 		return nil, false
 	}
 	if dr.nextFronts == nil {
@@ -179,11 +177,11 @@ func (dr *deriver) frontsOf(s *corev1.Service, eps []*discoveryv1.EndpointSlice,
 }
 
 // keepFronts remembers what balance made of s (a copy), or that s is not balanced (no fronts).
-func (dr *deriver) keepFronts(s *corev1.Service, eps []*discoveryv1.EndpointSlice, selfName string, nodeIPs []string, p Params, fronts []LBFront, warned []string) {
+func (dr *deriver) keepFronts(s *corev1.Service, eps []*discoveryv1.EndpointSlice, self thisNode, p Params, fronts []LBFront, warned []string) {
 	if dr.nextFronts == nil {
 		dr.nextFronts = make(map[*corev1.Service]*frontMemo, len(dr.fronts))
 	}
-	m := &frontMemo{slices: slices.Clone(eps), selfName: selfName, nodeIPs: slices.Clone(nodeIPs),
+	m := &frontMemo{slices: slices.Clone(eps), self: self.clone(),
 		policy: p.Services, proxy: p.ProxyName, fronts: cloneFronts(fronts), warned: warned,
 		svcs: make([]*svcMemo, len(fronts))}
 	dr.nextFronts[s] = m
@@ -199,6 +197,7 @@ func cloneFronts(fronts []LBFront) []LBFront {
 	out := slices.Clone(fronts)
 	for i := range out {
 		out[i].VIPs, out[i].Backends = slices.Clone(out[i].VIPs), slices.Clone(out[i].Backends)
+		out[i].InternalSources = slices.Clone(out[i].InternalSources)
 	}
 	return out
 }
@@ -402,7 +401,7 @@ func sameService(a, b *lb.Service) bool {
 		a.Interface != b.Interface || a.BackendInterface != b.BackendInterface || a.Scheduler != b.Scheduler ||
 		a.FlushConntrack != b.FlushConntrack || a.Hairpin != b.Hairpin || !sameSlice(a.VIPs, b.VIPs) || !sameSlice(a.Ports, b.Ports) ||
 		!sameSlice(a.SNATAddresses, b.SNATAddresses) || !sameSlice(a.HashFields, b.HashFields) ||
-		!sameSlice(a.SourceRanges, b.SourceRanges) || !samePtr(a.Persistence, b.Persistence) || !samePtr(a.FlowTimeout, b.FlowTimeout) ||
+		!sameSlice(a.SourceRanges, b.SourceRanges) || !lb.SameInternal(a.Internal, b.Internal) || !samePtr(a.Persistence, b.Persistence) || !samePtr(a.FlowTimeout, b.FlowTimeout) ||
 		!sameHealthCheck(a.HealthCheck, b.HealthCheck) || (a.Backends == nil) != (b.Backends == nil) ||
 		len(a.Backends) != len(b.Backends) {
 		return false

@@ -22,7 +22,8 @@ func TestSameServiceFields(t *testing.T) {
 		fields []string
 	}{
 		{reflect.TypeFor[lb.Service](), []string{"Name", "VIPs", "Port", "Ports", "Protocol", "Topology", "SNATAddresses", "Interface",
-			"BackendInterface", "Scheduler", "HashFields", "Persistence", "FlowTimeout", "SourceRanges", "Hairpin", "FlushConntrack", "HealthCheck", "Backends"}},
+			"BackendInterface", "Scheduler", "HashFields", "Persistence", "FlowTimeout", "SourceRanges", "Hairpin", "FlushConntrack", "HealthCheck", "Internal", "Backends"}},
+		{reflect.TypeFor[lb.Internal](), []string{"Service", "Sources", "LocalHost"}},
 		{reflect.TypeFor[lb.Backend](), []string{"Address", "Port", "Weight", "Priority", "State", "MAC"}},
 		{reflect.TypeFor[lb.HealthCheck](), []string{"Type", "Port", "Path", "Host", "ExpectStatus", "Send", "Expect", "Query",
 			"Command", "Interval", "Timeout", "Rise", "Fall"}},
@@ -36,14 +37,15 @@ func TestSameServiceFields(t *testing.T) {
 		}
 	}
 	a := lb.Service{Name: "a", VIPs: []string{"10.0.0.1"}, Port: 80, Persistence: lb.D(5), Backends: []lb.Backend{{Address: "10.0.1.1"}},
-		HealthCheck: &lb.HealthCheck{Type: "tcp", Command: []string{"x"}}}
+		HealthCheck: &lb.HealthCheck{Type: "tcp", Command: []string{"x"}}, Internal: &lb.Internal{Service: "c", Sources: []string{"10.244.0.0/24"}}}
 	b := a.Clone()
 	if !sameService(&a, &b) {
 		t.Fatal("a clone differs")
 	}
 	b.Backends[0].State = lb.StateDrain
 	b.HealthCheck.Command[0] = "y"
-	if sameService(&a, &b) || a.Backends[0].State != "" || a.HealthCheck.Command[0] != "x" {
+	b.Internal.Sources[0] = "10.244.1.0/24"
+	if sameService(&a, &b) || a.Backends[0].State != "" || a.HealthCheck.Command[0] != "x" || a.Internal.Sources[0] != "10.244.0.0/24" {
 		t.Fatal("a changed clone is the same, or changed its original")
 	}
 }

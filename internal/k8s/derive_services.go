@@ -13,6 +13,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/hostaccel/hostaccel/internal/lb"
+	"github.com/hostaccel/hostaccel/internal/model"
 )
 
 // ServicePolicy says which Services the load balancer serves. Services always feed the
@@ -128,6 +129,12 @@ type LBFront struct {
 	// LeftOut says, per VIP the front does not serve (another Service has it), why; VIPs
 	// lists those it serves.
 	LeftOut []string `json:"leftOut,omitempty"`
+	// Internal (node and external fronts of externalTrafficPolicy Local): the load balancer
+	// service (the cluster front's, LBName) that serves this node's Pods (InternalSources:
+	// its Pod CIDRs of the family) and the node itself, with every endpoint, as kube-proxy
+	// short-circuits them; other clients get this node's endpoints only.
+	Internal        string   `json:"internal,omitempty"`
+	InternalSources []string `json:"internalSources,omitempty"`
 }
 
 // LBBackend is one endpoint of a front.
@@ -164,9 +171,23 @@ const (
 // DefaultAffinityTimeout is Kubernetes' default sessionAffinityConfig.clientIP.timeoutSeconds.
 const DefaultAffinityTimeout = 10800 * time.Second
 
+// thisNode is what balance needs of this node: its name, addresses and Pod CIDRs.
+type thisNode struct {
+	name          string
+	ips, podCIDRs []string
+}
+
+func (n thisNode) same(o thisNode) bool {
+	return n.name == o.name && slices.Equal(n.ips, o.ips) && slices.Equal(n.podCIDRs, o.podCIDRs)
+}
+
+func (n thisNode) clone() thisNode {
+	return thisNode{n.name, slices.Clone(n.ips), slices.Clone(n.podCIDRs)}
+}
+
 // balance turns the selected Services and their EndpointSlices into load balancer fronts.
 // dr, when not nil, keeps each Service's fronts for the next derivation (deriver.frontsOf).
-func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn func(string, ...any), dr *deriver) []LBFront {
+func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), dr *deriver) []LBFront {
 	if p.Services == ServicesNone {
 		return nil
 	}
@@ -205,7 +226,7 @@ func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn 
 			slices.SortFunc(eps, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
 		}
 		if dr != nil {
-			if fs, ok := dr.frontsOf(s, eps, self.Name, nodeIPs, p, warn); ok {
+			if fs, ok := dr.frontsOf(s, eps, self, p, warn); ok {
 				out = append(out, fs...)
 				continue
 			}
@@ -257,11 +278,15 @@ func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn 
 				continue
 			}
 			all := backends(eps, sp)
-			local := filterLocal(all, self.Name)
+			local := filterLocal(all, self.name)
 			mk := func(front string, vips []string, port int32, bes []LBBackend) {
 				if len(vips) == 0 || port == 0 {
 					return
 				}
+				// externalTrafficPolicy Local: this node's Pods and the node itself reach
+				// every endpoint, through the cluster front of the family (kube-proxy's
+				// short-circuit)
+				shortCircuit := front != FrontCluster && externalLocal
 				topology := lb.DNAT
 				if front != FrontCluster && !externalLocal {
 					topology = lb.SNAT
@@ -281,7 +306,20 @@ func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn 
 						f.SourceRanges = sourceRanges(s, fam[0], warn)
 					}
 					f.LBName = name(f.Name)
-					if len(f.Backends) == 0 {
+					is4 := netip.MustParseAddr(fam[0]).Is4()
+					if shortCircuit && slices.ContainsFunc(clusterIPs, func(ip string) bool { a, ok := apiIP(ip); return ok && a.Is4() == is4 }) {
+						cluster := s.Namespace + "/" + s.Name + ":" + portName(sp) + "/" + FrontCluster
+						if !is4 {
+							cluster += "/ipv6"
+						}
+						f.Internal = name(cluster)
+						for _, c := range self.podCIDRs {
+							if pc, err := model.ParsePrefix(c); err == nil && pc.Addr().Is4() == is4 {
+								f.InternalSources = append(f.InternalSources, pc.String())
+							}
+						}
+					}
+					if len(f.Backends) == 0 && f.Internal == "" {
 						f.Skipped = "no endpoints"
 					}
 					out = append(out, f)
@@ -295,12 +333,12 @@ func balance(snap Snapshot, p Params, self *corev1.Node, nodeIPs []string, warn 
 			}
 			mk(FrontCluster, clusterIPs, sp.Port, pick(internalLocal))
 			if s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer {
-				mk(FrontNodePort, sameFamilies(nodeIPs, clusterIPs), sp.NodePort, pick(externalLocal))
+				mk(FrontNodePort, sameFamilies(self.ips, clusterIPs), sp.NodePort, pick(externalLocal))
 			}
 			mk(FrontExternal, external, sp.Port, pick(externalLocal))
 		}
 		if dr != nil {
-			dr.keepFronts(s, eps, self.Name, nodeIPs, p, out[first:], warned)
+			dr.keepFronts(s, eps, self, p, out[first:], warned)
 		}
 	}
 	if len(out) == 0 {

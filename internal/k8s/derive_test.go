@@ -572,3 +572,71 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 		}
 	}
 }
+
+// externalTrafficPolicy Local: the node port and external fronts send this node's Pods (its
+// Pod CIDRs of the family) and the node itself to the cluster front, with every endpoint, as
+// kube-proxy short-circuits them; outside clients get this node's endpoints. A node without
+// local endpoints balances those fronts anyway (before, "no endpoints": its own Pods could
+// not reach the Service's load balancer IP or node port). When the cluster front is not
+// balanced (its ClusterIP and port served by the base), they lose their internal clients, and
+// without local endpoints are skipped again.
+func TestExternalTrafficPolicyLocalShortCircuit(t *testing.T) {
+	web := service("default", "web", corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
+	web.Spec.ClusterIPs = []string{"10.96.0.10", "fd00:96::10"}
+	web.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	web.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "172.18.0.151"}, {IP: "2001:db8::151"}}
+	snap := Snapshot{
+		Nodes: []*corev1.Node{node("self", []string{"10.244.0.0/24", "fd00:244::/64"}, "172.18.0.2", "2001:db8:18::2"),
+			node("n1", []string{"10.244.1.0/24", "fd00:244:1::/64"}, "172.18.0.3", "2001:db8:18::3")},
+		Services: []*corev1.Service{web},
+		EndpointSlices: []*discoveryv1.EndpointSlice{
+			slice("default", "web", "web-a", "http", 8080, up("10.244.1.5", "n1")),
+			slice("default", "web", "web-b", "http", 8080, up("fd00:244:1::5", "n1")),
+		},
+	}
+	snap.EndpointSlices[1].AddressType = discoveryv1.AddressTypeIPv6
+	d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, s := range d.Config.LoadBalancer.Services {
+		in := "-"
+		if s.Internal != nil {
+			in = fmt.Sprintf("%s %v localHost=%v", s.Internal.Service, s.Internal.Sources, s.Internal.LocalHost)
+		}
+		got[fmt.Sprint(s.VIPs, s.Port)] = fmt.Sprintf("%d backends, internal: %s", len(s.Backends), in)
+	}
+	c4, c6 := lbName("default/web:http/cluster"), lbName("default/web:http/cluster/ipv6")
+	want := map[string]string{
+		"[10.96.0.10] 80":        "1 backends, internal: -",
+		"[fd00:96::10] 80":       "1 backends, internal: -",
+		"[172.18.0.2] 30080":     "0 backends, internal: " + c4 + " [10.244.0.0/24] localHost=true",
+		"[2001:db8:18::2] 30080": "0 backends, internal: " + c6 + " [fd00:244::/64] localHost=true",
+		"[172.18.0.151] 80":      "0 backends, internal: " + c4 + " [10.244.0.0/24] localHost=true",
+		"[2001:db8::151] 80":     "0 backends, internal: " + c6 + " [fd00:244::/64] localHost=true",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("load balancer services:\n got %v\nwant %v", got, want)
+	}
+
+	// The cluster front's ClusterIP and port are the base's: no short-circuit, and fronts
+	// without local endpoints are skipped.
+	base := mustBase(t, baseYAML+`loadBalancer:
+  services:
+  - {name: static, vips: ["10.96.0.10"], port: 80, backends: [{address: "10.244.0.9"}]}
+`)
+	d, err = Derive(base, snap, Params{NodeName: "self"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range d.Summary.Balanced {
+		v4 := netip.MustParseAddr(f.VIPs[0]).Is4()
+		if f.Front != FrontCluster && v4 && (f.Skipped != "no endpoints" || f.Internal != "") {
+			t.Errorf("%s without its cluster front: skipped %q, internal %q", f.Name, f.Skipped, f.Internal)
+		}
+		if f.Front != FrontCluster && !v4 && (f.Skipped != "" || f.Internal != c6) {
+			t.Errorf("%s: skipped %q, internal %q; want the IPv6 cluster front's", f.Name, f.Skipped, f.Internal)
+		}
+	}
+}

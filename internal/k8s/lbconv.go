@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/hostaccel/hostaccel/internal/lb"
@@ -25,14 +26,14 @@ func (dr *deriver) lbServices(static []lb.Service, fronts []LBFront, warn func(s
 	// (the deriver's maps, emptied: made anew they were ~0.8 MB of garbage per change at
 	// 5,000 Services)
 	if dr.usedKeys == nil {
-		dr.usedKeys, dr.usedNames = make(map[svcKey]string, len(static)+len(fronts)), make(map[string]bool, len(static)+len(fronts))
+		dr.usedKeys, dr.usedNames = make(map[svcKey]string, len(static)+len(fronts)), make(map[string]*lb.Service, len(static)+len(fronts))
 	}
 	used, names := dr.usedKeys, dr.usedNames
 	clear(used)
 	clear(names)
 	for i := range static {
 		s := &static[i]
-		names[s.Name] = true
+		names[s.Name] = s
 		for _, k := range vipKeys(s) {
 			used[k] = s.Name
 		}
@@ -72,52 +73,83 @@ func (dr *deriver) lbServices(static []lb.Service, fronts []LBFront, warn func(s
 }
 
 // claim gives front f (the i-th) to the load balancer, returning its memo, unless it is
-// skipped already, the load balancer rejects it alone, or its name or one of its VIP keys is
-// taken (then Skipped says so, with a warning, and it returns nil).
-func (dr *deriver) claim(i int, f *LBFront, used map[svcKey]string, names map[string]bool, warn func(string, ...any)) *svcMemo {
+// skipped already, the load balancer rejects it alone, or its name or all of its VIP keys are
+// taken (then Skipped says so, with a warning, and it returns nil). VIPs another service has
+// are left out of it (LeftOut says why), and so are its internal clients when the cluster
+// front that would serve them was not claimed.
+func (dr *deriver) claim(i int, f *LBFront, used map[svcKey]string, names map[string]*lb.Service, warn func(string, ...any)) *svcMemo {
 	if f.Skipped != "" {
 		return nil
 	}
 	m := dr.frontService(i, f)
-	s := &m.src
+	reduced := false
 	if errs := m.aloneErrs(); len(errs) > 0 {
 		f.Skipped = "the load balancer rejects it: " + errs[0].Error()
-	} else if names[s.Name] {
-		f.Skipped = fmt.Sprintf("the name %s is already used", s.Name)
-	} else if taken := takenVIPs(f.VIPs, m.vipKeys(), used); len(taken) > 0 {
-		// VIPs another service has are left out; the front keeps the others (one external IP
-		// that another Service claimed took all of this Service's external IPs away before).
-		left := f.VIPs[:0:0]
-		for _, v := range f.VIPs {
-			if _, ok := taken[v]; !ok {
-				left = append(left, v)
+	} else if names[m.src.Name] != nil {
+		f.Skipped = fmt.Sprintf("the name %s is already used", m.src.Name)
+	} else {
+		reduced = f.leaveOut(takenVIPs(f.VIPs, m.vipKeys(), used), warn)
+		if f.Internal != "" && !servesInternal(names[f.Internal], f) {
+			f.Internal, f.InternalSources, reduced = "", nil, true
+			if len(f.Backends) == 0 {
+				f.Skipped = "no endpoints"
 			}
-		}
-		if len(left) == 0 {
-			f.Skipped = taken[f.VIPs[0]]
-		} else {
-			for _, v := range f.VIPs {
-				if why, ok := taken[v]; ok {
-					f.LeftOut = append(f.LeftOut, why)
-					warn("%s: one VIP left out, the others balanced: %s", f.Name, why)
-				}
-			}
-			// (the memo of the reduced service is not kept with the front: when the other
-			// service goes, the front gets its whole service back)
-			f.VIPs = left
-			s := frontService(f)
-			m = dr.memo(&s)
 		}
 	}
 	if f.Skipped != "" {
 		warn("%s: not balanced: %s", f.Name, f.Skipped)
 		return nil
 	}
-	names[s.Name] = true
+	if reduced {
+		// (the memo of the reduced service is not kept with the front: when the other
+		// service goes, the front gets its whole service back)
+		s := frontService(f)
+		m = dr.memo(&s)
+	}
+	names[m.src.Name] = &m.src
 	for _, k := range m.vipKeys() {
-		used[k] = s.Name
+		used[k] = m.src.Name
 	}
 	return m
+}
+
+// servesInternal reports whether t, the service claimed under the name of f's internal
+// service, can serve f's internal clients (as lb.ValidateServices checks it): a snat or dnat
+// service of f's protocol with a VIP of f's family, without internal clients of its own. Not
+// so when the cluster front was not claimed, or another took its name (two ports of one
+// name, which the API does not allow).
+func servesInternal(t *lb.Service, f *LBFront) bool {
+	if t == nil || t.Internal != nil || cmp.Or(t.Protocol, "tcp") != f.Protocol || t.Topology != lb.DNAT && t.Topology != lb.SNAT {
+		return false
+	}
+	is4 := func(v string) bool { a, err := netip.ParseAddr(v); return err == nil && a.Is4() }
+	return len(f.VIPs) > 0 && slices.ContainsFunc(t.VIPs, func(v string) bool { return is4(v) == is4(f.VIPs[0]) })
+}
+
+// leaveOut takes the VIPs another service has (taken, each with why) out of f, with a
+// warning each, and reports whether it took any; when that is all of them, f is skipped.
+// (Before, one external IP that another Service claimed took all of a front's away.)
+func (f *LBFront) leaveOut(taken map[string]string, warn func(string, ...any)) bool {
+	if len(taken) == 0 {
+		return false
+	}
+	left := f.VIPs[:0:0]
+	for _, v := range f.VIPs {
+		if why, ok := taken[v]; !ok {
+			left = append(left, v)
+		} else {
+			f.LeftOut = append(f.LeftOut, why)
+		}
+	}
+	if len(left) == 0 {
+		f.Skipped, f.LeftOut = taken[f.VIPs[0]], nil
+		return true
+	}
+	for _, why := range f.LeftOut {
+		warn("%s: one VIP left out, the others balanced: %s", f.Name, why)
+	}
+	f.VIPs = left
+	return true
 }
 
 // takenVIPs are those of vips (as a front writes them) with a key that used has, each with why.
@@ -160,6 +192,9 @@ func frontService(f *LBFront) lb.Service {
 		SourceRanges:   f.SourceRanges,
 		// a Pod connecting to its own Service, picked itself: masqueraded, as kube-proxy does
 		Hairpin: f.Topology == lb.DNAT,
+	}
+	if f.Internal != "" {
+		s.Internal = &lb.Internal{Service: f.Internal, Sources: f.InternalSources, LocalHost: true}
 	}
 	if f.Persistence > 0 {
 		s.Persistence = lb.D(f.Persistence)

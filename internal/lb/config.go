@@ -118,7 +118,25 @@ type Service struct {
 	// fails its health check, so that clients see a reset at once instead of a timeout.
 	FlushConntrack bool         `json:"flushConntrack,omitempty"`
 	HealthCheck    *HealthCheck `json:"healthCheck,omitempty"`
-	Backends       []Backend    `json:"backends"`
+	// Internal (snat, dnat): internal clients are served by another service's backends.
+	Internal *Internal `json:"internal,omitempty"`
+	Backends []Backend `json:"backends"`
+}
+
+// Internal says which clients of a service are internal, and the service that serves them:
+// Kubernetes' short-circuit of externalTrafficPolicy Local, where a node's own Pods and the
+// node itself reach every endpoint of a Service through its load balancer IP or node port,
+// and outside clients only this node's. Service is another snat or dnat service of the same
+// protocol, with a VIP of each of this one's families and no Internal of its own; its
+// schedule, persistence and counters apply. A service with Internal may have no backends:
+// outside clients are then refused. Connections of this host are masqueraded (their source
+// may be the VIP itself, which the chosen backend would answer elsewhere).
+type Internal struct {
+	Service string `json:"service"`
+	// Sources: clients in these CIDRs are internal.
+	Sources []string `json:"sources,omitempty"`
+	// LocalHost: clients on this host are internal.
+	LocalHost bool `json:"localHost,omitempty"`
 }
 
 // Backend is one real server of a service.
@@ -236,6 +254,10 @@ func (c *Config) validate(was []Service, change bool) []error {
 	return append(errs, ValidateServices(c.Services, field)...)
 }
 
+// ValidateService checks s alone, f naming it in errors: what ValidateServices checks of each
+// service, not what it checks across them (names, VIPs, internal clients' service).
+func ValidateService(s *Service, f string) []error { return s.validate(f) }
+
 // ValidateServices checks each service and the services together (names, VIPs and reverse
 // paths must not collide). field names a service in errors.
 func ValidateServices(svcs []Service, field func(i int) string) []error {
@@ -294,7 +316,44 @@ func ValidateServices(svcs []Service, field func(i int) string) []error {
 			}
 		}
 	}
+	for i := range svcs {
+		if in := svcs[i].Internal; in != nil && in.Service != "" && in.Service != svcs[i].Name {
+			errs = append(errs, checkInternal(svcs, i, names, field)...)
+		}
+	}
 	return errs
+}
+
+// checkInternal checks that service i's internal.service (i has one, not itself) can serve
+// its internal clients; names indexes the services by name.
+func checkInternal(svcs []Service, i int, names map[string]int, field func(int) string) []error {
+	s := &svcs[i]
+	f := field(i) + ".internal.service"
+	j, ok := names[s.Internal.Service]
+	if !ok {
+		return []error{fmt.Errorf("%s: no service is named %s", f, model.Quote(s.Internal.Service))}
+	}
+	t := &svcs[j]
+	switch {
+	case t.Internal != nil:
+		return []error{fmt.Errorf("%s: %s (%s) has internal clients of its own (one step only)", f, model.Quote(t.Name), field(j))}
+	case t.topology() != SNAT && t.topology() != DNAT:
+		return []error{fmt.Errorf("%s: %s (%s) is %s, not snat or dnat", f, model.Quote(t.Name), field(j), t.topology())}
+	case t.proto() != s.proto():
+		return []error{fmt.Errorf("%s: %s (%s) is %s, this service %s", f, model.Quote(t.Name), field(j), t.proto(), s.proto())}
+	}
+	var has [2]bool
+	for _, v := range t.VIPs {
+		if a, err := netip.ParseAddr(v); err == nil {
+			has[famIndex(a.Is6())] = true
+		}
+	}
+	for k, v := range s.VIPs {
+		if a, err := netip.ParseAddr(v); err == nil && !has[famIndex(a.Is6())] {
+			return []error{fmt.Errorf("%s: %s (%s) has no %s VIP (vips[%d] is %s)", f, model.Quote(t.Name), field(j), famName(a.Is6()), k, a)}
+		}
+	}
+	return nil
 }
 
 func (s *Service) proto() string {
@@ -400,6 +459,25 @@ func (s *Service) validate(f string) []error {
 			bad("sourceRanges[%d]: %s is not a CIDR", i, model.Quote(v))
 		}
 	}
+	if in := s.Internal; in != nil {
+		if topo != SNAT && topo != DNAT {
+			bad("internal: only for snat and dnat services")
+		}
+		switch {
+		case in.Service == "":
+			bad("internal.service: the service that serves internal clients is required")
+		case in.Service == s.Name:
+			bad("internal.service: %s is this service", model.Quote(in.Service))
+		}
+		if len(in.Sources) == 0 && !in.LocalHost {
+			bad("internal: give sources, localHost or both (no client is internal)")
+		}
+		for i, v := range in.Sources {
+			if _, err := netip.ParsePrefix(v); err != nil {
+				bad("internal.sources[%d]: %s is not a CIDR", i, model.Quote(v))
+			}
+		}
+	}
 	snatFam := map[bool]bool{}
 	for i, v := range s.SNATAddresses {
 		a, err := model.ParseAddr(v)
@@ -453,7 +531,7 @@ func (s *Service) validate(f string) []error {
 	}
 
 	// Backends.
-	if len(s.Backends) == 0 {
+	if len(s.Backends) == 0 && s.Internal == nil {
 		bad("backends: a %s service needs at least one backend", topo)
 	}
 	type bkey struct {
@@ -665,6 +743,20 @@ func ValidateChange(was, svcs []Service, field func(int) string) []error {
 			isChanged[i] = true
 		}
 	}
+	// Services with internal clients, by the service that serves them: a change to either
+	// checks both; a service removed that one still names is an error.
+	var internalOf map[string][]int
+	for i := range svcs {
+		if in := svcs[i].Internal; in != nil {
+			if names[in.Service] == 0 {
+				return ValidateServices(svcs, field)
+			}
+			if internalOf == nil {
+				internalOf = map[string][]int{}
+			}
+			internalOf[in.Service] = append(internalOf[in.Service], i)
+		}
+	}
 	if len(changed) == 0 && len(names) == len(svcs) {
 		return nil // services removed, or none changed: no new conflict
 	}
@@ -726,10 +818,20 @@ func ValidateChange(was, svcs []Service, field func(int) string) []error {
 		})
 	}
 	may := func(a string) bool { return addrs[a] || strings.IndexByte(a, ':') >= 0 }
+	// (the services that serve changed ones' internal clients, and the others they serve)
+	served := map[string]bool{}
+	for _, i := range changed {
+		if in := svcs[i].Internal; in != nil {
+			served[in.Service] = true
+		}
+		for _, j := range internalOf[svcs[i].Name] {
+			mine[svcs[j].Name] = true
+		}
+	}
 	var idx []int
 	for i := range svcs {
 		s := &svcs[i]
-		if isChanged[i] || mine[s.Name] || names[s.Name] > 1 ||
+		if isChanged[i] || mine[s.Name] || served[s.Name] || names[s.Name] > 1 ||
 			keys(s, may, func(vip bool, k key) bool { return vip && vips[k] || !vip && backends[k] }) {
 			idx = append(idx, i)
 		}

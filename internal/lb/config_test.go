@@ -97,6 +97,15 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].sourceRanges: only for snat and dnat services`, func(s *Service) {
 			s.Topology, s.Interface, s.SourceRanges = DSR, "eth0", []string{"10.0.0.0/8"}
 		}},
+		{`services[0].internal: only for snat and dnat services`, func(s *Service) {
+			s.Topology, s.Interface, s.Internal = DSR, "eth0", &Internal{Service: "other", LocalHost: true}
+		}},
+		{`services[0].internal.service: the service that serves internal clients is required`, func(s *Service) { s.Internal = &Internal{LocalHost: true} }},
+		{`services[0].internal.service: "web" is this service`, func(s *Service) { s.Internal = &Internal{Service: "web", LocalHost: true} }},
+		{`services[0].internal: give sources, localHost or both`, func(s *Service) { s.Internal = &Internal{Service: "other"} }},
+		{`services[0].internal.sources[1]: "10.244.0.1" is not a CIDR`, func(s *Service) {
+			s.Internal = &Internal{Service: "other", Sources: []string{"10.244.0.0/24", "10.244.0.1"}}
+		}},
 		// settings every check would fail on (the backends down at their first check)
 		{`services[0].healthCheck.path: "/%zz" is not a valid request path`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "http", Path: "/%zz"} }},
 		{`services[0].healthCheck.path: "/a\nb" is not a valid request path`, func(s *Service) { s.HealthCheck = &HealthCheck{Type: "http", Path: "/a\nb"} }},
@@ -149,6 +158,43 @@ func TestValidationAcrossServices(t *testing.T) {
 	if errs := fmt.Sprint(ValidateServices([]Service{a, b}, byIndex)); !strings.Contains(errs,
 		`loadBalancer.services[1].backends[0]: 10.0.1.11 tcp/8080 is also a backend of service "web" (loadBalancer.services[0]), and one of them is stateless-dnat`) {
 		t.Error(errs)
+	}
+}
+
+// A service's internal clients go to another snat or dnat service of its protocol with a VIP
+// of each of its families, which has no internal clients of its own; the service then needs
+// no backend (outside clients are refused).
+func TestValidationOfInternalClients(t *testing.T) {
+	cluster := valid()
+	cluster.Name, cluster.VIPs = "cluster", []string{"10.96.0.10", "fd00:96::10"}
+	local := valid()
+	local.Backends, local.Internal = nil, &Internal{Service: "cluster", Sources: []string{"10.244.0.0/24"}, LocalHost: true}
+	if errs := ValidateServices([]Service{cluster, local}, byIndex); len(errs) > 0 {
+		t.Fatalf("valid: %v", errs)
+	}
+	for _, c := range []struct {
+		want   string
+		mutate func(cluster, local *Service)
+	}{
+		{`loadBalancer.services[1].internal.service: no service is named "cluster"`, func(c, l *Service) { c.Name = "other" }},
+		{`loadBalancer.services[1].internal.service: "cluster" (loadBalancer.services[0]) has internal clients of its own (one step only)`, func(c, l *Service) {
+			c.Internal = &Internal{Service: "web", LocalHost: true}
+		}},
+		{`loadBalancer.services[1].internal.service: "cluster" (loadBalancer.services[0]) is dsr, not snat or dnat`, func(c, l *Service) {
+			c.Topology, c.Interface, c.VIPs = DSR, "eth0", []string{"10.96.0.10"}
+			c.Backends = []Backend{{Address: "10.0.1.11"}}
+		}},
+		{`loadBalancer.services[1].internal.service: "cluster" (loadBalancer.services[0]) is udp, this service tcp`, func(c, l *Service) { c.Protocol = "udp" }},
+		{`loadBalancer.services[1].internal.service: "cluster" (loadBalancer.services[0]) has no IPv6 VIP (vips[1] is 2001:db8::10)`, func(c, l *Service) {
+			c.VIPs, c.Backends = c.VIPs[:1], c.Backends[:1]
+		}},
+		{`loadBalancer.services[0].backends: a dnat service needs at least one backend`, func(c, l *Service) { c.Backends = nil }},
+	} {
+		c0, l0 := cluster.Clone(), local.Clone()
+		c.mutate(&c0, &l0)
+		if errs := fmt.Sprint(ValidateServices([]Service{c0, l0}, byIndex)); !strings.Contains(errs, c.want) {
+			t.Errorf("want %q, got %s", c.want, errs)
+		}
 	}
 }
 

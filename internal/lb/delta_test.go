@@ -253,6 +253,7 @@ func TestSameDefinitionFields(t *testing.T) {
 // a service: names, VIPs and backends clashing with others (stateless-dnat), invalid fields.
 func TestValidateChangeEqualsValidateServices(t *testing.T) {
 	was := incSet(20)
+	was[1].Internal = &Internal{Service: was[5].Name, Sources: []string{"10.244.0.0/24"}}
 	if errs := ValidateServices(was, fieldByName(was)); len(errs) > 0 {
 		t.Fatal(errs)
 	}
@@ -278,13 +279,30 @@ func TestValidateChangeEqualsValidateServices(t *testing.T) {
 		}},
 		{"a bad weight", func(s []Service) []Service { return withBackend(s, 6, 0, func(b *Backend) { b.Weight = new(0) }) }},
 		{"a bad address", func(s []Service) []Service { return withBackend(s, 6, 0, func(b *Backend) { b.Address = "10.0.0" }) }},
+		// internal clients: the service that serves them removed, or changed to a protocol of
+		// its own, and a service that gets them
+		{"an internal service removed", func(s []Service) []Service { return slices.Delete(s, 5, 6) }},
+		{"an internal service changed", func(s []Service) []Service { s[5].Protocol = "udp"; return s }},
+		{"internal clients to a service of another protocol", func(s []Service) []Service {
+			s[5].Protocol = "udp"
+			s[7].Internal = &Internal{Service: s[5].Name, LocalHost: true}
+			return s
+		}},
+		{"internal clients of a service that serves some", func(s []Service) []Service {
+			s[3].Internal = &Internal{Service: s[1].Name, LocalHost: true}
+			return s
+		}},
+		{"internal clients added", func(s []Service) []Service {
+			s[8].Internal = &Internal{Service: s[9].Name, LocalHost: true}
+			return s
+		}},
 	} {
 		svcs := c.fn(slices.Clone(was))
 		want, got := ValidateServices(svcs, fieldByName(svcs)), ValidateChange(was, svcs, fieldByName(svcs))
 		if fmt.Sprint(want) != fmt.Sprint(got) {
 			t.Errorf("%s: ValidateChange %v, ValidateServices %v", c.what, got, want)
 		}
-		if valid := slices.Contains([]string{"a drain", "a removal", "a dnat backend shared"}, c.what); valid != (len(want) == 0) {
+		if valid := slices.Contains([]string{"a drain", "a removal", "a dnat backend shared", "internal clients added"}, c.what); valid != (len(want) == 0) {
 			t.Errorf("%s: %v (the case is wrong)", c.what, want)
 		}
 	}

@@ -378,7 +378,7 @@ func sameDefinition(a, b *Service) bool {
 		a.Interface != b.Interface || a.BackendInterface != b.BackendInterface || a.Scheduler != b.Scheduler ||
 		a.FlushConntrack != b.FlushConntrack || a.Hairpin != b.Hairpin || !slices.Equal(a.VIPs, b.VIPs) || !slices.Equal(a.Ports, b.Ports) ||
 		!slices.Equal(a.SNATAddresses, b.SNATAddresses) || !slices.Equal(a.HashFields, b.HashFields) ||
-		!slices.Equal(a.SourceRanges, b.SourceRanges) ||
+		!slices.Equal(a.SourceRanges, b.SourceRanges) || !SameInternal(a.Internal, b.Internal) ||
 		!samePtr(a.Persistence, b.Persistence) || !samePtr(a.FlowTimeout, b.FlowTimeout) ||
 		!(a.HealthCheck == b.HealthCheck || a.HealthCheck != nil && b.HealthCheck != nil && reflect.DeepEqual(*a.HealthCheck, *b.HealthCheck)) ||
 		len(a.Backends) != len(b.Backends) {
@@ -390,6 +390,11 @@ func sameDefinition(a, b *Service) bool {
 		}
 	}
 	return true
+}
+
+// SameInternal reports whether a and b are the same internal clients' definition.
+func SameInternal(a, b *Internal) bool {
+	return a == b || a != nil && b != nil && a.Service == b.Service && a.LocalHost == b.LocalHost && slices.Equal(a.Sources, b.Sources)
 }
 
 // SameBackend reports whether x and y are the same backend definition, field by field
@@ -404,6 +409,11 @@ func SameBackend(x, y *Backend) bool {
 func (s Service) Clone() Service {
 	s.VIPs, s.Ports, s.SNATAddresses, s.HashFields = slices.Clone(s.VIPs), slices.Clone(s.Ports), slices.Clone(s.SNATAddresses), slices.Clone(s.HashFields)
 	s.SourceRanges = slices.Clone(s.SourceRanges)
+	if s.Internal != nil {
+		in := *s.Internal
+		in.Sources = slices.Clone(in.Sources)
+		s.Internal = &in
+	}
 	s.Persistence, s.FlowTimeout = clonePtr(s.Persistence), clonePtr(s.FlowTimeout)
 	if s.HealthCheck != nil {
 		hc := *s.HealthCheck

@@ -355,6 +355,17 @@ func natService(b *builder, ss *ServiceState, f family) {
 	if rs := sourceRanges(ss, f); rs != "" {
 		b.rule(chain, pre+"source ranges", rs)
 	}
+	in := ss.Service.Internal
+	if in != nil {
+		// (before the count: the serving service counts them)
+		to := "goto svc-" + in.Service + "-" + f.suffix
+		if ps := prefixes(in.Sources, f); len(ps) > 0 {
+			b.rule(chain, pre+"internal clients to "+in.Service, f.nf+" saddr { "+strings.Join(ps, ", ")+" } "+to)
+		}
+		if in.LocalHost {
+			b.rule(chain, pre+"this host's clients to "+in.Service, "fib saddr type local "+to)
+		}
+	}
 	b.rule(chain, pre+"count", b.counter(chain, pre+whatNewConnections))
 	slots := ss.slots(f.is6)
 	if p := ss.Service.Persistence; p != nil {
@@ -374,6 +385,7 @@ func natService(b *builder, ss *ServiceState, f family) {
 	}
 	snat := ss.Topology == SNAT
 	hairpin := ss.Topology == DNAT && ss.Service.Hairpin
+	localHost := ss.Topology == DNAT && in != nil && in.LocalHost
 	if snat {
 		b.chain(&knftables.Chain{Name: post})
 		if a := snatAddress(ss, f); a != "" {
@@ -381,12 +393,19 @@ func natService(b *builder, ss *ServiceState, f family) {
 		} else {
 			b.rule(post, pre+"masquerade", "masquerade")
 		}
-	} else if hairpin {
+	} else if hairpin || localHost {
+		b.chain(&knftables.Chain{Name: post})
+		if localHost {
+			// (its source may be the VIP, which the backend would answer elsewhere)
+			b.rule(post, pre+"this host's clients masquerade", "fib saddr type local masquerade")
+		}
+		snat = true // (the post chain is entered as a snat service's)
+	}
+	if hairpin {
 		// A backend's own connection to the service, scheduled to itself: source and
 		// destination are the same backend (a set of "b . b"; nft compares no two fields).
 		self := setName(name, "hairpin-"+f.suffix)
 		b.set(self, f.nf+" saddr . "+f.nf+" daddr", "a backend . itself")
-		b.chain(&knftables.Chain{Name: post})
 		b.rule(post, pre+"hairpin masquerade", f.nf+" saddr . "+f.nf+" daddr @"+self+" masquerade")
 		seen := map[netip.Addr]bool{}
 		for _, be := range ss.Backends {
@@ -395,7 +414,6 @@ func natService(b *builder, ss *ServiceState, f family) {
 				b.elem(self, []string{be.Addr.String(), be.Addr.String()})
 			}
 		}
-		snat = true // (the post chain is entered as a snat service's)
 	}
 	for _, key := range vipKeys(ss, f) {
 		b.elem("services-"+f.suffix, key, "goto "+chain)
@@ -411,8 +429,18 @@ func sourceRanges(ss *ServiceState, f family) string {
 	if len(ss.Service.SourceRanges) == 0 {
 		return ""
 	}
+	in := prefixes(ss.Service.SourceRanges, f)
+	if len(in) == 0 {
+		return "drop"
+	}
+	return f.nf + " saddr != { " + strings.Join(in, ", ") + " } drop"
+}
+
+// prefixes are the CIDRs of list of family f (IPv4-mapped ones are IPv4), widest first and
+// none inside another (an anonymous set's intervals may not overlap).
+func prefixes(list []string, f family) []string {
 	var ps []netip.Prefix
-	for _, r := range ss.Service.SourceRanges {
+	for _, r := range list {
 		p, err := netip.ParsePrefix(r)
 		if err != nil {
 			continue
@@ -421,10 +449,6 @@ func sourceRanges(ss *ServiceState, f family) string {
 			ps = append(ps, p)
 		}
 	}
-	if len(ps) == 0 {
-		return "drop"
-	}
-	// widest first, and none inside another (the set's intervals may not overlap)
 	slices.SortFunc(ps, func(a, b netip.Prefix) int { return cmp.Or(a.Bits()-b.Bits(), a.Addr().Compare(b.Addr())) })
 	var in []string
 	var kept []netip.Prefix
@@ -434,7 +458,7 @@ func sourceRanges(ss *ServiceState, f family) string {
 			in = append(in, p.String())
 		}
 	}
-	return f.nf + " saddr != { " + strings.Join(in, ", ") + " } drop"
+	return in
 }
 
 // persistent renders the service chain of a snat/dnat service with persistence. The choice

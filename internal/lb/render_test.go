@@ -136,7 +136,13 @@ func renderVariants() map[string][]Service {
 		s.Backends[0].State = StateDrain // its persistent clients stay, no new ones
 		persistDown = append(persistDown, s)
 	}
+	// externalTrafficPolicy Local in Kubernetes: the node port (local endpoints only, here
+	// none) sends this node's Pods and the host to the cluster front.
+	local := rename(fixture(DNAT, RoundRobin), "local", "192.0.2.20", "2001:db8::20")
+	local.Backends, local.Hairpin = nil, true
+	local.Internal = &Internal{Service: "web", Sources: []string{"10.244.0.0/24", "10.244.0.128/25", "fd00:244::/64"}, LocalHost: true}
 	return map[string][]Service{
+		"internal-clients":        {fixture(DNAT, RoundRobin), local},
 		"persistence-snat":        {persist(SNAT)},
 		"persistence-dnat-ports":  {multiPersist},
 		"persistence-none-up":     persistDown,

@@ -417,3 +417,79 @@ loadBalancer:
 		}
 	}
 }
+
+// A service's internal clients (Kubernetes' short-circuit of externalTrafficPolicy Local) are
+// served by another service: here a load balancer IP without local backends sends this node's
+// Pods and the node itself to the cluster service's backend on the remote node, while an
+// outside client is refused. Real traffic on the host's kernel, IPv4 and IPv6; the host's
+// connections are masqueraded. Before, the field did not exist, and such a front was left
+// out: every client of this node was refused.
+func TestLoadBalancerInternalClients(t *testing.T) {
+	tp := lbTopo(t)
+	clusterVIP := map[bool]netip.Addr{false: netip.MustParseAddr("10.96.0.10"), true: netip.MustParseAddr("fd00:96::10")}
+	for _, v6 := range []bool{false, true} {
+		a := tp.Addrs(v6)
+		s, err := tp.Remote.ListenTCP(hostport(a.RemotePod, lbPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		// (the load balancer IP is not the node's: the host routes it toward the outside)
+		if err := tp.Node.RouteAdd(netip.PrefixFrom(lbVIP[v6], lbVIP[v6].BitLen()), a.Remote); err != nil {
+			t.Fatal(err)
+		}
+	}
+	config := func(internal string) string {
+		return nodeConfig(tp, fmt.Sprintf(`datapath: none
+loadBalancer:
+  api: {disabled: true}
+  stateFile: %s/lb-services.yaml
+  services:
+  - {name: cluster, vips: ["%s", "%s"], port: %d, topology: dnat, backends: [{address: "%s"}, {address: "%s"}]}
+  - {name: local, vips: ["%s", "%s"], port: %d, topology: dnat, internal: %s, backends: []}
+`, t.TempDir(), clusterVIP[false], clusterVIP[true], lbPort, tp.V4.RemotePod, tp.V6.RemotePod,
+			lbVIP[false], lbVIP[true], lbPort, internal))
+	}
+	dial := func(ns *testbed.NS, src netip.Addr, v6 bool) error {
+		return ns.Do(func() error {
+			d := net.Dialer{Timeout: 2 * time.Second}
+			if src.IsValid() {
+				d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+			}
+			c, err := d.Dial("tcp", hostport(lbVIP[v6], lbPort))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			return testbed.Transfer(c, 64<<10, 16<<10)
+		})
+	}
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, config(fmt.Sprintf(`{service: cluster, sources: ["%s", "%s"], localHost: true}`, tp.V4.PodCIDR, tp.V6.PodCIDR))))
+	for _, v6 := range []bool{false, true} {
+		a := tp.Addrs(v6)
+		if err := dial(tp.Pod, a.Pod, v6); err != nil {
+			t.Errorf("%s: this node's Pod to the load balancer IP: %v", famName(v6), err)
+		}
+		if err := dial(tp.Node, netip.Addr{}, v6); err != nil {
+			t.Errorf("%s: the node to the load balancer IP: %v", famName(v6), err)
+		}
+		if err := dial(tp.Remote, a.External, v6); err == nil {
+			t.Errorf("%s: an outside client reached a service without backends", famName(v6))
+		}
+	}
+	// Pods no longer internal: refused as outside clients are (what the test sees is the
+	// internal rule, not a route around it).
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, config(`{service: cluster, localHost: true}`)))
+	for _, v6 := range []bool{false, true} {
+		if err := dial(tp.Pod, tp.Addrs(v6).Pod, v6); err == nil {
+			t.Errorf("%s: a Pod that is not internal reached a service without backends", famName(v6))
+		}
+	}
+}
+
+func famName(v6 bool) string {
+	if v6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
