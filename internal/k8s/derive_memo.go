@@ -197,7 +197,7 @@ func cloneFronts(fronts []LBFront) []LBFront {
 	out := slices.Clone(fronts)
 	for i := range out {
 		out[i].VIPs, out[i].Backends = slices.Clone(out[i].VIPs), slices.Clone(out[i].Backends)
-		out[i].InternalSources = slices.Clone(out[i].InternalSources)
+		out[i].InternalSources, out[i].MasqueradeExcept = slices.Clone(out[i].InternalSources), slices.Clone(out[i].MasqueradeExcept)
 	}
 	return out
 }
@@ -401,7 +401,7 @@ func sameService(a, b *lb.Service) bool {
 		a.Interface != b.Interface || a.BackendInterface != b.BackendInterface || a.Scheduler != b.Scheduler ||
 		a.FlushConntrack != b.FlushConntrack || a.Hairpin != b.Hairpin || !sameSlice(a.VIPs, b.VIPs) || !sameSlice(a.Ports, b.Ports) ||
 		!sameSlice(a.SNATAddresses, b.SNATAddresses) || !sameSlice(a.HashFields, b.HashFields) ||
-		!sameSlice(a.SourceRanges, b.SourceRanges) || !lb.SameInternal(a.Internal, b.Internal) || !samePtr(a.Persistence, b.Persistence) || !samePtr(a.FlowTimeout, b.FlowTimeout) ||
+		!sameSlice(a.SourceRanges, b.SourceRanges) || !lb.SameInternal(a.Internal, b.Internal) || !sameSlice(a.MasqueradeExcept, b.MasqueradeExcept) || !samePtr(a.Persistence, b.Persistence) || !samePtr(a.FlowTimeout, b.FlowTimeout) ||
 		!sameHealthCheck(a.HealthCheck, b.HealthCheck) || (a.Backends == nil) != (b.Backends == nil) ||
 		len(a.Backends) != len(b.Backends) {
 		return false

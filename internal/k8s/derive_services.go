@@ -135,6 +135,9 @@ type LBFront struct {
 	// short-circuits them; other clients get this node's endpoints only.
 	Internal        string   `json:"internal,omitempty"`
 	InternalSources []string `json:"internalSources,omitempty"`
+	// MasqueradeExcept (cluster fronts): this node's Pod CIDRs of the family; other clients
+	// (off the cluster, the node itself) are masqueraded, as kube-proxy does.
+	MasqueradeExcept []string `json:"masqueradeExcept,omitempty"`
 }
 
 // LBBackend is one endpoint of a front.
@@ -307,17 +310,24 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 					}
 					f.LBName = name(f.Name)
 					is4 := netip.MustParseAddr(fam[0]).Is4()
+					var podCIDRs []string // this node's, of the family
+					for _, c := range self.podCIDRs {
+						if pc, err := model.ParsePrefix(c); err == nil && pc.Addr().Is4() == is4 {
+							podCIDRs = append(podCIDRs, pc.String())
+						}
+					}
+					if front == FrontCluster {
+						// clients from off the cluster (a route to the Service CIDR that
+						// leads here) and the node: masqueraded, as kube-proxy does with its
+						// node-CIDR local detector (none without a Pod CIDR of the family)
+						f.MasqueradeExcept = podCIDRs
+					}
 					if shortCircuit && slices.ContainsFunc(clusterIPs, func(ip string) bool { a, ok := apiIP(ip); return ok && a.Is4() == is4 }) {
 						cluster := s.Namespace + "/" + s.Name + ":" + portName(sp) + "/" + FrontCluster
 						if !is4 {
 							cluster += "/ipv6"
 						}
-						f.Internal = name(cluster)
-						for _, c := range self.podCIDRs {
-							if pc, err := model.ParsePrefix(c); err == nil && pc.Addr().Is4() == is4 {
-								f.InternalSources = append(f.InternalSources, pc.String())
-							}
-						}
+						f.Internal, f.InternalSources = name(cluster), podCIDRs
 					}
 					if len(f.Backends) == 0 && f.Internal == "" {
 						f.Skipped = "no endpoints"

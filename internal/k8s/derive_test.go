@@ -177,10 +177,12 @@ func TestDeriveBalancedServices(t *testing.T) {
 		{Address: "10.244.1.6", Port: 8080, State: lb.StateUp},
 	}
 	want := []lb.Service{
+		// (cluster fronts masquerade clients other than this node's Pods: off the cluster, the node)
 		{Name: lbName("default/sticky:443/cluster"), VIPs: []string{"10.96.0.20"}, Port: 443, Protocol: "tcp", Topology: lb.DNAT, Hairpin: true,
-			Persistence: lb.D(600 * time.Second), Backends: []lb.Backend{{Address: "10.244.1.7", Port: 8443, State: lb.StateUp}}},
+			MasqueradeExcept: []string{"10.244.0.0/24"},
+			Persistence:      lb.D(600 * time.Second), Backends: []lb.Backend{{Address: "10.244.1.7", Port: 8443, State: lb.StateUp}}},
 		{Name: lbName("default/web:http/cluster"), VIPs: []string{"10.96.0.10"}, Port: 80, Protocol: "tcp", Topology: lb.DNAT, Hairpin: true,
-			Scheduler: lb.Hash, Backends: webBackends},
+			MasqueradeExcept: []string{"10.244.0.0/24"}, Scheduler: lb.Hash, Backends: webBackends},
 		{Name: lbName("default/web:http/nodeport"), VIPs: []string{"172.18.0.2"}, Port: 30080, Protocol: "tcp", Topology: lb.SNAT,
 			Scheduler: lb.Hash, Backends: webBackends},
 		{Name: lbName("default/web:http/external"), VIPs: []string{"172.18.0.151"}, Port: 80, Protocol: "tcp", Topology: lb.SNAT,

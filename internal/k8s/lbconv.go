@@ -190,6 +190,8 @@ func frontService(f *LBFront) lb.Service {
 		// backend goes down.
 		FlushConntrack: f.Protocol == "udp",
 		SourceRanges:   f.SourceRanges,
+		// (shared with the front, as SourceRanges: the config they go into is read only)
+		MasqueradeExcept: f.MasqueradeExcept,
 		// a Pod connecting to its own Service, picked itself: masqueraded, as kube-proxy does
 		Hairpin: f.Topology == lb.DNAT,
 	}

@@ -118,6 +118,11 @@ type Service struct {
 	// fails its health check, so that clients see a reset at once instead of a timeout.
 	FlushConntrack bool         `json:"flushConntrack,omitempty"`
 	HealthCheck    *HealthCheck `json:"healthCheck,omitempty"`
+	// MasqueradeExcept (dnat): clients outside these CIDRs are masqueraded, so that replies
+	// come back through this host when the backend is elsewhere (kube-proxy's masquerade of
+	// off-cluster clients to a ClusterIP); a family without one masquerades every client of
+	// it. Empty: none is.
+	MasqueradeExcept []string `json:"masqueradeExcept,omitempty"`
 	// Internal (snat, dnat): internal clients are served by another service's backends.
 	Internal *Internal `json:"internal,omitempty"`
 	Backends []Backend `json:"backends"`
@@ -457,6 +462,14 @@ func (s *Service) validate(f string) []error {
 	for i, v := range s.SourceRanges {
 		if _, err := netip.ParsePrefix(v); err != nil {
 			bad("sourceRanges[%d]: %s is not a CIDR", i, model.Quote(v))
+		}
+	}
+	if len(s.MasqueradeExcept) > 0 && topo != DNAT {
+		bad("masqueradeExcept: only for dnat services (snat masquerades every connection)")
+	}
+	for i, v := range s.MasqueradeExcept {
+		if _, err := netip.ParsePrefix(v); err != nil {
+			bad("masqueradeExcept[%d]: %s is not a CIDR", i, model.Quote(v))
 		}
 	}
 	if in := s.Internal; in != nil {

@@ -378,7 +378,7 @@ func sameDefinition(a, b *Service) bool {
 		a.Interface != b.Interface || a.BackendInterface != b.BackendInterface || a.Scheduler != b.Scheduler ||
 		a.FlushConntrack != b.FlushConntrack || a.Hairpin != b.Hairpin || !slices.Equal(a.VIPs, b.VIPs) || !slices.Equal(a.Ports, b.Ports) ||
 		!slices.Equal(a.SNATAddresses, b.SNATAddresses) || !slices.Equal(a.HashFields, b.HashFields) ||
-		!slices.Equal(a.SourceRanges, b.SourceRanges) || !SameInternal(a.Internal, b.Internal) ||
+		!slices.Equal(a.SourceRanges, b.SourceRanges) || !SameInternal(a.Internal, b.Internal) || !slices.Equal(a.MasqueradeExcept, b.MasqueradeExcept) ||
 		!samePtr(a.Persistence, b.Persistence) || !samePtr(a.FlowTimeout, b.FlowTimeout) ||
 		!(a.HealthCheck == b.HealthCheck || a.HealthCheck != nil && b.HealthCheck != nil && reflect.DeepEqual(*a.HealthCheck, *b.HealthCheck)) ||
 		len(a.Backends) != len(b.Backends) {
@@ -408,7 +408,7 @@ func SameBackend(x, y *Backend) bool {
 // change the other.
 func (s Service) Clone() Service {
 	s.VIPs, s.Ports, s.SNATAddresses, s.HashFields = slices.Clone(s.VIPs), slices.Clone(s.Ports), slices.Clone(s.SNATAddresses), slices.Clone(s.HashFields)
-	s.SourceRanges = slices.Clone(s.SourceRanges)
+	s.SourceRanges, s.MasqueradeExcept = slices.Clone(s.SourceRanges), slices.Clone(s.MasqueradeExcept)
 	if s.Internal != nil {
 		in := *s.Internal
 		in.Sources = slices.Clone(in.Sources)

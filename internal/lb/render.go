@@ -386,6 +386,7 @@ func natService(b *builder, ss *ServiceState, f family) {
 	snat := ss.Topology == SNAT
 	hairpin := ss.Topology == DNAT && ss.Service.Hairpin
 	localHost := ss.Topology == DNAT && in != nil && in.LocalHost
+	offCluster := ss.Topology == DNAT && len(ss.Service.MasqueradeExcept) > 0
 	if snat {
 		b.chain(&knftables.Chain{Name: post})
 		if a := snatAddress(ss, f); a != "" {
@@ -393,8 +394,15 @@ func natService(b *builder, ss *ServiceState, f family) {
 		} else {
 			b.rule(post, pre+"masquerade", "masquerade")
 		}
-	} else if hairpin || localHost {
+	} else if hairpin || localHost || offCluster {
 		b.chain(&knftables.Chain{Name: post})
+		if offCluster {
+			rule := "masquerade"
+			if ps := prefixes(ss.Service.MasqueradeExcept, f); len(ps) > 0 {
+				rule = f.nf + " saddr != { " + strings.Join(ps, ", ") + " } masquerade"
+			}
+			b.rule(post, pre+"masquerade other clients", rule)
+		}
 		if localHost {
 			// (its source may be the VIP, which the backend would answer elsewhere)
 			b.rule(post, pre+"this host's clients masquerade", "fib saddr type local masquerade")

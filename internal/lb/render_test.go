@@ -141,8 +141,13 @@ func renderVariants() map[string][]Service {
 	local := rename(fixture(DNAT, RoundRobin), "local", "192.0.2.20", "2001:db8::20")
 	local.Backends, local.Hairpin = nil, true
 	local.Internal = &Internal{Service: "web", Sources: []string{"10.244.0.0/24", "10.244.0.128/25", "fd00:244::/64"}, LocalHost: true}
+	// a ClusterIP in Kubernetes: clients other than this node's Pods are masqueraded (IPv6
+	// has no range here: every client of it is)
+	offCluster := fixture(DNAT, RoundRobin)
+	offCluster.MasqueradeExcept = []string{"10.244.0.0/24", "10.244.0.0/25"}
 	return map[string][]Service{
 		"internal-clients":        {fixture(DNAT, RoundRobin), local},
+		"masquerade-off-cluster":  {offCluster},
 		"persistence-snat":        {persist(SNAT)},
 		"persistence-dnat-ports":  {multiPersist},
 		"persistence-none-up":     persistDown,

@@ -487,6 +487,71 @@ loadBalancer:
 	}
 }
 
+// masqueradeExcept (Kubernetes: a ClusterIP, with this node's Pod CIDRs): a client from off the
+// cluster whose route to the Service CIDR leads to this node (as with BGP-advertised Service
+// IPs) is masqueraded, so that the backend's reply comes back through the node and its
+// un-DNAT; this node's Pods keep their source address. Here the backend is on the client's
+// own host: without the masquerade it answers the client directly, from its own address, and
+// the connection fails. Real traffic, IPv4 and IPv6. Before, the field did not exist and
+// Kubernetes' cluster fronts did not masquerade off-cluster clients.
+func TestLoadBalancerMasqueradeOffCluster(t *testing.T) {
+	tp := lbTopo(t)
+	clusterVIP := map[bool]netip.Addr{false: netip.MustParseAddr("10.96.0.10"), true: netip.MustParseAddr("fd00:96::10")}
+	servers := map[bool]*testbed.Server{}
+	for _, v6 := range []bool{false, true} {
+		a := tp.Addrs(v6)
+		s, err := tp.Remote.ListenTCP(hostport(a.RemotePod, lbPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		servers[v6] = s
+		if err := tp.Remote.RouteAdd(netip.PrefixFrom(clusterVIP[v6], clusterVIP[v6].BitLen()), a.Node); err != nil {
+			t.Fatal(err)
+		}
+	}
+	config := func(except string) string {
+		return nodeConfig(tp, fmt.Sprintf(`datapath: none
+loadBalancer:
+  api: {disabled: true}
+  stateFile: %s/lb-services.yaml
+  services:
+  - {name: cluster, vips: ["%s", "%s"], port: %d, topology: dnat, masqueradeExcept: [%s], backends: [{address: "%s"}, {address: "%s"}]}
+`, t.TempDir(), clusterVIP[false], clusterVIP[true], lbPort, except, tp.V4.RemotePod, tp.V6.RemotePod))
+	}
+	dial := func(ns *testbed.NS, src netip.Addr, v6 bool) error {
+		return ns.Do(func() error {
+			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: src.AsSlice()}}
+			c, err := d.Dial("tcp", hostport(clusterVIP[v6], lbPort))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			return testbed.Transfer(c, 64<<10, 16<<10)
+		})
+	}
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, config(fmt.Sprintf(`"%s", "%s"`, tp.V4.PodCIDR, tp.V6.PodCIDR))))
+	for _, v6 := range []bool{false, true} {
+		a := tp.Addrs(v6)
+		if err := dial(tp.Remote, a.External, v6); err != nil {
+			t.Errorf("%s: an off-cluster client to the ClusterIP: %v", famName(v6), err)
+		}
+		if err := dial(tp.Pod, a.Pod, v6); err != nil {
+			t.Errorf("%s: this node's Pod to the ClusterIP: %v", famName(v6), err)
+		}
+		if got := servers[v6].Peers(); !slices.Contains(got, a.Node) || !slices.Contains(got, a.Pod) || slices.Contains(got, a.External) {
+			t.Errorf("%s: the backend saw %v; want the node's address (the masqueraded client) and the Pod's own", famName(v6), got)
+		}
+	}
+	// Without it, the same client fails (what the test sees is the masquerade).
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, config("")))
+	for _, v6 := range []bool{false, true} {
+		if err := dial(tp.Remote, tp.Addrs(v6).External, v6); err == nil {
+			t.Errorf("%s: an off-cluster client reached a backend on its own host without masquerade: this test shows nothing", famName(v6))
+		}
+	}
+}
+
 func famName(v6 bool) string {
 	if v6 {
 		return "IPv6"

@@ -230,7 +230,9 @@ func TestServicesAndEndpointSlices(t *testing.T) {
 	}
 	want := func(persistence *lb.Duration, states ...string) map[string]lb.Service {
 		return map[string]lb.Service{
-			"cluster": {VIPs: []string{clusterIP}, Port: 80, Protocol: "tcp", Topology: lb.DNAT, Hairpin: true, Persistence: persistence, Backends: backends(states...)},
+			// (clients other than this node's Pods are masqueraded: off the cluster, the node)
+			"cluster": {VIPs: []string{clusterIP}, Port: 80, Protocol: "tcp", Topology: lb.DNAT, Hairpin: true, MasqueradeExcept: []string{"10.244.0.0/24"},
+				Persistence: persistence, Backends: backends(states...)},
 			// NodePort: this node's IPs; externalTrafficPolicy Cluster masquerades.
 			"nodeport": {VIPs: []string{"172.18.0.2"}, Port: nodePort, Protocol: "tcp", Topology: lb.SNAT, Persistence: persistence, Backends: backends(states...)},
 			"external": {VIPs: []string{"172.18.0.151"}, Port: 80, Protocol: "tcp", Topology: lb.SNAT, Persistence: persistence, Backends: backends(states...)},
