@@ -55,7 +55,9 @@
 // to a socket's queue is read before its TCP receive queue, so open connections go on without
 // loss or reordering. The map stays pinned while sockets are in it (they leave as they close);
 // a later Remove or Apply removes the pin of an empty map, and the kernel frees the maps and
-// programs. Status reports those sockets as draining.
+// programs. Status reports those sockets as draining. A set whose sock_ops program someone
+// else took off the cgroup is found by its pin, and the next Apply or Remove drains it too
+// (its settings reached through the sk_msg program on its map).
 //
 // # Caveats
 //

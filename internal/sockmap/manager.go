@@ -15,6 +15,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+
+	"github.com/hostaccel/hostaccel/internal/bpfobj"
 )
 
 // bpfFAllowMulti is BPF_F_ALLOW_MULTI: our sock_ops program runs beside other users' on the
@@ -490,6 +492,9 @@ func drained(pins string, live []*progSet, remove bool) (int, error) {
 			continue
 		}
 		keys, err := (&progSet{maps: sockmapMaps{HostaccelSocks: mp}}).sockets()
+		if err == nil && remove && len(keys) > 0 {
+			err = drainOrphan(mp)
+		}
 		mp.Close()
 		if err != nil {
 			errs = append(errs, err)
@@ -503,6 +508,41 @@ func drained(pins string, live []*progSet, remove bool) (int, error) {
 		}
 	}
 	return held, errors.Join(errs...)
+}
+
+// drainOrphan drains the set whose sockhash is socks, found by its pin only: its sock_ops
+// program was taken off the cgroup by someone else, so no drain of ours set its settings, and
+// its sk_msg program went on moving its sockets' messages after a repair or a cleanup. Its
+// settings are reached through that sk_msg program (BPF_PROG_QUERY on the map: Linux >= 6.0;
+// an older kernel cannot say, and the set is left as it is).
+func drainOrphan(socks *ebpf.Map) error {
+	msg, _, err := attachedMsg(socks)
+	if err != nil || msg == nil {
+		return err
+	}
+	defer msg.Close()
+	info, err := msg.Info()
+	if err != nil {
+		return err
+	}
+	id, _ := info.ID()
+	var cfg *ebpf.Map
+	p, err := bpfobj.Open(id, msgName, map[string]**ebpf.Map{"config": &cfg})
+	if p == nil || cfg == nil {
+		return err
+	}
+	defer p.Close()
+	defer cfg.Close()
+	// (as bytes, as drain writes it: a set of an older build has a shorter settings struct)
+	v := make([]byte, cfg.ValueSize())
+	if err := cfg.Lookup(uint32(0), &v); err != nil || len(v) < 16 || binary.LittleEndian.Uint32(v[12:]) != 0 {
+		return err
+	}
+	binary.LittleEndian.PutUint32(v[12:], 1)
+	if err := cfg.Put(uint32(0), v); err != nil {
+		return fmt.Errorf("drain the sockmap set of sk_msg program %d: %w", id, err)
+	}
+	return nil
 }
 
 // Remove drains every hostaccel sockmap program set of the cgroup (see drain): new

@@ -2,15 +2,21 @@ package sockmap
 
 import (
 	"context"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/hostaccel/hostaccel/internal/bpfobj"
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
@@ -153,4 +159,82 @@ func testCgroup(t *testing.T, name string) string {
 	}
 	t.Cleanup(func() { os.Remove(cg) })
 	return cg
+}
+
+// A set whose sock_ops program someone else took off the cgroup (no drain of ours ran) is
+// drained by the next Apply, as a set we detach is: the messages of the connections it holds
+// take TCP from then on. Before, its sk_msg program went on moving them after the repair and
+// after cleanup, with status saying "draining".
+func TestOrphanSetIsDrained(t *testing.T) {
+	b := newBed(t, false)
+	first := b.apply()
+	c, s := b.pair(false)
+	if n := b.settle(2); n != 2 {
+		t.Fatalf("%d sockets in the map", n)
+	}
+	// the orphan's counters, reached as drainOrphan reaches its settings
+	mp, err := ebpf.LoadPinnedMap(filepath.Join(mustBPFFS(t), "hostaccel", PinName(first.ProgramID)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mp.Close()
+	msg, _, err := attachedMsg(mp)
+	if err != nil || msg == nil {
+		t.Fatalf("the sockhash's sk_msg program: %v %v", msg, err)
+	}
+	info, _ := msg.Info()
+	id, _ := info.ID()
+	msg.Close()
+	old := &progSet{}
+	p, err := bpfobj.Open(id, msgName, map[string]**ebpf.Map{"stats": &old.maps.Stats, "config": &old.maps.Config})
+	if p == nil || old.maps.Stats == nil {
+		t.Fatalf("the set's maps: %v", err)
+	}
+	defer p.Close()
+	defer old.maps.Close()
+	redirected := func() uint64 {
+		n, err := old.counters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n[statRedirected].Bytes
+	}
+	// (a round each way, the connection kept open)
+	round := func() {
+		t.Helper()
+		buf := make([]byte, 64<<10)
+		for _, p := range [][2]*net.TCPConn{{c, s}, {s, c}} {
+			if _, err := p[0].Write(buf); err != nil {
+				t.Fatal(err)
+			}
+			p[1].SetReadDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.ReadFull(p[1], buf); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	round()
+	if redirected() == 0 {
+		t.Fatal("nothing moved before the detach: the test shows nothing")
+	}
+
+	o, err := observe(first.Cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := link.RawDetachProgram(link.RawDetachProgramOptions{Target: int(o.fd.Fd()), Program: o.sets[0].ops, Attach: ebpf.AttachCGroupSockOps}); err != nil {
+		t.Fatal(err)
+	}
+	o.Close()
+	if res := b.apply(); !res.Loaded {
+		t.Fatalf("the repair: %+v", res)
+	}
+	before := redirected()
+	round()
+	if after := redirected(); after != before {
+		t.Errorf("after the repair, the detached set moved %d more bytes of its open connection", after-before)
+	}
+	if st := b.status(); st.Draining != 2 {
+		t.Errorf("status: %d sockets draining, want 2", st.Draining)
+	}
 }
