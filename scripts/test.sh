@@ -64,7 +64,7 @@ else
 	echo "== kernel tests in the VM ($(cat .cache/kernel/VERSION 2>/dev/null || basename "$(readlink -f .cache/kernel)"))"
 	# deploy/grafana: test/e2e checks the dashboard's flowtable metrics against the agent's here;
 	# examples: internal/flowtable renders them against its goldens.
-	VMEXEC_MIRROR="../../deploy/grafana ../../examples" VMEXEC_FILES="$ROOT/.cache/bin/hostaccel" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_REQUIRE_FLOWTABLE=1 HOSTACCEL_BIN=/vmtest/hostaccel" \
+	VMEXEC_MIRROR="../../deploy/grafana ../../examples" VMEXEC_FILES="$ROOT/.cache/bin/hostaccel" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_REQUIRE_FLOWTABLE=1 HOSTACCEL_REQUIRE_KTLS=1 HOSTACCEL_BIN=/vmtest/hostaccel" \
 		go test -count=1 -p 1 -timeout 40m -exec "$ROOT/vmtest/vmexec.sh" ./test/e2e/ ./test/reliability/ ./internal/probe/ ./internal/conntrack/ ./internal/tc/ ./internal/flowtable/ ./internal/sockmap/
 	# The kernel accepts the flowtable of every config validation accepted (the fuzz corpus).
 	VMEXEC_MIRROR="../lb/testdata" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_REQUIRE_FLOWTABLE=1" \

@@ -24,14 +24,16 @@ MD=$KDIR/lib/modules/$KVER
 REQ_BINS="bash nft conntrack ip tc iperf3 netperf netserver ethtool kmod tcpdump taskset"
 OPT_BINS="ss bridge nstat strace ${VMTEST_EXTRA_BINS:-}"
 # Modules (a name that is built in or absent is skipped with a warning). nft_objref carries
-# the load balancer's named counters (a module in the Debian cloud kernel, autoloaded).
+# the load balancer's named counters (a module in the Debian cloud kernel, autoloaded); tls
+# and the AES-GCM modules give kernel TLS (internal/sockmap's TestKernelTLS...).
 MODS="nf_tables nf_flow_table nf_flow_table_inet nft_flow_offload nft_ct nft_nat nft_chain_nat
 	nft_masq nft_redir nft_numgen nft_hash nft_fwd_netdev nft_dup_netdev nft_reject_inet
 	nft_fib_inet nft_limit nft_counter nft_log nft_quota nft_socket nft_objref nft_reject_ipv4
 	nf_conntrack nf_conntrack_netlink nf_nat veth dummy bridge br_netfilter macvlan
 	sch_ingress sch_clsact cls_flower cls_u32 cls_bpf cls_matchall
 	act_mirred act_gact act_bpf act_vlan act_tunnel_key act_csum act_pedit act_skbedit act_ct
-	pktgen 8021q vxlan geneve ${VMTEST_EXTRA_MODS:-}"
+	pktgen 8021q vxlan geneve
+	tls gf128mul ghash-generic ctr gcm aes_ti cryptd ${VMTEST_EXTRA_MODS:-}"
 
 mkdir -p "$(dirname "$OUT")"
 exec 9>"$OUT.lock"
