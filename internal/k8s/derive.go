@@ -158,7 +158,7 @@ func (dr *deriver) derive(base *config.Config, snap Snapshot, p Params) (*Derive
 	sum.Services = len(snap.Services)
 	lbIPs := externalAddresses(snap.Services)
 	sum.ExternalIPs = lbIPs
-	fronts := balance(snap, p, thisNode{self.Name, sum.NodeIPs, sum.LocalPodCIDRs}, warn, dr)
+	fronts := balance(snap, p, thisNode{self.Name, sum.NodeIPs, sum.LocalPodCIDRs, self.Labels[corev1.LabelTopologyZone]}, warn, dr)
 
 	c, err := clone(base)
 	if err != nil {

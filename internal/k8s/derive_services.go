@@ -152,6 +152,8 @@ type LBBackend struct {
 	// serving: not ready, but serving (terminating); up where no backend of the front is
 	// ready (fallback).
 	serving bool
+	// zones, nodes: its EndpointSlice hints (topology-aware routing)
+	zones, nodes []string
 }
 
 // Backend states, as the load balancer names them.
@@ -178,14 +180,15 @@ const DefaultAffinityTimeout = 10800 * time.Second
 type thisNode struct {
 	name          string
 	ips, podCIDRs []string
+	zone          string // its topology.kubernetes.io/zone label
 }
 
 func (n thisNode) same(o thisNode) bool {
-	return n.name == o.name && slices.Equal(n.ips, o.ips) && slices.Equal(n.podCIDRs, o.podCIDRs)
+	return n.name == o.name && n.zone == o.zone && slices.Equal(n.ips, o.ips) && slices.Equal(n.podCIDRs, o.podCIDRs)
 }
 
 func (n thisNode) clone() thisNode {
-	return thisNode{n.name, slices.Clone(n.ips), slices.Clone(n.podCIDRs)}
+	return thisNode{n.name, slices.Clone(n.ips), slices.Clone(n.podCIDRs), n.zone}
 }
 
 // balance turns the selected Services and their EndpointSlices into load balancer fronts.
@@ -282,7 +285,8 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 			}
 			all := backends(eps, sp)
 			local := filterLocal(all, self.name)
-			mk := func(front string, vips []string, port int32, bes []LBBackend) {
+			// bes: all endpoints (topology applies) or this node's (localOnly)
+			mk := func(front string, vips []string, port int32, bes []LBBackend, localOnly bool) {
 				if len(vips) == 0 || port == 0 {
 					return
 				}
@@ -300,7 +304,11 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 						Namespace: s.Namespace, Service: s.Name, Port: portName(sp), Front: front,
 						VIPs: fam, VIPPort: port, Protocol: proto, Topology: topology,
 						Scheduler: scheduler, Persistence: persistence,
-						Backends: fallback(sameFamily(bes, netip.MustParseAddr(fam[0]).Is4())),
+					}
+					if fb := sameFamily(bes, netip.MustParseAddr(fam[0]).Is4()); localOnly {
+						f.Backends = fallback(fb)
+					} else {
+						f.Backends = fallback(byTopology(fb, self))
 					}
 					if !netip.MustParseAddr(fam[0]).Is4() {
 						f.Name += "/ipv6"
@@ -335,17 +343,19 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 					out = append(out, f)
 				}
 			}
-			pick := func(localOnly bool) []LBBackend {
+			pick := func(localOnly bool) ([]LBBackend, bool) {
 				if localOnly {
-					return local
+					return local, true
 				}
-				return all
+				return all, false
 			}
-			mk(FrontCluster, clusterIPs, sp.Port, pick(internalLocal))
+			bes, lo := pick(internalLocal)
+			mk(FrontCluster, clusterIPs, sp.Port, bes, lo)
+			bes, lo = pick(externalLocal)
 			if s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer {
-				mk(FrontNodePort, sameFamilies(self.ips, clusterIPs), sp.NodePort, pick(externalLocal))
+				mk(FrontNodePort, sameFamilies(self.ips, clusterIPs), sp.NodePort, bes, lo)
 			}
-			mk(FrontExternal, external, sp.Port, pick(externalLocal))
+			mk(FrontExternal, external, sp.Port, bes, lo)
 		}
 		if dr != nil {
 			dr.keepFronts(s, eps, self, p, out[first:], warned)
@@ -452,6 +462,18 @@ func backends(eps []*discoveryv1.EndpointSlice, sp corev1.ServicePort) []LBBacke
 				}
 				c.ready = c.ready || ready
 				c.serving = c.serving || serving
+				if h := e.Hints; h != nil {
+					for _, z := range h.ForZones {
+						if !slices.Contains(c.zones, z.Name) {
+							c.zones = append(c.zones, z.Name)
+						}
+					}
+					for _, n := range h.ForNodes {
+						if !slices.Contains(c.nodes, n.Name) {
+							c.nodes = append(c.nodes, n.Name)
+						}
+					}
+				}
 			}
 		}
 	}
@@ -473,6 +495,41 @@ func backends(eps []*discoveryv1.EndpointSlice, sp corev1.ServicePort) []LBBacke
 		return cmp.Or(netip.MustParseAddr(a.Address).Compare(netip.MustParseAddr(b.Address)), cmp.Compare(a.Port, b.Port))
 	})
 	return out
+}
+
+// byTopology is kube-proxy's topology-aware routing of a front's endpoints (bes: of one
+// family, those a Cluster traffic policy uses), from the hints the EndpointSlice controller
+// gives for trafficDistribution (PreferSameNode, PreferSameZone / PreferClose) and the
+// topology-mode annotation. When every ready endpoint has node hints and one is for this
+// node, the ready ones for this node; else when every ready endpoint has zone hints and one
+// is for this node's zone, the ready ones for that zone; else all. Endpoints that are not
+// ready stay (down or draining: no new connection, unless none is ready at all, where the
+// fallback takes the serving ones, as kube-proxy's does, whatever their hints). bes is a
+// copy (sameFamily's).
+func byTopology(bes []LBBackend, self thisNode) []LBBackend {
+	allNodes, allZones, forNode, forZone, ready := true, true, false, false, false
+	for _, b := range bes {
+		if b.State != StateUp {
+			continue
+		}
+		ready = true
+		allNodes = allNodes && len(b.nodes) > 0
+		allZones = allZones && len(b.zones) > 0
+		forNode = forNode || slices.Contains(b.nodes, self.name)
+		forZone = forZone || self.zone != "" && slices.Contains(b.zones, self.zone)
+	}
+	var keep func(b LBBackend) bool
+	switch {
+	case !ready:
+		return bes
+	case allNodes && forNode:
+		keep = func(b LBBackend) bool { return slices.Contains(b.nodes, self.name) }
+	case allZones && forZone:
+		keep = func(b LBBackend) bool { return slices.Contains(b.zones, self.zone) }
+	default:
+		return bes
+	}
+	return slices.DeleteFunc(bes, func(b LBBackend) bool { return b.State == StateUp && !keep(b) })
 }
 
 func filterLocal(bes []LBBackend, node string) []LBBackend {

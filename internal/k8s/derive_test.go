@@ -642,3 +642,85 @@ func TestExternalTrafficPolicyLocalShortCircuit(t *testing.T) {
 		}
 	}
 }
+
+// Topology-aware routing (trafficDistribution PreferClose/PreferSameZone/PreferSameNode, the
+// topology-mode annotation): as kube-proxy, the fronts that use every endpoint (Cluster
+// traffic policy) take only the ready endpoints hinted for this node, else for its zone, when
+// every ready endpoint has such hints and one matches; endpoints that are not ready stay (no
+// new connections); a front of Local traffic policy is not filtered. Before, hints were
+// ignored: traffic crossed zones (and paid for it) where the cluster asked it not to.
+func TestTopologyAwareRouting(t *testing.T) {
+	hint := func(es *discoveryv1.EndpointSlice, i int, zones, nodes []string) {
+		h := &discoveryv1.EndpointHints{}
+		for _, z := range zones {
+			h.ForZones = append(h.ForZones, discoveryv1.ForZone{Name: z})
+		}
+		for _, n := range nodes {
+			h.ForNodes = append(h.ForNodes, discoveryv1.ForNode{Name: n})
+		}
+		es.Endpoints[i].Hints = h
+	}
+	web := service("default", "web", corev1.ServiceTypeNodePort, "10.96.0.10", port("http", 80, 8080, 30080))
+	self := node("self", []string{"10.244.0.0/24"}, "172.18.0.2")
+	self.Labels = map[string]string{corev1.LabelTopologyZone: "zone-a"}
+	derive := func(es *discoveryv1.EndpointSlice, etpLocal bool) map[string][]string {
+		t.Helper()
+		w := web.DeepCopy()
+		if etpLocal {
+			w.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		}
+		d, err := Derive(mustBase(t, baseYAML), Snapshot{Nodes: []*corev1.Node{self}, Services: []*corev1.Service{w}, EndpointSlices: []*discoveryv1.EndpointSlice{es}}, Params{NodeName: "self"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string][]string{}
+		for _, f := range d.Summary.Balanced {
+			for _, b := range f.Backends {
+				out[f.Front] = append(out[f.Front], b.Address+"="+b.State)
+			}
+			slices.Sort(out[f.Front])
+		}
+		return out
+	}
+	zoned := func() *discoveryv1.EndpointSlice {
+		es := slice("default", "web", "web-a", "http", 8080,
+			up("10.244.1.1", "n1"), up("10.244.2.1", "n2"), up("10.244.0.1", "self"), notReady("10.244.2.2", "n2"))
+		hint(es, 0, []string{"zone-a"}, nil)
+		hint(es, 1, []string{"zone-b"}, nil)
+		hint(es, 2, []string{"zone-b"}, nil)
+		return es
+	}
+	all := []string{"10.244.0.1=up", "10.244.1.1=up", "10.244.2.1=up", "10.244.2.2=down"}
+	for _, c := range []struct {
+		name  string
+		es    func() *discoveryv1.EndpointSlice
+		local bool
+		want  map[string][]string
+	}{
+		{"zone hints, one for this zone", zoned, false,
+			map[string][]string{FrontCluster: {"10.244.1.1=up", "10.244.2.2=down"}, FrontNodePort: {"10.244.1.1=up", "10.244.2.2=down"}}},
+		{"a ready endpoint without hints: all", func() *discoveryv1.EndpointSlice {
+			es := zoned()
+			es.Endpoints[2].Hints = nil
+			return es
+		}, false, map[string][]string{FrontCluster: all, FrontNodePort: all}},
+		{"no hint for this zone: all", func() *discoveryv1.EndpointSlice {
+			es := zoned()
+			hint(es, 0, []string{"zone-c"}, nil)
+			return es
+		}, false, map[string][]string{FrontCluster: all, FrontNodePort: all}},
+		{"node hints, one for this node", func() *discoveryv1.EndpointSlice {
+			es := zoned()
+			hint(es, 0, []string{"zone-a"}, []string{"n1"})
+			hint(es, 1, []string{"zone-b"}, []string{"n2"})
+			hint(es, 2, []string{"zone-b"}, []string{"self"})
+			return es
+		}, false, map[string][]string{FrontCluster: {"10.244.0.1=up", "10.244.2.2=down"}, FrontNodePort: {"10.244.0.1=up", "10.244.2.2=down"}}},
+		{"externalTrafficPolicy Local: the node port keeps its local endpoint", zoned, true,
+			map[string][]string{FrontCluster: {"10.244.1.1=up", "10.244.2.2=down"}, FrontNodePort: {"10.244.0.1=up"}}},
+	} {
+		if got := derive(c.es(), c.local); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s:\n got %v\nwant %v", c.name, got, c.want)
+		}
+	}
+}

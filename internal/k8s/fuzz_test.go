@@ -183,7 +183,30 @@ func (f *fuzzObjects) snapshot() (Snapshot, Params, string) {
 		}
 	}
 	p.Services = []ServicePolicy{"", ServicesLabeled, ServicesAll, "", ServicesAll, ServicesNone}[f.n(5)]
-	return snap, p, fuzzBases[f.n(len(fuzzBases)-1)]
+	base := fuzzBases[f.n(len(fuzzBases)-1)]
+	// Topology: zones of nodes and hints of endpoints, from the bytes left (none in the
+	// seeds of before: they read as they did).
+	zones := palette[string]{ok: []string{"zone-a", "zone-b"}, odd: []string{""}}
+	for _, n := range snap.Nodes {
+		if f.bool() {
+			n.Labels = map[string]string{corev1.LabelTopologyZone: f.str(zones)}
+		}
+	}
+	for _, es := range snap.EndpointSlices {
+		for i := range es.Endpoints {
+			if f.bool() {
+				h := &discoveryv1.EndpointHints{}
+				for range f.n(2) {
+					h.ForZones = append(h.ForZones, discoveryv1.ForZone{Name: f.str(zones)})
+				}
+				for range f.n(2) {
+					h.ForNodes = append(h.ForNodes, discoveryv1.ForNode{Name: f.str(fuzzNodeNames)})
+				}
+				es.Endpoints[i].Hints = h
+			}
+		}
+	}
+	return snap, p, base
 }
 
 // slice builds an EndpointSlice: mostly one of Service of (same namespace, its ports), else
