@@ -223,6 +223,14 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 			slicesOf[k] = append(slicesOf[k], es)
 		}
 	}
+	var podCIDRs4, podCIDRs6 []string // this node's, by family
+	for _, c := range self.podCIDRs {
+		if pc, err := model.ParsePrefix(c); err == nil && pc.Addr().Is4() {
+			podCIDRs4 = append(podCIDRs4, pc.String())
+		} else if err == nil {
+			podCIDRs6 = append(podCIDRs6, pc.String())
+		}
+	}
 	out := make([]LBFront, 0, len(svcs))
 	for _, s := range svcs {
 		eps := slicesOf[nsName{s.Namespace, s.Name}]
@@ -318,11 +326,9 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 					}
 					f.LBName = name(f.Name)
 					is4 := netip.MustParseAddr(fam[0]).Is4()
-					var podCIDRs []string // this node's, of the family
-					for _, c := range self.podCIDRs {
-						if pc, err := model.ParsePrefix(c); err == nil && pc.Addr().Is4() == is4 {
-							podCIDRs = append(podCIDRs, pc.String())
-						}
+					podCIDRs := podCIDRs4
+					if !is4 {
+						podCIDRs = podCIDRs6
 					}
 					if front == FrontCluster {
 						// clients from off the cluster (a route to the Service CIDR that

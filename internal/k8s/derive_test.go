@@ -724,3 +724,31 @@ func TestTopologyAwareRouting(t *testing.T) {
 		}
 	}
 }
+
+// A node port front of a Local Service whose only VIP another service has, and whose cluster
+// front is not balanced either: its reason should name the service that has its VIP, not
+// "no endpoints" (claim overwrites leaveOut's reason when it drops the internal clients).
+func TestSkippedReasonKeptBesideInternal(t *testing.T) {
+	web := service("default", "web", corev1.ServiceTypeNodePort, "10.96.0.10", port("http", 80, 8080, 30080))
+	web.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	snap := Snapshot{
+		Nodes:          []*corev1.Node{node("self", []string{"10.244.0.0/24"}, "172.18.0.2"), node("n1", []string{"10.244.1.0/24"}, "172.18.0.3")},
+		Services:       []*corev1.Service{web},
+		EndpointSlices: []*discoveryv1.EndpointSlice{slice("default", "web", "web-a", "http", 8080, up("10.244.1.5", "n1"))},
+	}
+	base := mustBase(t, baseYAML+`loadBalancer:
+  services:
+  - {name: static, vips: ["10.96.0.10"], port: 80, backends: [{address: "10.244.0.9"}]}
+  - {name: static2, vips: ["172.18.0.2"], port: 30080, backends: [{address: "10.244.0.9"}]}
+`)
+	d, err := Derive(base, snap, Params{NodeName: "self"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range d.Summary.Balanced {
+		t.Logf("%s: skipped %q", f.Name, f.Skipped)
+		if f.Front == FrontNodePort && !strings.Contains(f.Skipped, "static2") {
+			t.Errorf("%s: skipped %q; want the reason that names static2 (which has 172.18.0.2 tcp/30080)", f.Name, f.Skipped)
+		}
+	}
+}

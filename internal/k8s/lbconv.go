@@ -89,7 +89,7 @@ func (dr *deriver) claim(i int, f *LBFront, used map[svcKey]string, names map[st
 		f.Skipped = fmt.Sprintf("the name %s is already used", m.src.Name)
 	} else {
 		reduced = f.leaveOut(takenVIPs(f.VIPs, m.vipKeys(), used), warn)
-		if f.Internal != "" && !servesInternal(names[f.Internal], f) {
+		if f.Skipped == "" && f.Internal != "" && !servesInternal(names[f.Internal], f) {
 			f.Internal, f.InternalSources, reduced = "", nil, true
 			if len(f.Backends) == 0 {
 				f.Skipped = "no endpoints"
@@ -119,7 +119,7 @@ func (dr *deriver) claim(i int, f *LBFront, used map[svcKey]string, names map[st
 // so when the cluster front was not claimed, or another took its name (two ports of one
 // name, which the API does not allow).
 func servesInternal(t *lb.Service, f *LBFront) bool {
-	if t == nil || t.Internal != nil || cmp.Or(t.Protocol, "tcp") != f.Protocol || t.Topology != lb.DNAT && t.Topology != lb.SNAT {
+	if t == nil || t.Internal != nil || cmp.Or(t.Protocol, "tcp") != f.Protocol || t.Topology != lb.DNAT || t.Port == 0 {
 		return false
 	}
 	is4 := func(v string) bool { a, err := netip.ParseAddr(v); return err == nil && a.Is4() }

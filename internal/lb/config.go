@@ -131,11 +131,13 @@ type Service struct {
 // Internal says which clients of a service are internal, and the service that serves them:
 // Kubernetes' short-circuit of externalTrafficPolicy Local, where a node's own Pods and the
 // node itself reach every endpoint of a Service through its load balancer IP or node port,
-// and outside clients only this node's. Service is another snat or dnat service of the same
-// protocol, with a VIP of each of this one's families and no Internal of its own; its
-// schedule, persistence and counters apply. A service with Internal may have no backends:
-// outside clients are then refused. Connections of this host are masqueraded (their source
-// may be the VIP itself, which the chosen backend would answer elsewhere).
+// and outside clients only this node's. Service is another dnat service of the same
+// protocol, with a VIP of each of this one's families, no Internal of its own and, as this
+// one, a single port; its schedule, persistence and counters apply. Source NAT is this
+// service's (its post chain is keyed by its VIPs): connections of this host are masqueraded
+// (their source may be the VIP itself, which the chosen backend would answer elsewhere), and
+// its own hairpin (its backends), not the serving service's hairpin or masqueradeExcept. A
+// service with Internal may have no backends: outside clients are then refused.
 type Internal struct {
 	Service string `json:"service"`
 	// Sources: clients in these CIDRs are internal.
@@ -342,10 +344,16 @@ func checkInternal(svcs []Service, i int, names map[string]int, field func(int) 
 	switch {
 	case t.Internal != nil:
 		return []error{fmt.Errorf("%s: %s (%s) has internal clients of its own (one step only)", f, model.Quote(t.Name), field(j))}
-	case t.topology() != SNAT && t.topology() != DNAT:
-		return []error{fmt.Errorf("%s: %s (%s) is %s, not snat or dnat", f, model.Quote(t.Name), field(j), t.topology())}
+	case t.topology() != DNAT:
+		// (a snat service's source NAT is keyed by its own VIPs: internal clients, whose
+		// connections are to this service's, would keep their address)
+		return []error{fmt.Errorf("%s: %s (%s) is %s, not dnat", f, model.Quote(t.Name), field(j), t.topology())}
 	case t.proto() != s.proto():
 		return []error{fmt.Errorf("%s: %s (%s) is %s, this service %s", f, model.Quote(t.Name), field(j), t.proto(), s.proto())}
+	case len(s.ports()) != 1 || len(t.ports()) != 1:
+		// (the serving service's backends have its port: a second port of this service would
+		// reach the same backend port, a serving service of several ports keeps this one's)
+		return []error{fmt.Errorf("%s: both services must have one port (port, not ports)", f)}
 	}
 	var has [2]bool
 	for _, v := range t.VIPs {

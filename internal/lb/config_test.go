@@ -182,7 +182,17 @@ func TestValidationOfInternalClients(t *testing.T) {
 		{`loadBalancer.services[1].internal.service: "cluster" (loadBalancer.services[0]) has internal clients of its own (one step only)`, func(c, l *Service) {
 			c.Internal = &Internal{Service: "web", LocalHost: true}
 		}},
-		{`loadBalancer.services[1].internal.service: "cluster" (loadBalancer.services[0]) is dsr, not snat or dnat`, func(c, l *Service) {
+		{`loadBalancer.services[1].internal.service: "cluster" (loadBalancer.services[0]) is snat, not dnat`, func(c, l *Service) { c.Topology = SNAT }},
+		{`loadBalancer.services[1].internal.service: both services must have one port (port, not ports)`, func(c, l *Service) {
+			l.Port, l.Ports = 0, []int{80, 81}
+		}},
+		{`loadBalancer.services[1].internal.service: both services must have one port (port, not ports)`, func(c, l *Service) {
+			c.Port, c.Ports = 0, []int{80, 81}
+			for i := range c.Backends {
+				c.Backends[i].Port = 0
+			}
+		}},
+		{`loadBalancer.services[1].internal.service: "cluster" (loadBalancer.services[0]) is dsr, not dnat`, func(c, l *Service) {
 			c.Topology, c.Interface, c.VIPs = DSR, "eth0", []string{"10.96.0.10"}
 			c.Backends = []Backend{{Address: "10.0.1.11"}}
 		}},

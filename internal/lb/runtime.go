@@ -525,6 +525,14 @@ func (r *Runtime) flush(prev, cur *Desired) {
 			if was[HealthKey(ss.Service.Name, b.Key)] && !b.Known {
 				err := r.FlushConntrack(ss.VIPs, ss.Ports, ss.Protocol, b.Addr, b.Port)
 				r.Log.Info("flushed the conntrack entries of a backend that left", "service", ss.Service.Name, "backend", b.Key, "err", err)
+				// and those of the internal clients it serves for other services, which
+				// connected to their VIPs
+				for _, o := range cur.Services {
+					if in := o.Service.Internal; in != nil && in.Service == ss.Service.Name {
+						err := r.FlushConntrack(o.VIPs, o.Ports, o.Protocol, b.Addr, b.Port)
+						r.Log.Info("flushed the conntrack entries of a backend that left", "service", o.Service.Name, "internal clients of", ss.Service.Name, "backend", b.Key, "err", err)
+					}
+				}
 			}
 		}
 	}

@@ -552,6 +552,31 @@ loadBalancer:
 	}
 }
 
+// One apply that removes the service serving internal clients and points the other at a new
+// one, then one that removes the referring service too: the kernel takes each transaction
+// (the chain that referred to the old one is rewritten before that one is deleted).
+func TestLoadBalancerInternalServiceSwapped(t *testing.T) {
+	tp := lbTopo(t)
+	a := tp.Addrs(false)
+	cfg := func(svcs string) string {
+		return nodeConfig(tp, fmt.Sprintf(`datapath: none
+loadBalancer:
+  api: {disabled: true}
+  stateFile: %s/lb-services.yaml
+  services:
+%s`, t.TempDir(), svcs))
+	}
+	serving := func(name, vip string) string {
+		return fmt.Sprintf("  - {name: %s, vips: [\"%s\"], port: %d, topology: dnat, backends: [{address: \"%s\"}]}\n", name, vip, lbPort, a.RemotePod)
+	}
+	local := func(to string) string {
+		return fmt.Sprintf("  - {name: local, vips: [\"%s\"], port: %d, topology: dnat, internal: {service: %s, localHost: true}, backends: []}\n", lbVIP[false], lbPort, to)
+	}
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, cfg(serving("one", "10.96.0.10")+local("one"))))
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, cfg(serving("two", "10.96.0.11")+local("two"))))
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, cfg(serving("three", "10.96.0.12"))))
+}
+
 func famName(v6 bool) string {
 	if v6 {
 		return "IPv6"

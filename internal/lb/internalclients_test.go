@@ -1,0 +1,47 @@
+package lb
+
+import (
+	"io"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"testing"
+)
+
+// A UDP service whose internal clients go to another: when a backend of the serving service
+// goes down, the conntrack entries of the internal clients' connections to it (their original
+// destination is this service's VIP and port) must be flushed too, as kube-proxy does for a
+// node port or load balancer IP of an externalTrafficPolicy Local Service.
+func TestInternalClientsFlushConntrack(t *testing.T) {
+	svcs := func(state string) []Service {
+		return []Service{
+			{Name: "cluster", VIPs: []string{"10.96.0.10"}, Port: 53, Protocol: "udp", Topology: DNAT, FlushConntrack: true,
+				Backends: []Backend{{Address: "10.244.2.2", Port: 5353, State: state}, {Address: "10.244.3.2", Port: 5353}}},
+			{Name: "local", VIPs: []string{"192.0.2.1"}, Port: 30053, Protocol: "udp", Topology: DNAT, FlushConntrack: true,
+				Internal: &Internal{Service: "cluster", Sources: []string{"10.244.1.0/24"}, LocalHost: true}},
+		}
+	}
+	for _, s := range [][]Service{svcs(""), svcs(StateDown)} {
+		if errs := ValidateServices(s, func(i int) string { return s[i].Name }); len(errs) > 0 {
+			t.Fatal(errs)
+		}
+	}
+	type call struct {
+		VIPs    []netip.Addr
+		Ports   []int
+		Backend netip.Addr
+	}
+	var calls []call
+	r := &Runtime{Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		FlushConntrack: func(vips []netip.Addr, ports []int, proto string, be netip.Addr, bp int) error {
+			calls = append(calls, call{vips, ports, be})
+			return nil
+		}}
+	r.flush(Resolve(svcs(""), nil, Env{}), Resolve(svcs(StateDown), nil, Env{}))
+	t.Logf("flush calls: %+v", calls)
+	if !slices.ContainsFunc(calls, func(c call) bool {
+		return slices.Contains(c.VIPs, netip.MustParseAddr("192.0.2.1")) && slices.Contains(c.Ports, 30053) && c.Backend == netip.MustParseAddr("10.244.2.2")
+	}) {
+		t.Errorf("the internal clients' entries (192.0.2.1 udp/30053 -> 10.244.2.2) are not flushed: only %+v", calls)
+	}
+}
