@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -43,5 +44,15 @@ func TestInternalClientsFlushConntrack(t *testing.T) {
 		return slices.Contains(c.VIPs, netip.MustParseAddr("192.0.2.1")) && slices.Contains(c.Ports, 30053) && c.Backend == netip.MustParseAddr("10.244.2.2")
 	}) {
 		t.Errorf("the internal clients' entries (192.0.2.1 udp/30053 -> 10.244.2.2) are not flushed: only %+v", calls)
+	}
+}
+
+// Status says who a service's internal clients are and which service serves them.
+func TestStatusShowsInternalClients(t *testing.T) {
+	var b strings.Builder
+	WriteService(&b, ServiceStatus{Name: "local", Origin: "config", Topology: DNAT, Protocol: "tcp", VIPs: []string{"192.0.2.1"}, Ports: []int{80},
+		Service: Service{Internal: &Internal{Service: "cluster", Sources: []string{"10.244.0.0/24"}, LocalHost: true}}})
+	if want := "internal clients (10.244.0.0/24, this host): served by cluster"; !strings.Contains(b.String(), want) {
+		t.Errorf("status:\n%s\nwant %q", b.String(), want)
 	}
 }

@@ -172,6 +172,16 @@ func WriteService(w io.Writer, s ServiceStatus) {
 			fmt.Fprintf(w, " NOT INSTALLED: %s", s.Skipped)
 		}
 		fmt.Fprintln(w)
+		if in := s.Service.Internal; in != nil {
+			var who []string
+			if len(in.Sources) > 0 {
+				who = append(who, strings.Join(in.Sources, ","))
+			}
+			if in.LocalHost {
+				who = append(who, "this host")
+			}
+			fmt.Fprintf(w, "  internal clients (%s): served by %s\n", strings.Join(who, ", "), in.Service)
+		}
 		tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
 		fmt.Fprintln(tw, "  BACKEND\tWEIGHT\tPRIO\tADMIN\tHEALTH\tIN MAPS\tCHECKED\tTRANSITIONS\tWHY")
 		for _, b := range s.Backends {
