@@ -171,6 +171,10 @@ const (
 	FrontCluster  = "cluster"
 	FrontNodePort = "nodeport"
 	FrontExternal = "external"
+	// FrontExternalIP: the externalIPs of a LoadBalancer Service with loadBalancerSourceRanges,
+	// which restrict its ingress IPs only (as kube-proxy's firewall); without ranges they are
+	// part of the external front.
+	FrontExternalIP = "externalip"
 )
 
 // DefaultAffinityTimeout is Kubernetes' default sessionAffinityConfig.clientIP.timeoutSeconds.
@@ -276,6 +280,16 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 			clusterIPs = []string{s.Spec.ClusterIP}
 		}
 		external := externalAddresses([]*corev1.Service{s})
+		var externalIPs []string // apart: sourceRanges restrict the ingress IPs only
+		if s.Spec.Type == corev1.ServiceTypeLoadBalancer && len(s.Spec.LoadBalancerSourceRanges) > 0 {
+			ingress := externalAddresses([]*corev1.Service{{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer}, Status: s.Status}})
+			for _, ip := range external {
+				if !slices.Contains(ingress, ip) {
+					externalIPs = append(externalIPs, ip)
+				}
+			}
+			external = ingress
+		}
 		scheduler := s.Annotations[AnnotationScheduler]
 		if scheduler != "" && !slices.Contains(schedulers, scheduler) {
 			warn("service %s/%s: %s %q is not one of %v; using the default", s.Namespace, s.Name, AnnotationScheduler, scheduler, schedulers)
@@ -360,6 +374,9 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 			bes, lo = pick(externalLocal)
 			if s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer {
 				mk(FrontNodePort, sameFamilies(self.ips, clusterIPs), sp.NodePort, bes, lo)
+			}
+			if len(externalIPs) > 0 {
+				mk(FrontExternalIP, externalIPs, sp.Port, bes, lo)
 			}
 			mk(FrontExternal, external, sp.Port, bes, lo)
 		}

@@ -541,6 +541,8 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 	web := service("default", "web", corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
 	web.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "172.18.0.151"}, {IP: "2001:db8::151"}}
 	web.Spec.LoadBalancerSourceRanges = []string{" 192.0.2.0/24", "198.51.100.7/32", "bad"}
+	// (externalIPs are not restricted, as with kube-proxy: before, they shared the ranges)
+	web.Spec.ExternalIPs = []string{"203.0.113.9", "172.18.0.151"}
 	snap := Snapshot{
 		Nodes:          []*corev1.Node{node("self", []string{"10.244.0.0/24"}, "172.18.0.2")},
 		Services:       []*corev1.Service{web},
@@ -552,24 +554,23 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 	}
 	got := map[string][]string{}
 	for _, f := range d.Summary.Balanced {
-		got[f.Name] = f.SourceRanges
+		got[f.Name] = append([]string{strings.Join(f.VIPs, ",")}, f.SourceRanges...)
 	}
 	want := map[string][]string{
-		"default/web:http/cluster":       nil,
-		"default/web:http/nodeport":      nil,
-		"default/web:http/external":      {"192.0.2.0/24", "198.51.100.7/32"},
-		"default/web:http/external/ipv6": {"::/128"},
+		"default/web:http/cluster":       {"10.96.0.10"},
+		"default/web:http/nodeport":      {"172.18.0.2"},
+		"default/web:http/external":      {"172.18.0.151", "192.0.2.0/24", "198.51.100.7/32"},
+		"default/web:http/external/ipv6": {"2001:db8::151", "::/128"},
+		"default/web:http/externalip":    {"203.0.113.9"},
 	}
-	for name, w := range want {
-		if r, ok := got[name]; !ok || !slices.Equal(r, w) {
-			t.Errorf("%s: source ranges %v (front there: %v), want %v", name, r, ok, w)
-		}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("fronts (VIPs, then source ranges):\n got %v\nwant %v", got, want)
 	}
 	if !slices.ContainsFunc(d.Summary.Warnings, func(w string) bool { return strings.Contains(w, `"bad" is not a CIDR`) }) {
 		t.Errorf("warnings %q, want one for the bad range", d.Summary.Warnings)
 	}
 	for _, s := range d.Config.LoadBalancer.Services {
-		if slices.Contains(s.VIPs, "172.18.0.151") && !slices.Equal(s.SourceRanges, want["default/web:http/external"]) {
+		if slices.Contains(s.VIPs, "172.18.0.151") && !slices.Equal(s.SourceRanges, want["default/web:http/external"][1:]) {
 			t.Errorf("the load balancer service of 172.18.0.151: source ranges %v", s.SourceRanges)
 		}
 	}

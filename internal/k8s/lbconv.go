@@ -53,7 +53,7 @@ func (dr *deriver) lbServices(static []lb.Service, fronts []LBFront, warn func(s
 	taken := make([]*svcMemo, len(fronts))
 	for pass := range 2 {
 		for i := range fronts {
-			if (fronts[i].Front == FrontExternal) != (pass == 1) {
+			if (fronts[i].Front == FrontExternal || fronts[i].Front == FrontExternalIP) != (pass == 1) {
 				continue
 			}
 			taken[i] = dr.claim(i, &fronts[i], used, names, warn)
