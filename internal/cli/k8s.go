@@ -218,6 +218,9 @@ func writeKubernetes(out io.Writer, st k8s.Status) {
 				bs = append(bs, hostPorts([]string{b.Address}, b.Port)+" "+b.State)
 			}
 			backends := strings.Join(bs, ", ")
+			if len(bs) == 0 {
+				backends = "(no endpoints: clients refused)"
+			}
 			if f.Skipped != "" {
 				backends = "(" + f.Skipped + ")"
 			}

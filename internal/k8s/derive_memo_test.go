@@ -177,7 +177,9 @@ loadBalancer:
 	}
 	for i := range d.Config.LoadBalancer.Services {
 		s := &d.Config.LoadBalancer.Services[i]
-		s.Backends[0].State = lb.StateDown
+		if len(s.Backends) > 0 {
+			s.Backends[0].State = lb.StateDown
+		}
 		s.VIPs[0] = "192.0.2.99"
 	}
 	checkSame(t, &dr, base, snap, p, "after the caller changed the last config")

@@ -124,7 +124,9 @@ type LBFront struct {
 	// LoadBalancer): only those clients reach it.
 	SourceRanges []string    `json:"sourceRanges,omitempty"`
 	Backends     []LBBackend `json:"backends"`
-	// Skipped says why the front is not given to the load balancer (no endpoints).
+	// Skipped says why the front is not given to the load balancer (another service has its
+	// VIPs, the load balancer rejects it). A front without endpoints is given: it refuses its
+	// clients, as kube-proxy rejects them.
 	Skipped string `json:"skipped,omitempty"`
 	// LeftOut says, per VIP the front does not serve (another Service has it), why; VIPs
 	// lists those it serves.
@@ -356,9 +358,6 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 							cluster += "/ipv6"
 						}
 						f.Internal, f.InternalSources = name(cluster), podCIDRs
-					}
-					if len(f.Backends) == 0 && f.Internal == "" {
-						f.Skipped = "no endpoints"
 					}
 					out = append(out, f)
 				}

@@ -226,17 +226,22 @@ func TestDeriveBalancedServices(t *testing.T) {
 		t.Error("services: all left out an unlabeled Service")
 	}
 
-	// A Service without endpoints is not given to the load balancer (it needs a backend).
+	// A Service without endpoints is given to the load balancer without backends: it refuses
+	// its clients, as kube-proxy rejects them (before, it was left out, and a connection to its
+	// ClusterIP went to the default route and hung).
 	snap.EndpointSlices = snap.EndpointSlices[:2]
 	d, err = Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(d.Config.LoadBalancer.Services); n != 3 {
-		t.Errorf("%d load balancer services, want 3 (sticky has no endpoints)", n)
+	if n := len(d.Config.LoadBalancer.Services); n != 4 {
+		t.Errorf("%d load balancer services, want 4 (sticky's without backends)", n)
 	}
-	if f := d.Summary.Balanced[0]; f.Service != "sticky" || f.Skipped != "no endpoints" {
+	if f := d.Summary.Balanced[0]; f.Service != "sticky" || f.Skipped != "" || len(f.Backends) != 0 {
 		t.Errorf("sticky: %+v", f)
+	}
+	if s := d.Config.LoadBalancer.Services[0]; !slices.Equal(s.VIPs, []string{"10.96.0.20"}) || len(s.Backends) != 0 {
+		t.Errorf("sticky's load balancer service: %+v", s)
 	}
 }
 
@@ -581,8 +586,7 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 // kube-proxy short-circuits them; outside clients get this node's endpoints. A node without
 // local endpoints balances those fronts anyway (before, "no endpoints": its own Pods could
 // not reach the Service's load balancer IP or node port). When the cluster front is not
-// balanced (its ClusterIP and port served by the base), they lose their internal clients, and
-// without local endpoints are skipped again.
+// balanced (its ClusterIP and port served by the base), they lose their internal clients.
 func TestExternalTrafficPolicyLocalShortCircuit(t *testing.T) {
 	web := service("default", "web", corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
 	web.Spec.ClusterIPs = []string{"10.96.0.10", "fd00:96::10"}
@@ -623,8 +627,8 @@ func TestExternalTrafficPolicyLocalShortCircuit(t *testing.T) {
 		t.Errorf("load balancer services:\n got %v\nwant %v", got, want)
 	}
 
-	// The cluster front's ClusterIP and port are the base's: no short-circuit, and fronts
-	// without local endpoints are skipped.
+	// The cluster front's ClusterIP and port are the base's: no short-circuit (the fronts
+	// without local endpoints refuse every client).
 	base := mustBase(t, baseYAML+`loadBalancer:
   services:
   - {name: static, vips: ["10.96.0.10"], port: 80, backends: [{address: "10.244.0.9"}]}
@@ -635,7 +639,7 @@ func TestExternalTrafficPolicyLocalShortCircuit(t *testing.T) {
 	}
 	for _, f := range d.Summary.Balanced {
 		v4 := netip.MustParseAddr(f.VIPs[0]).Is4()
-		if f.Front != FrontCluster && v4 && (f.Skipped != "no endpoints" || f.Internal != "") {
+		if f.Front != FrontCluster && v4 && (f.Skipped != "" || f.Internal != "" || len(f.Backends) != 0) {
 			t.Errorf("%s without its cluster front: skipped %q, internal %q", f.Name, f.Skipped, f.Internal)
 		}
 		if f.Front != FrontCluster && !v4 && (f.Skipped != "" || f.Internal != c6) {

@@ -13,8 +13,8 @@ import (
 )
 
 // lbServices turns the derived fronts into the load balancer's services: one per front, with
-// Kubernetes readiness as the backends' admin state (no health check of its own). Fronts
-// without endpoints are left out: the load balancer needs a backend. So is a front the load
+// Kubernetes readiness as the backends' admin state (no health check of its own). A front
+// without endpoints refuses its clients (kube-proxy rejects them). A front the load
 // balancer would reject (a port or address it cannot serve, a name, VIP and port that the
 // base config's services or another front already have): its Skipped says why, and a warning.
 // One Service must not break the whole derived config, which would keep this node's last good
@@ -91,9 +91,6 @@ func (dr *deriver) claim(i int, f *LBFront, used map[svcKey]string, names map[st
 		reduced = f.leaveOut(takenVIPs(f.VIPs, m.vipKeys(), used), warn)
 		if f.Skipped == "" && f.Internal != "" && !servesInternal(names[f.Internal], f) {
 			f.Internal, f.InternalSources, reduced = "", nil, true
-			if len(f.Backends) == 0 {
-				f.Skipped = "no endpoints"
-			}
 		}
 	}
 	if f.Skipped != "" {

@@ -98,7 +98,7 @@ func TestAPI(t *testing.T) {
 	}{
 		{http.MethodPost, "/v1/services", []byte("name: bad\nvips: [192.0.2.30]\nport: 0\nbackends: [{address: 10.1.0.11}]\n"), "services[bad].port: 0 is not a valid port"},
 		{http.MethodPost, "/v1/services", []byte("name: bad\nbogus: 1\n"), `service: unknown field "bogus"`},
-		{http.MethodPost, "/v1/services", []byte("name: nob\nvips: [192.0.2.31]\nport: 80\n"), "services[nob].backends: a dnat service needs at least one backend"},
+		{http.MethodPost, "/v1/services", []byte("name: nob\nvips: [192.0.2.31]\nport: 80\ntopology: dsr\ninterface: eth0\n"), "services[nob].backends: a dsr service needs at least one backend"},
 		{http.MethodPost, "/v1/services", api, `service "api" exists`},
 		{http.MethodPatch, ServicePath("api"), map[string]any{"vips": []string{"192.0.2.10"}}, `services[api].vips[0]: 192.0.2.10 tcp/80 is already used by service "web"`},
 		{http.MethodPatch, ServicePath("api"), map[string]any{"name": "other"}, "cannot be renamed"},

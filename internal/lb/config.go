@@ -136,8 +136,8 @@ type Service struct {
 // one, a single port; its schedule, persistence and counters apply. Source NAT is this
 // service's (its post chain is keyed by its VIPs): connections of this host are masqueraded
 // (their source may be the VIP itself, which the chosen backend would answer elsewhere), and
-// its own hairpin (its backends), not the serving service's hairpin or masqueradeExcept. A
-// service with Internal may have no backends: outside clients are then refused.
+// its own hairpin (its backends), not the serving service's hairpin or masqueradeExcept. With
+// no backends of its own, it refuses outside clients.
 type Internal struct {
 	Service string `json:"service"`
 	// Sources: clients in these CIDRs are internal.
@@ -552,7 +552,9 @@ func (s *Service) validate(f string) []error {
 	}
 
 	// Backends.
-	if len(s.Backends) == 0 && s.Internal == nil {
+	// (a snat or dnat service without backends refuses its clients, as one whose backends are
+	// all down: Kubernetes' Services without endpoints)
+	if len(s.Backends) == 0 && topo != SNAT && topo != DNAT {
 		bad("backends: a %s service needs at least one backend", topo)
 	}
 	type bkey struct {

@@ -57,7 +57,7 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].scheduler: "lc" is not one of rr, weight, hash, symhash`, func(s *Service) { s.Scheduler = "lc" }},
 		{`services[0].hashFields: only the hash scheduler hashes fields`, func(s *Service) { s.HashFields = []string{"src-ip"} }},
 		{`services[0].hashFields[0]: "mac" is not one of src-ip, src-port, dst-ip, dst-port`, func(s *Service) { s.Scheduler, s.HashFields = Hash, []string{"mac"} }},
-		{`services[0].backends: a dnat service needs at least one backend`, func(s *Service) { s.Backends = nil }},
+		{`services[0].backends: a dsr service needs at least one backend`, func(s *Service) { s.Topology, s.Interface, s.Backends = DSR, "eth0", nil }},
 		{`services[0].backends[0].address: "backend1" is not a valid IP address`, func(s *Service) { s.Backends[0].Address = "backend1" }},
 		{`services[0].backends[1]: 10.0.1.11 port 8080 is listed twice`, func(s *Service) { s.Backends[1].Address = "10.0.1.11" }},
 		{`services[0].backends[0].weight: 1001 is not between 1 and 1000`, func(s *Service) { s.Backends[0].Weight = new(1001) }},
@@ -200,7 +200,6 @@ func TestValidationOfInternalClients(t *testing.T) {
 		{`loadBalancer.services[1].internal.service: "cluster" (loadBalancer.services[0]) has no IPv6 VIP (vips[1] is 2001:db8::10)`, func(c, l *Service) {
 			c.VIPs, c.Backends = c.VIPs[:1], c.Backends[:1]
 		}},
-		{`loadBalancer.services[0].backends: a dnat service needs at least one backend`, func(c, l *Service) { c.Backends = nil }},
 	} {
 		c0, l0 := cluster.Clone(), local.Clone()
 		c.mutate(&c0, &l0)

@@ -3,12 +3,14 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -575,6 +577,48 @@ loadBalancer:
 	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, cfg(serving("one", "10.96.0.10")+local("one"))))
 	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, cfg(serving("two", "10.96.0.11")+local("two"))))
 	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, cfg(serving("three", "10.96.0.12"))))
+}
+
+// A dnat service without backends (Kubernetes: a Service without endpoints) refuses its
+// clients at once, as kube-proxy rejects them: TCP gets a reset, IPv4 and IPv6, from another
+// host and from the node itself. Before, such a Kubernetes front was not installed, and a
+// connection to its ClusterIP followed the default route and hung.
+func TestLoadBalancerServiceWithoutBackendsRefuses(t *testing.T) {
+	tp := lbTopo(t)
+	for _, v6 := range []bool{false, true} {
+		if err := tp.Node.RouteAdd(netip.PrefixFrom(lbVIP[v6], lbVIP[v6].BitLen()), tp.Addrs(v6).Remote); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, nodeConfig(tp, fmt.Sprintf(`datapath: none
+loadBalancer:
+  api: {disabled: true}
+  stateFile: %s/lb-services.yaml
+  services:
+  - {name: empty, vips: ["%s", "%s"], port: %d, topology: dnat, backends: []}
+`, t.TempDir(), lbVIP[false], lbVIP[true], lbPort))))
+	for _, v6 := range []bool{false, true} {
+		for _, c := range []struct {
+			who string
+			ns  *testbed.NS
+			src netip.Addr
+		}{{"another host", tp.Remote, tp.Addrs(v6).External}, {"the node", tp.Node, netip.Addr{}}} {
+			err := c.ns.Do(func() error {
+				d := net.Dialer{Timeout: 3 * time.Second}
+				if c.src.IsValid() {
+					d.LocalAddr = &net.TCPAddr{IP: c.src.AsSlice()}
+				}
+				conn, err := d.Dial("tcp", hostport(lbVIP[v6], lbPort))
+				if err == nil {
+					conn.Close()
+				}
+				return err
+			})
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Errorf("%s: %s to a service without backends: %v, want connection refused", famName(v6), c.who, err)
+			}
+		}
+	}
 }
 
 func famName(v6 bool) string {
