@@ -420,6 +420,64 @@ loadBalancer:
 	}
 }
 
+// clusterVIP is a ClusterIP-like VIP of the tests below, per family (IPv6: true).
+var clusterVIP = map[bool]netip.Addr{false: netip.MustParseAddr("10.96.0.10"), true: netip.MustParseAddr("fd00:96::10")}
+
+// lbOnly is the node config of the load balancer alone (no datapath) with these services
+// (YAML list entries, each "  - {...}\n").
+func lbOnly(t *testing.T, tp *testbed.Topo, services string) string {
+	return nodeConfig(tp, fmt.Sprintf(`datapath: none
+loadBalancer:
+  api: {disabled: true}
+  stateFile: %s/lb-services.yaml
+  services:
+%s`, t.TempDir(), services))
+}
+
+// remotePodServers listens on the remote Pod's addresses at lbPort, per family.
+func remotePodServers(t *testing.T, tp *testbed.Topo) map[bool]*testbed.Server {
+	out := map[bool]*testbed.Server{}
+	for _, v6 := range []bool{false, true} {
+		s, err := tp.Remote.ListenTCP(hostport(tp.Addrs(v6).RemotePod, lbPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		out[v6] = s
+	}
+	return out
+}
+
+// connectFrom connects from ns (from src, when valid) to vip:lbPort and moves data both
+// ways, with transfer; else it only connects. It returns the first error.
+func connectFrom(ns *testbed.NS, src, vip netip.Addr, transfer bool) error {
+	return ns.Do(func() error {
+		d := net.Dialer{Timeout: 2 * time.Second}
+		if src.IsValid() {
+			d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+		}
+		c, err := d.Dial("tcp", hostport(vip, lbPort))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if !transfer {
+			return nil
+		}
+		return testbed.Transfer(c, 64<<10, 16<<10)
+	})
+}
+
+// routeVIPsOut gives the node a route to the load balancer IPs toward the remote host (they
+// are not the node's own).
+func routeVIPsOut(t *testing.T, tp *testbed.Topo) {
+	for _, v6 := range []bool{false, true} {
+		if err := tp.Node.RouteAdd(netip.PrefixFrom(lbVIP[v6], lbVIP[v6].BitLen()), tp.Addrs(v6).Remote); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // A service's internal clients (Kubernetes' short-circuit of externalTrafficPolicy Local) are
 // served by another service: here a load balancer IP without local backends sends this node's
 // Pods and the node itself to the cluster service's backend on the remote node, while an
@@ -428,54 +486,23 @@ loadBalancer:
 // out: every client of this node was refused.
 func TestLoadBalancerInternalClients(t *testing.T) {
 	tp := lbTopo(t)
-	clusterVIP := map[bool]netip.Addr{false: netip.MustParseAddr("10.96.0.10"), true: netip.MustParseAddr("fd00:96::10")}
-	for _, v6 := range []bool{false, true} {
-		a := tp.Addrs(v6)
-		s, err := tp.Remote.ListenTCP(hostport(a.RemotePod, lbPort))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		// (the load balancer IP is not the node's: the host routes it toward the outside)
-		if err := tp.Node.RouteAdd(netip.PrefixFrom(lbVIP[v6], lbVIP[v6].BitLen()), a.Remote); err != nil {
-			t.Fatal(err)
-		}
-	}
+	remotePodServers(t, tp)
+	routeVIPsOut(t, tp)
 	config := func(internal string) string {
-		return nodeConfig(tp, fmt.Sprintf(`datapath: none
-loadBalancer:
-  api: {disabled: true}
-  stateFile: %s/lb-services.yaml
-  services:
-  - {name: cluster, vips: ["%s", "%s"], port: %d, topology: dnat, backends: [{address: "%s"}, {address: "%s"}]}
+		return lbOnly(t, tp, fmt.Sprintf(`  - {name: cluster, vips: ["%s", "%s"], port: %d, topology: dnat, backends: [{address: "%s"}, {address: "%s"}]}
   - {name: local, vips: ["%s", "%s"], port: %d, topology: dnat, internal: %s, backends: []}
-`, t.TempDir(), clusterVIP[false], clusterVIP[true], lbPort, tp.V4.RemotePod, tp.V6.RemotePod,
-			lbVIP[false], lbVIP[true], lbPort, internal))
-	}
-	dial := func(ns *testbed.NS, src netip.Addr, v6 bool) error {
-		return ns.Do(func() error {
-			d := net.Dialer{Timeout: 2 * time.Second}
-			if src.IsValid() {
-				d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
-			}
-			c, err := d.Dial("tcp", hostport(lbVIP[v6], lbPort))
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			return testbed.Transfer(c, 64<<10, 16<<10)
-		})
+`, clusterVIP[false], clusterVIP[true], lbPort, tp.V4.RemotePod, tp.V6.RemotePod, lbVIP[false], lbVIP[true], lbPort, internal))
 	}
 	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, config(fmt.Sprintf(`{service: cluster, sources: ["%s", "%s"], localHost: true}`, tp.V4.PodCIDR, tp.V6.PodCIDR))))
 	for _, v6 := range []bool{false, true} {
 		a := tp.Addrs(v6)
-		if err := dial(tp.Pod, a.Pod, v6); err != nil {
+		if err := connectFrom(tp.Pod, a.Pod, lbVIP[v6], true); err != nil {
 			t.Errorf("%s: this node's Pod to the load balancer IP: %v", famName(v6), err)
 		}
-		if err := dial(tp.Node, netip.Addr{}, v6); err != nil {
+		if err := connectFrom(tp.Node, netip.Addr{}, lbVIP[v6], true); err != nil {
 			t.Errorf("%s: the node to the load balancer IP: %v", famName(v6), err)
 		}
-		if err := dial(tp.Remote, a.External, v6); err == nil {
+		if err := connectFrom(tp.Remote, a.External, lbVIP[v6], true); err == nil {
 			t.Errorf("%s: an outside client reached a service without backends", famName(v6))
 		}
 	}
@@ -483,7 +510,7 @@ loadBalancer:
 	// internal rule, not a route around it).
 	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, config(`{service: cluster, localHost: true}`)))
 	for _, v6 := range []bool{false, true} {
-		if err := dial(tp.Pod, tp.Addrs(v6).Pod, v6); err == nil {
+		if err := connectFrom(tp.Pod, tp.Addrs(v6).Pod, lbVIP[v6], true); err == nil {
 			t.Errorf("%s: a Pod that is not internal reached a service without backends", famName(v6))
 		}
 	}
@@ -498,47 +525,23 @@ loadBalancer:
 // Kubernetes' cluster fronts did not masquerade off-cluster clients.
 func TestLoadBalancerMasqueradeOffCluster(t *testing.T) {
 	tp := lbTopo(t)
-	clusterVIP := map[bool]netip.Addr{false: netip.MustParseAddr("10.96.0.10"), true: netip.MustParseAddr("fd00:96::10")}
-	servers := map[bool]*testbed.Server{}
+	servers := remotePodServers(t, tp)
 	for _, v6 := range []bool{false, true} {
-		a := tp.Addrs(v6)
-		s, err := tp.Remote.ListenTCP(hostport(a.RemotePod, lbPort))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		servers[v6] = s
-		if err := tp.Remote.RouteAdd(netip.PrefixFrom(clusterVIP[v6], clusterVIP[v6].BitLen()), a.Node); err != nil {
+		if err := tp.Remote.RouteAdd(netip.PrefixFrom(clusterVIP[v6], clusterVIP[v6].BitLen()), tp.Addrs(v6).Node); err != nil {
 			t.Fatal(err)
 		}
 	}
 	config := func(except string) string {
-		return nodeConfig(tp, fmt.Sprintf(`datapath: none
-loadBalancer:
-  api: {disabled: true}
-  stateFile: %s/lb-services.yaml
-  services:
-  - {name: cluster, vips: ["%s", "%s"], port: %d, topology: dnat, masqueradeExcept: [%s], backends: [{address: "%s"}, {address: "%s"}]}
-`, t.TempDir(), clusterVIP[false], clusterVIP[true], lbPort, except, tp.V4.RemotePod, tp.V6.RemotePod))
-	}
-	dial := func(ns *testbed.NS, src netip.Addr, v6 bool) error {
-		return ns.Do(func() error {
-			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: src.AsSlice()}}
-			c, err := d.Dial("tcp", hostport(clusterVIP[v6], lbPort))
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			return testbed.Transfer(c, 64<<10, 16<<10)
-		})
+		return lbOnly(t, tp, fmt.Sprintf(`  - {name: cluster, vips: ["%s", "%s"], port: %d, topology: dnat, masqueradeExcept: [%s], backends: [{address: "%s"}, {address: "%s"}]}
+`, clusterVIP[false], clusterVIP[true], lbPort, except, tp.V4.RemotePod, tp.V6.RemotePod))
 	}
 	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, config(fmt.Sprintf(`"%s", "%s"`, tp.V4.PodCIDR, tp.V6.PodCIDR))))
 	for _, v6 := range []bool{false, true} {
 		a := tp.Addrs(v6)
-		if err := dial(tp.Remote, a.External, v6); err != nil {
+		if err := connectFrom(tp.Remote, a.External, clusterVIP[v6], true); err != nil {
 			t.Errorf("%s: an off-cluster client to the ClusterIP: %v", famName(v6), err)
 		}
-		if err := dial(tp.Pod, a.Pod, v6); err != nil {
+		if err := connectFrom(tp.Pod, a.Pod, clusterVIP[v6], true); err != nil {
 			t.Errorf("%s: this node's Pod to the ClusterIP: %v", famName(v6), err)
 		}
 		if got := servers[v6].Peers(); !slices.Contains(got, a.Node) || !slices.Contains(got, a.Pod) || slices.Contains(got, a.External) {
@@ -548,7 +551,7 @@ loadBalancer:
 	// Without it, the same client fails (what the test sees is the masquerade).
 	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, config("")))
 	for _, v6 := range []bool{false, true} {
-		if err := dial(tp.Remote, tp.Addrs(v6).External, v6); err == nil {
+		if err := connectFrom(tp.Remote, tp.Addrs(v6).External, clusterVIP[v6], true); err == nil {
 			t.Errorf("%s: an off-cluster client reached a backend on its own host without masquerade: this test shows nothing", famName(v6))
 		}
 	}
@@ -559,24 +562,15 @@ loadBalancer:
 // (the chain that referred to the old one is rewritten before that one is deleted).
 func TestLoadBalancerInternalServiceSwapped(t *testing.T) {
 	tp := lbTopo(t)
-	a := tp.Addrs(false)
-	cfg := func(svcs string) string {
-		return nodeConfig(tp, fmt.Sprintf(`datapath: none
-loadBalancer:
-  api: {disabled: true}
-  stateFile: %s/lb-services.yaml
-  services:
-%s`, t.TempDir(), svcs))
-	}
 	serving := func(name, vip string) string {
-		return fmt.Sprintf("  - {name: %s, vips: [\"%s\"], port: %d, topology: dnat, backends: [{address: \"%s\"}]}\n", name, vip, lbPort, a.RemotePod)
+		return fmt.Sprintf("  - {name: %s, vips: [\"%s\"], port: %d, topology: dnat, backends: [{address: \"%s\"}]}\n", name, vip, lbPort, tp.V4.RemotePod)
 	}
 	local := func(to string) string {
 		return fmt.Sprintf("  - {name: local, vips: [\"%s\"], port: %d, topology: dnat, internal: {service: %s, localHost: true}, backends: []}\n", lbVIP[false], lbPort, to)
 	}
-	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, cfg(serving("one", "10.96.0.10")+local("one"))))
-	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, cfg(serving("two", "10.96.0.11")+local("two"))))
-	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, cfg(serving("three", "10.96.0.12"))))
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, lbOnly(t, tp, serving("one", "10.96.0.10")+local("one"))))
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, lbOnly(t, tp, serving("two", "10.96.0.11")+local("two"))))
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, lbOnly(t, tp, serving("three", "10.96.0.12"))))
 }
 
 // A dnat service without backends (Kubernetes: a Service without endpoints) refuses its
@@ -585,38 +579,15 @@ loadBalancer:
 // connection to its ClusterIP followed the default route and hung.
 func TestLoadBalancerServiceWithoutBackendsRefuses(t *testing.T) {
 	tp := lbTopo(t)
+	routeVIPsOut(t, tp)
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, lbOnly(t, tp, fmt.Sprintf(`  - {name: empty, vips: ["%s", "%s"], port: %d, topology: dnat, backends: []}
+`, lbVIP[false], lbVIP[true], lbPort))))
 	for _, v6 := range []bool{false, true} {
-		if err := tp.Node.RouteAdd(netip.PrefixFrom(lbVIP[v6], lbVIP[v6].BitLen()), tp.Addrs(v6).Remote); err != nil {
-			t.Fatal(err)
+		if err := connectFrom(tp.Remote, tp.Addrs(v6).External, lbVIP[v6], false); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("%s: another host to a service without backends: %v, want connection refused", famName(v6), err)
 		}
-	}
-	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, nodeConfig(tp, fmt.Sprintf(`datapath: none
-loadBalancer:
-  api: {disabled: true}
-  stateFile: %s/lb-services.yaml
-  services:
-  - {name: empty, vips: ["%s", "%s"], port: %d, topology: dnat, backends: []}
-`, t.TempDir(), lbVIP[false], lbVIP[true], lbPort))))
-	for _, v6 := range []bool{false, true} {
-		for _, c := range []struct {
-			who string
-			ns  *testbed.NS
-			src netip.Addr
-		}{{"another host", tp.Remote, tp.Addrs(v6).External}, {"the node", tp.Node, netip.Addr{}}} {
-			err := c.ns.Do(func() error {
-				d := net.Dialer{Timeout: 3 * time.Second}
-				if c.src.IsValid() {
-					d.LocalAddr = &net.TCPAddr{IP: c.src.AsSlice()}
-				}
-				conn, err := d.Dial("tcp", hostport(lbVIP[v6], lbPort))
-				if err == nil {
-					conn.Close()
-				}
-				return err
-			})
-			if !errors.Is(err, syscall.ECONNREFUSED) {
-				t.Errorf("%s: %s to a service without backends: %v, want connection refused", famName(v6), c.who, err)
-			}
+		if err := connectFrom(tp.Node, netip.Addr{}, lbVIP[v6], false); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("%s: the node to a service without backends: %v, want connection refused", famName(v6), err)
 		}
 	}
 }
