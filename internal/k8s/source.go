@@ -424,12 +424,13 @@ func (s *Source) signal() {
 	}
 }
 
-// nodeUpdated ignores the Node updates that change nothing derived (heartbeats, conditions).
+// nodeUpdated ignores the Node updates that change nothing derived (heartbeats, conditions):
+// derivations read Pod CIDRs, addresses and the zone label (topology-aware routing).
 func (s *Source) nodeUpdated(o, n any) {
 	a, ok1 := o.(*corev1.Node)
 	b, ok2 := n.(*corev1.Node)
 	if ok1 && ok2 && slices.Equal(a.Spec.PodCIDRs, b.Spec.PodCIDRs) && a.Spec.PodCIDR == b.Spec.PodCIDR &&
-		slices.Equal(a.Status.Addresses, b.Status.Addresses) {
+		slices.Equal(a.Status.Addresses, b.Status.Addresses) && a.Labels[corev1.LabelTopologyZone] == b.Labels[corev1.LabelTopologyZone] {
 		return
 	}
 	s.markDirty()

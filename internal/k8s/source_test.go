@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -268,4 +269,46 @@ func TestWatchSubnetsQuietOnBadBase(t *testing.T) {
 	if d1-d0 > 2 {
 		t.Errorf("%d derivations in 1s with nothing changed (bad base; err %q)", d1-d0, s.Status().DeriveError)
 	}
+}
+
+// A zone label set on this Node after the agent started (the cloud controller manager labels
+// a Node after it registers) must take effect: kube-proxy's NodeTopologyConfig re-syncs on a
+// topology label change. Before, the Source ignored Node updates that changed only labels.
+func TestZoneLabelChangeRederives(t *testing.T) {
+	ctx := context.Background()
+	self := node("self", []string{"10.244.0.0/24"}, "172.18.0.2")
+	web := service("default", "web", corev1.ServiceTypeClusterIP, "10.96.0.10", port("http", 80, 8080, 0))
+	es := slice("default", "web", "web-a", "http", 8080, up("10.244.1.1", "n1"), up("10.244.2.1", "n2"))
+	es.Endpoints[0].Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}}
+	es.Endpoints[1].Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-b"}}}
+	c := fake.NewClientset(self, web, es)
+	s := startSource(t, c, Options{})
+	backends := func() []string {
+		var out []string
+		if d := s.Derived(); d != nil {
+			for _, f := range d.Summary.Balanced {
+				if f.Front == FrontCluster {
+					for _, b := range f.Backends {
+						out = append(out, b.Address)
+					}
+				}
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	eventually(t, "both endpoints (no zone yet)", func() bool { return slices.Equal(backends(), []string{"10.244.1.1", "10.244.2.1"}) })
+	n := self.DeepCopy()
+	n.Labels = map[string]string{corev1.LabelTopologyZone: "zone-a"}
+	if _, err := c.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if slices.Equal(backends(), []string{"10.244.1.1"}) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("after this Node got zone-a, the cluster front still has %v; want [10.244.1.1] (zone-a's)", backends())
 }

@@ -56,3 +56,35 @@ func TestStatusShowsInternalClients(t *testing.T) {
 		t.Errorf("status:\n%s\nwant %q", b.String(), want)
 	}
 }
+
+// A UDP backend that leaves by removal (a Pod whose endpoint went terminating-serving, drain,
+// then left the EndpointSlice), or with its whole service, has its conntrack entries flushed,
+// for the service's own VIPs and for the internal clients it serves, as kube-proxy's
+// CleanStaleEntries does for every entry whose reply source is no serving endpoint. Before,
+// only backends still in the config that went down were flushed.
+func TestRemovedBackendFlushed(t *testing.T) {
+	svcs := func(bes ...Backend) []Service {
+		return []Service{
+			{Name: "cluster", VIPs: []string{"10.96.0.10"}, Port: 53, Protocol: "udp", Topology: DNAT, FlushConntrack: true, Backends: bes},
+			{Name: "local", VIPs: []string{"192.0.2.1"}, Port: 30053, Protocol: "udp", Topology: DNAT, FlushConntrack: true,
+				Internal: &Internal{Service: "cluster", Sources: []string{"10.244.1.0/24"}, LocalHost: true}},
+		}
+	}
+	gone := Backend{Address: "10.244.2.2", Port: 5353, State: StateDrain}
+	stay := Backend{Address: "10.244.3.2", Port: 5353}
+	var flushed []string
+	r := &Runtime{Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		FlushConntrack: func(vips []netip.Addr, ports []int, proto string, be netip.Addr, bp int) error {
+			flushed = append(flushed, vips[0].String()+"->"+be.String())
+			return nil
+		}}
+	r.flush(Resolve(svcs(gone, stay), nil, Env{}), Resolve(svcs(stay), nil, Env{}))
+	if want := []string{"10.96.0.10->10.244.2.2", "192.0.2.1->10.244.2.2"}; !slices.Equal(flushed, want) {
+		t.Errorf("backend 10.244.2.2 removed (was drain): flushed %v, want %v", flushed, want)
+	}
+	flushed = nil
+	r.flush(Resolve(svcs(stay), nil, Env{}), Resolve(nil, nil, Env{}))
+	if want := []string{"10.96.0.10->10.244.3.2", "192.0.2.1->10.244.3.2"}; !slices.Equal(flushed, want) {
+		t.Errorf("both services removed: flushed %v, want %v", flushed, want)
+	}
+}

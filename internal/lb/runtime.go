@@ -501,39 +501,68 @@ func (r *Runtime) Remove(ctx context.Context) error {
 	return err
 }
 
-// flush deletes the conntrack entries of NAT backends that just left (down or failed), where
-// the service asks for it.
+// flush deletes the conntrack entries of NAT backends that just left (down, failed, removed
+// from their service, or with it), where the service asks for it: under the service's VIPs
+// and ports, and those of the services whose internal clients it serves.
 func (r *Runtime) flush(prev, cur *Desired) {
 	if prev == nil {
 		return
 	}
-	var was map[string]bool // built on first use: most syncs change no such service
+	flushes := func(ss *ServiceState) bool {
+		return ss.Service.FlushConntrack && (ss.Topology == SNAT || ss.Topology == DNAT)
+	}
+	// was, now: whether each backend (service and backend key) is in the maps, before and
+	// after; built on first use: most syncs change no such service
+	var was, now map[string]bool
+	index := func(d *Desired) map[string]bool {
+		m := map[string]bool{}
+		for _, ss := range d.Services {
+			for _, b := range ss.Backends {
+				m[HealthKey(ss.Service.Name, b.Key)] = b.Known
+			}
+		}
+		return m
+	}
 	for i, ss := range cur.Services {
-		if !ss.Service.FlushConntrack || (ss.Topology != SNAT && ss.Topology != DNAT) ||
-			i < len(prev.Services) && prev.Services[i] == ss { // unchanged (Resolver)
+		if !flushes(ss) || i < len(prev.Services) && prev.Services[i] == ss { // unchanged (Resolver)
 			continue
 		}
 		if was == nil {
-			was = map[string]bool{}
-			for _, ss := range prev.Services {
-				for _, b := range ss.Backends {
-					was[HealthKey(ss.Service.Name, b.Key)] = b.Known
-				}
-			}
+			was = index(prev)
 		}
 		for _, b := range ss.Backends {
 			if was[HealthKey(ss.Service.Name, b.Key)] && !b.Known {
-				err := r.FlushConntrack(ss.VIPs, ss.Ports, ss.Protocol, b.Addr, b.Port)
-				r.Log.Info("flushed the conntrack entries of a backend that left", "service", ss.Service.Name, "backend", b.Key, "err", err)
-				// and those of the internal clients it serves for other services, which
-				// connected to their VIPs
-				for _, o := range cur.Services {
-					if in := o.Service.Internal; in != nil && in.Service == ss.Service.Name {
-						err := r.FlushConntrack(o.VIPs, o.Ports, o.Protocol, b.Addr, b.Port)
-						r.Log.Info("flushed the conntrack entries of a backend that left", "service", o.Service.Name, "internal clients of", ss.Service.Name, "backend", b.Key, "err", err)
-					}
-				}
+				r.flushBackend(ss, b, cur)
 			}
+		}
+	}
+	// backends gone from the config, with their service or alone: flushed under the VIPs
+	// they had (a down one was flushed when it went down)
+	for i, ps := range prev.Services {
+		if !flushes(ps) || i < len(cur.Services) && cur.Services[i] == ps {
+			continue
+		}
+		if now == nil {
+			now = index(cur)
+		}
+		for _, b := range ps.Backends {
+			if _, there := now[HealthKey(ps.Service.Name, b.Key)]; b.Known && !there {
+				r.flushBackend(ps, b, prev)
+			}
+		}
+	}
+}
+
+// flushBackend deletes the conntrack entries of backend b of service ss: under ss's VIPs and
+// ports, and under those of the services of d whose internal clients ss serves (they connected
+// to their own VIPs).
+func (r *Runtime) flushBackend(ss *ServiceState, b *BackendState, d *Desired) {
+	err := r.FlushConntrack(ss.VIPs, ss.Ports, ss.Protocol, b.Addr, b.Port)
+	r.Log.Info("flushed the conntrack entries of a backend that left", "service", ss.Service.Name, "backend", b.Key, "err", err)
+	for _, o := range d.Services {
+		if in := o.Service.Internal; in != nil && in.Service == ss.Service.Name {
+			err := r.FlushConntrack(o.VIPs, o.Ports, o.Protocol, b.Addr, b.Port)
+			r.Log.Info("flushed the conntrack entries of a backend that left", "service", o.Service.Name, "internal clients of", ss.Service.Name, "backend", b.Key, "err", err)
 		}
 	}
 }
