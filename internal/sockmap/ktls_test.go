@@ -92,7 +92,11 @@ func TestKernelTLSSenderNeverMovesPlaintext(t *testing.T) {
 		if _, err := io.ReadFull(s, rest); err != nil || !bytes.Equal(append(got, rest...), msg) {
 			t.Fatalf("kTLS refused (%v), then the peer read %q %v", err, append(got, rest...), err)
 		}
-		t.Logf("the kernel refuses kTLS on a socket in the sockmap (%v): the application falls back to TLS in userspace; the connection goes on (status %+v)", err, b.status())
+		// (and it goes on accelerated: the bytes were moved)
+		if st := b.status(); st.Redirected.Bytes < uint64(len(msg)) {
+			t.Errorf("kTLS refused, then %d bytes moved, want the %d written (status %+v)", st.Redirected.Bytes, len(msg), st)
+		}
+		t.Logf("the kernel refuses kTLS on a socket in the sockmap (%v): the application falls back to TLS in userspace; the connection goes on, accelerated", err)
 		return
 	}
 	if got[0] != 0x17 || binary.BigEndian.Uint16(got[1:]) != tls12 {
