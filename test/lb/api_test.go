@@ -65,7 +65,7 @@ func TestBadDefinitionsChangeNothing(t *testing.T) {
 		{[]string{"lb", "add", "dup", "--vip", vip(lb.DNAT, 0).String(), "--port", fmt.Sprint(vipPort(lb.DNAT, sc("rr"))), "--backend", "10.1.0.11:80"},
 			fmt.Sprintf(`services[dup].vips[0]: %s tcp/%d is already used by service %q`, vip(lb.DNAT, 0), vipPort(lb.DNAT, sc("rr")), dnatRR)},
 		{[]string{"lb", "add", "p0", "--vip", "10.100.0.61", "--port", "0", "--backend", "10.1.0.11:80"}, "services[p0].port: 0 is not a valid port"},
-		{[]string{"lb", "add", "nob", "--vip", "10.100.0.62", "--port", "80", "--topology", "dnat"}, "services[nob].backends: a dnat service needs at least one backend"},
+		{[]string{"lb", "add", "nob", "--vip", "10.100.0.62", "--port", "80", "--topology", "dsr", "--interface", "eth0"}, "services[nob].backends: a dsr service needs at least one backend"},
 		{[]string{"lb", "add", "-f", unknown}, `service: unknown field "bogus"`},
 		{[]string{"lb", "set", dnatRR, "--scheduler", "fastest"}, fmt.Sprintf(`services[%s].scheduler: "fastest" is not one of rr, weight, hash, symhash`, dnatRR)},
 		{[]string{"lb", "backend", "add", dnatRR, "10.1.0.11:81"}, "already has backend 10.1.0.11:81"},
