@@ -111,8 +111,8 @@ func (dr *deriver) claim(i int, f *LBFront, used map[svcKey]string, names map[st
 }
 
 // servesInternal reports whether t, the service claimed under the name of f's internal
-// service, can serve f's internal clients (as lb.ValidateServices checks it): a snat or dnat
-// service of f's protocol with a VIP of f's family, without internal clients of its own. Not
+// service, can serve f's internal clients (as lb.ValidateServices checks it): a dnat service
+// of one port and f's protocol with a VIP of f's family, without internal clients of its own. Not
 // so when the cluster front was not claimed, or another took its name (two ports of one
 // name, which the API does not allow).
 func servesInternal(t *lb.Service, f *LBFront) bool {
