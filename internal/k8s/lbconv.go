@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 
 	"github.com/hostaccel/hostaccel/internal/lb"
@@ -89,7 +88,9 @@ func (dr *deriver) claim(i int, f *LBFront, used map[svcKey]string, names map[st
 		f.Skipped = fmt.Sprintf("the name %s is already used", m.src.Name)
 	} else {
 		reduced = f.leaveOut(takenVIPs(f.VIPs, m.vipKeys(), used), warn)
-		if f.Skipped == "" && f.Internal != "" && !servesInternal(names[f.Internal], f) {
+		// (the cluster front that would serve its internal clients not claimed, or another
+		// service under its name: two ports of one name, which the API does not allow)
+		if t := names[f.Internal]; f.Skipped == "" && f.Internal != "" && (t == nil || !lb.ServesInternal(&m.src, t)) {
 			f.Internal, f.InternalSources, reduced = "", nil, true
 		}
 	}
@@ -108,19 +109,6 @@ func (dr *deriver) claim(i int, f *LBFront, used map[svcKey]string, names map[st
 		used[k] = m.src.Name
 	}
 	return m
-}
-
-// servesInternal reports whether t, the service claimed under the name of f's internal
-// service, can serve f's internal clients (as lb.ValidateServices checks it): a dnat service
-// of one port and f's protocol with a VIP of f's family, without internal clients of its own. Not
-// so when the cluster front was not claimed, or another took its name (two ports of one
-// name, which the API does not allow).
-func servesInternal(t *lb.Service, f *LBFront) bool {
-	if t == nil || t.Internal != nil || cmp.Or(t.Protocol, "tcp") != f.Protocol || t.Topology != lb.DNAT || t.Port == 0 {
-		return false
-	}
-	is4 := func(v string) bool { a, err := netip.ParseAddr(v); return err == nil && a.Is4() }
-	return len(f.VIPs) > 0 && slices.ContainsFunc(t.VIPs, func(v string) bool { return is4(v) == is4(f.VIPs[0]) })
 }
 
 // leaveOut takes the VIPs another service has (taken, each with why) out of f, with a

@@ -340,16 +340,25 @@ func checkInternal(svcs []Service, i int, names map[string]int, field func(int) 
 	if !ok {
 		return []error{fmt.Errorf("%s: no service is named %s", f, model.Quote(s.Internal.Service))}
 	}
-	t := &svcs[j]
+	return checkServes(s, &svcs[j], f, field(j))
+}
+
+// ServesInternal reports whether t can serve s's internal clients, as ValidateServices checks
+// it of s's internal.service (Kubernetes' derivation asks it before it names t).
+func ServesInternal(s, t *Service) bool { return len(checkServes(s, t, "", "")) == 0 }
+
+// checkServes checks that t can serve s's internal clients: f names s's internal.service
+// and tf t in errors.
+func checkServes(s, t *Service, f, tf string) []error {
 	switch {
 	case t.Internal != nil:
-		return []error{fmt.Errorf("%s: %s (%s) has internal clients of its own (one step only)", f, model.Quote(t.Name), field(j))}
+		return []error{fmt.Errorf("%s: %s (%s) has internal clients of its own (one step only)", f, model.Quote(t.Name), tf)}
 	case t.topology() != DNAT:
 		// (a snat service's source NAT is keyed by its own VIPs: internal clients, whose
 		// connections are to this service's, would keep their address)
-		return []error{fmt.Errorf("%s: %s (%s) is %s, not dnat", f, model.Quote(t.Name), field(j), t.topology())}
+		return []error{fmt.Errorf("%s: %s (%s) is %s, not dnat", f, model.Quote(t.Name), tf, t.topology())}
 	case t.proto() != s.proto():
-		return []error{fmt.Errorf("%s: %s (%s) is %s, this service %s", f, model.Quote(t.Name), field(j), t.proto(), s.proto())}
+		return []error{fmt.Errorf("%s: %s (%s) is %s, this service %s", f, model.Quote(t.Name), tf, t.proto(), s.proto())}
 	case len(s.ports()) != 1 || len(t.ports()) != 1:
 		// (the serving service's backends have its port: a second port of this service would
 		// reach the same backend port, a serving service of several ports keeps this one's)
@@ -363,7 +372,7 @@ func checkInternal(svcs []Service, i int, names map[string]int, field func(int) 
 	}
 	for k, v := range s.VIPs {
 		if a, err := netip.ParseAddr(v); err == nil && !has[famIndex(a.Is6())] {
-			return []error{fmt.Errorf("%s: %s (%s) has no %s VIP (vips[%d] is %s)", f, model.Quote(t.Name), field(j), famName(a.Is6()), k, a)}
+			return []error{fmt.Errorf("%s: %s (%s) has no %s VIP (vips[%d] is %s)", f, model.Quote(t.Name), tf, famName(a.Is6()), k, a)}
 		}
 	}
 	return nil
