@@ -322,26 +322,31 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 				if front != FrontCluster && !externalLocal {
 					topology = lb.SNAT
 				}
+				// frontName is a front's name: namespace/service:port/front[/ipv6]
+				frontName := func(front string, is4 bool) string {
+					n := s.Namespace + "/" + s.Name + ":" + portName(sp) + "/" + front
+					if !is4 {
+						n += "/ipv6"
+					}
+					return n
+				}
 				for _, fam := range splitFamilies(vips) {
+					is4 := netip.MustParseAddr(fam[0]).Is4()
 					f := LBFront{
-						Name:      s.Namespace + "/" + s.Name + ":" + portName(sp) + "/" + front,
+						Name:      frontName(front, is4),
 						Namespace: s.Namespace, Service: s.Name, Port: portName(sp), Front: front,
 						VIPs: fam, VIPPort: port, Protocol: proto, Topology: topology,
 						Scheduler: scheduler, Persistence: persistence,
 					}
-					if fb := sameFamily(bes, netip.MustParseAddr(fam[0]).Is4()); localOnly {
+					if fb := sameFamily(bes, is4); localOnly {
 						f.Backends = fallback(fb)
 					} else {
 						f.Backends = fallback(byTopology(fb, self))
-					}
-					if !netip.MustParseAddr(fam[0]).Is4() {
-						f.Name += "/ipv6"
 					}
 					if front == FrontExternal && s.Spec.Type == corev1.ServiceTypeLoadBalancer {
 						f.SourceRanges = sourceRanges(s, fam[0], warn)
 					}
 					f.LBName = name(f.Name)
-					is4 := netip.MustParseAddr(fam[0]).Is4()
 					podCIDRs := podCIDRs4
 					if !is4 {
 						podCIDRs = podCIDRs6
@@ -353,11 +358,7 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 						f.MasqueradeExcept = podCIDRs
 					}
 					if shortCircuit && slices.ContainsFunc(clusterIPs, func(ip string) bool { a, ok := apiIP(ip); return ok && a.Is4() == is4 }) {
-						cluster := s.Namespace + "/" + s.Name + ":" + portName(sp) + "/" + FrontCluster
-						if !is4 {
-							cluster += "/ipv6"
-						}
-						f.Internal, f.InternalSources = name(cluster), podCIDRs
+						f.Internal, f.InternalSources = name(frontName(FrontCluster, is4)), podCIDRs
 					}
 					out = append(out, f)
 				}
