@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -446,6 +447,13 @@ func sortedKeys(m map[netip.Prefix]uint32) []netip.Prefix {
 	})
 }
 
+// drainingAt is the offset of settings.draining (a u32), the same in every build (fields are
+// only appended); drainingEnd is where it ends.
+const (
+	drainingAt  = int(unsafe.Offsetof(sockmapSettings{}.Draining))
+	drainingEnd = drainingAt + 4
+)
+
 // drain stops s: nothing is entered any more, no message redirected (each takes TCP), and
 // the sock_ops program is taken off the cgroup. The sockets in the map stay there: the data
 // already moved to a socket's queue is read before its TCP receive queue, so nothing is lost
@@ -457,9 +465,9 @@ func drain(o *observed, s *progSet) error {
 		// As bytes: a set of an older build has a shorter settings struct (fields are only
 		// appended, so build and draining keep their offsets).
 		v := make([]byte, s.maps.Config.ValueSize())
-		if len(v) >= 16 {
+		if len(v) >= drainingEnd {
 			binary.LittleEndian.PutUint64(v[0:], s.build)
-			binary.LittleEndian.PutUint32(v[12:], 1)
+			binary.LittleEndian.PutUint32(v[drainingAt:], 1)
 			errs = append(errs, s.maps.Config.Put(uint32(0), v))
 		}
 	}
@@ -535,10 +543,10 @@ func drainOrphan(socks *ebpf.Map) error {
 	defer cfg.Close()
 	// (as bytes, as drain writes it: a set of an older build has a shorter settings struct)
 	v := make([]byte, cfg.ValueSize())
-	if err := cfg.Lookup(uint32(0), &v); err != nil || len(v) < 16 || binary.LittleEndian.Uint32(v[12:]) != 0 {
+	if err := cfg.Lookup(uint32(0), &v); err != nil || len(v) < drainingEnd || binary.LittleEndian.Uint32(v[drainingAt:]) != 0 {
 		return err
 	}
-	binary.LittleEndian.PutUint32(v[12:], 1)
+	binary.LittleEndian.PutUint32(v[drainingAt:], 1)
 	if err := cfg.Put(uint32(0), v); err != nil {
 		return fmt.Errorf("drain the sockmap set of sk_msg program %d: %w", id, err)
 	}
