@@ -399,7 +399,7 @@ func writeObject(out *bytes.Buffer, m map[string]any) error {
 func sameService(a, b *lb.Service) bool {
 	if a.Name != b.Name || a.Port != b.Port || a.Protocol != b.Protocol || a.Topology != b.Topology ||
 		a.Interface != b.Interface || a.BackendInterface != b.BackendInterface || a.Scheduler != b.Scheduler ||
-		a.FlushConntrack != b.FlushConntrack || a.Hairpin != b.Hairpin || !sameSlice(a.VIPs, b.VIPs) || !sameSlice(a.Ports, b.Ports) ||
+		a.FlushConntrack != b.FlushConntrack || a.Hairpin != b.Hairpin || a.NoBackend != b.NoBackend || !sameSlice(a.VIPs, b.VIPs) || !sameSlice(a.Ports, b.Ports) ||
 		!sameSlice(a.SNATAddresses, b.SNATAddresses) || !sameSlice(a.HashFields, b.HashFields) ||
 		!sameSlice(a.SourceRanges, b.SourceRanges) || !lb.SameInternal(a.Internal, b.Internal) || !sameSlice(a.MasqueradeExcept, b.MasqueradeExcept) || !samePtr(a.Persistence, b.Persistence) || !samePtr(a.FlowTimeout, b.FlowTimeout) ||
 		!sameHealthCheck(a.HealthCheck, b.HealthCheck) || (a.Backends == nil) != (b.Backends == nil) ||

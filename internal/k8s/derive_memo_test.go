@@ -22,7 +22,7 @@ func TestSameServiceFields(t *testing.T) {
 		fields []string
 	}{
 		{reflect.TypeFor[lb.Service](), []string{"Name", "VIPs", "Port", "Ports", "Protocol", "Topology", "SNATAddresses", "Interface",
-			"BackendInterface", "Scheduler", "HashFields", "Persistence", "FlowTimeout", "SourceRanges", "Hairpin", "FlushConntrack", "HealthCheck", "MasqueradeExcept", "Internal", "Backends"}},
+			"BackendInterface", "Scheduler", "HashFields", "Persistence", "FlowTimeout", "SourceRanges", "Hairpin", "FlushConntrack", "HealthCheck", "MasqueradeExcept", "Internal", "NoBackend", "Backends"}},
 		{reflect.TypeFor[lb.Internal](), []string{"Service", "Sources", "LocalHost"}},
 		{reflect.TypeFor[lb.Backend](), []string{"Address", "Port", "Weight", "Priority", "State", "MAC"}},
 		{reflect.TypeFor[lb.HealthCheck](), []string{"Type", "Port", "Path", "Host", "ExpectStatus", "Send", "Expect", "Query",
@@ -41,6 +41,9 @@ func TestSameServiceFields(t *testing.T) {
 	b := a.Clone()
 	if !sameService(&a, &b) {
 		t.Fatal("a clone differs")
+	}
+	if c := a.Clone(); func() bool { c.NoBackend = lb.NoBackendDrop; return sameService(&a, &c) }() {
+		t.Fatal("services of another noBackend are the same")
 	}
 	b.Backends[0].State = lb.StateDrain
 	b.HealthCheck.Command[0] = "y"

@@ -140,6 +140,11 @@ type LBFront struct {
 	// MasqueradeExcept (cluster fronts): this node's Pod CIDRs of the family; other clients
 	// (off the cluster, the node itself) are masqueraded, as kube-proxy does.
 	MasqueradeExcept []string `json:"masqueradeExcept,omitempty"`
+	// NoBackend is "drop" for a front of traffic policy Local while the Service has endpoints
+	// of the family elsewhere (ready, or serving while terminating): without a local one its
+	// clients' packets are dropped, as kube-proxy drops them ("has no local endpoints"); a
+	// Service without any refuses them (reset).
+	NoBackend string `json:"noBackend,omitempty"`
 }
 
 // LBBackend is one endpoint of a front.
@@ -340,6 +345,11 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 					}
 					if fb := sameFamily(bes, is4); localOnly {
 						f.Backends = fallback(fb)
+						if slices.ContainsFunc(all, func(b LBBackend) bool {
+							return (b.State == StateUp || b.serving) && netip.MustParseAddr(b.Address).Is4() == is4
+						}) {
+							f.NoBackend = lb.NoBackendDrop
+						}
 					} else {
 						f.Backends = fallback(byTopology(fb, self))
 					}

@@ -648,6 +648,75 @@ func TestExternalTrafficPolicyLocalShortCircuit(t *testing.T) {
 	}
 }
 
+// A front of traffic policy Local on a node without a usable local endpoint drops its
+// clients' packets while the Service has usable endpoints of the family elsewhere (ready, or
+// serving while terminating), as kube-proxy drops them ("has no local endpoints"); a Service
+// without any refuses them (noBackend unset: reject). Per family, as kube-proxy's proxiers.
+// Before, every such front refused with a reset.
+func TestLocalPolicyWithoutLocalEndpointsDrops(t *testing.T) {
+	v6 := func(es *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
+		es.AddressType = discoveryv1.AddressTypeIPv6
+		return es
+	}
+	for _, c := range []struct {
+		name     string
+		internal bool // internalTrafficPolicy Local (else externalTrafficPolicy Local)
+		slices   []*discoveryv1.EndpointSlice
+		want     map[string]string // front (family) -> noBackend
+	}{
+		{"endpoints on another node", false, []*discoveryv1.EndpointSlice{slice("default", "web", "a", "http", 8080, up("10.244.1.5", "n1"))},
+			map[string]string{"cluster": "", "nodeport": "drop", "external": "drop", "cluster/ipv6": "", "nodeport/ipv6": "", "external/ipv6": ""}},
+		{"none anywhere", false, nil,
+			map[string]string{"cluster": "", "nodeport": "", "external": "", "cluster/ipv6": "", "nodeport/ipv6": "", "external/ipv6": ""}},
+		{"an IPv6 one elsewhere", false, []*discoveryv1.EndpointSlice{v6(slice("default", "web", "a", "http", 8080, up("fd00:244:1::5", "n1")))},
+			map[string]string{"cluster": "", "nodeport": "", "external": "", "cluster/ipv6": "", "nodeport/ipv6": "drop", "external/ipv6": "drop"}},
+		{"a terminating one elsewhere, still serving", false, []*discoveryv1.EndpointSlice{slice("default", "web", "a", "http", 8080, terminating("10.244.1.5", "n1"))},
+			map[string]string{"cluster": "", "nodeport": "drop", "external": "drop", "cluster/ipv6": "", "nodeport/ipv6": "", "external/ipv6": ""}},
+		{"only a not ready one elsewhere", false, []*discoveryv1.EndpointSlice{slice("default", "web", "a", "http", 8080, notReady("10.244.1.5", "n1"))},
+			map[string]string{"cluster": "", "nodeport": "", "external": "", "cluster/ipv6": "", "nodeport/ipv6": "", "external/ipv6": ""}},
+		{"internal traffic policy Local", true, []*discoveryv1.EndpointSlice{slice("default", "web", "a", "http", 8080, up("10.244.1.5", "n1"))},
+			map[string]string{"cluster": "drop", "nodeport": "", "external": "", "cluster/ipv6": "", "nodeport/ipv6": "", "external/ipv6": ""}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			web := service("default", "web", corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
+			web.Spec.ClusterIPs = []string{"10.96.0.10", "fd00:96::10"}
+			if c.internal {
+				p := corev1.ServiceInternalTrafficPolicyLocal
+				web.Spec.InternalTrafficPolicy = &p
+			} else {
+				web.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			}
+			web.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "172.18.0.151"}, {IP: "2001:db8::151"}}
+			snap := Snapshot{
+				Nodes: []*corev1.Node{node("self", []string{"10.244.0.0/24", "fd00:244::/64"}, "172.18.0.2", "2001:db8:18::2"),
+					node("n1", []string{"10.244.1.0/24", "fd00:244:1::/64"}, "172.18.0.3", "2001:db8:18::3")},
+				Services:       []*corev1.Service{web},
+				EndpointSlices: c.slices,
+			}
+			d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]string{}
+			for _, f := range d.Summary.Balanced {
+				got[strings.TrimPrefix(f.Name, "default/web:http/")] = f.NoBackend
+			}
+			byName := map[string]string{}
+			for _, s := range d.Config.LoadBalancer.Services {
+				byName[s.Name] = s.NoBackend
+			}
+			for _, f := range d.Summary.Balanced {
+				if byName[f.LBName] != f.NoBackend {
+					t.Errorf("%s: the load balancer's service has noBackend %q, the front %q", f.Name, byName[f.LBName], f.NoBackend)
+				}
+			}
+			if !reflect.DeepEqual(got, c.want) {
+				t.Errorf("noBackend by front:\n got %v\nwant %v", got, c.want)
+			}
+		})
+	}
+}
+
 // Topology-aware routing (trafficDistribution PreferClose/PreferSameZone/PreferSameNode, the
 // topology-mode annotation): as kube-proxy, the fronts that use every endpoint (Cluster
 // traffic policy) take only the ready endpoints hinted for this node, else for its zone, when

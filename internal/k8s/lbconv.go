@@ -177,6 +177,7 @@ func frontService(f *LBFront) lb.Service {
 		SourceRanges:   f.SourceRanges,
 		// (shared with the front, as SourceRanges: the config they go into is read only)
 		MasqueradeExcept: f.MasqueradeExcept,
+		NoBackend:        f.NoBackend,
 		// a Pod connecting to its own Service, picked itself: masqueraded, as kube-proxy does
 		Hairpin: f.Topology == lb.DNAT,
 	}

@@ -44,6 +44,12 @@ const (
 	StateDown  = "down"  // out of every map; its flows are forgotten
 )
 
+// What a snat or dnat service does with a new connection while no backend is available.
+const (
+	NoBackendReject = "reject" // a TCP reset or ICMP unreachable: the client fails at once
+	NoBackendDrop   = "drop"   // silence: the client retries
+)
+
 // Defaults.
 const (
 	DefaultSocket      = "/run/hostaccel/lb.sock"
@@ -125,7 +131,12 @@ type Service struct {
 	MasqueradeExcept []string `json:"masqueradeExcept,omitempty"`
 	// Internal (snat, dnat): internal clients are served by another service's backends.
 	Internal *Internal `json:"internal,omitempty"`
-	Backends []Backend `json:"backends"`
+	// NoBackend (snat, dnat): what a new connection gets while no backend is available (none
+	// listed, or all down): "reject" (the default: a TCP reset or an ICMP unreachable, the
+	// client fails at once) or "drop" (silence: the client retries, as kube-proxy drops the
+	// packets of a Service's external traffic on a node without local endpoints).
+	NoBackend string    `json:"noBackend,omitempty"`
+	Backends  []Backend `json:"backends"`
 }
 
 // Internal says which clients of a service are internal, and the service that serves them:
@@ -480,6 +491,14 @@ func (s *Service) validate(f string) []error {
 		if _, err := netip.ParsePrefix(v); err != nil {
 			bad("sourceRanges[%d]: %s is not a CIDR", i, model.Quote(v))
 		}
+	}
+	switch s.NoBackend {
+	case "", NoBackendReject, NoBackendDrop:
+		if s.NoBackend != "" && topo != SNAT && topo != DNAT {
+			bad("noBackend: only for snat and dnat services (the others have no backend to fall back on: they are refused without one)")
+		}
+	default:
+		bad("noBackend: %s is not one of %s, %s", model.Quote(s.NoBackend), NoBackendReject, NoBackendDrop)
 	}
 	if len(s.MasqueradeExcept) > 0 && topo != DNAT {
 		bad("masqueradeExcept: only for dnat services (snat masquerades every connection)")

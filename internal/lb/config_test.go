@@ -97,6 +97,8 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].sourceRanges: only for snat and dnat services`, func(s *Service) {
 			s.Topology, s.Interface, s.SourceRanges = DSR, "eth0", []string{"10.0.0.0/8"}
 		}},
+		{`services[0].noBackend: "silence" is not one of reject, drop`, func(s *Service) { s.NoBackend = "silence" }},
+		{`services[0].noBackend: only for snat and dnat services`, func(s *Service) { s.Topology, s.Interface, s.NoBackend = DSR, "eth0", NoBackendDrop }},
 		{`services[0].masqueradeExcept: only for dnat services`, func(s *Service) { s.Topology, s.MasqueradeExcept = SNAT, []string{"10.244.0.0/24"} }},
 		{`services[0].masqueradeExcept[0]: "10.244.0.0" is not a CIDR`, func(s *Service) { s.MasqueradeExcept = []string{"10.244.0.0"} }},
 		{`services[0].internal: only for snat and dnat services`, func(s *Service) {

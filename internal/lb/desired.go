@@ -376,7 +376,7 @@ func envKey(s Service, env Env) string {
 func sameDefinition(a, b *Service) bool {
 	if a.Name != b.Name || a.Port != b.Port || a.Protocol != b.Protocol || a.Topology != b.Topology ||
 		a.Interface != b.Interface || a.BackendInterface != b.BackendInterface || a.Scheduler != b.Scheduler ||
-		a.FlushConntrack != b.FlushConntrack || a.Hairpin != b.Hairpin || !slices.Equal(a.VIPs, b.VIPs) || !slices.Equal(a.Ports, b.Ports) ||
+		a.FlushConntrack != b.FlushConntrack || a.Hairpin != b.Hairpin || a.NoBackend != b.NoBackend || !slices.Equal(a.VIPs, b.VIPs) || !slices.Equal(a.Ports, b.Ports) ||
 		!slices.Equal(a.SNATAddresses, b.SNATAddresses) || !slices.Equal(a.HashFields, b.HashFields) ||
 		!slices.Equal(a.SourceRanges, b.SourceRanges) || !SameInternal(a.Internal, b.Internal) || !slices.Equal(a.MasqueradeExcept, b.MasqueradeExcept) ||
 		!samePtr(a.Persistence, b.Persistence) || !samePtr(a.FlowTimeout, b.FlowTimeout) ||

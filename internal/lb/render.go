@@ -377,7 +377,7 @@ func natService(b *builder, ss *ServiceState, f family) {
 		if len(slots) > 0 {
 			b.rule(chain, pre+"schedule "+ss.Sched, dep+"dnat "+f.nf+" to "+schedExpr(ss, f, len(slots))+" map @"+backends)
 		} else {
-			b.rule(chain, pre+"no backend available", "reject")
+			b.rule(chain, pre+"no backend available", noBackend(ss))
 		}
 		for i, be := range slots {
 			b.elem(backends, []string{strconv.Itoa(i)}, natTarget(be, withPort)...)
@@ -429,6 +429,14 @@ func natService(b *builder, ss *ServiceState, f family) {
 			b.elem("post-"+f.suffix, key, "goto "+post)
 		}
 	}
+}
+
+// noBackend is the verdict of a new connection to ss while no backend is available.
+func noBackend(ss *ServiceState) string {
+	if ss.Service.NoBackend == NoBackendDrop {
+		return "drop"
+	}
+	return "reject"
 }
 
 // sourceRanges is the rule that drops the packets of clients outside the service's source
@@ -494,7 +502,12 @@ func persistent(b *builder, ss *ServiceState, f family, chain, data, dep string,
 	}
 	r.rules(b, chain, pre, "client", stash+" set ct original "+stash+" ")
 	b.rule(chain, pre+"to the client's backend", dep+"dnat "+f.nf+" to "+stash+" map @"+targets)
-	b.rule(chain, pre+"no backend available", stash+" set ct original "+stash+" reject")
+	if v := noBackend(ss); v == "reject" {
+		// (the reject answers from the VIP: the destination the id overwrote comes back)
+		b.rule(chain, pre+"no backend available", stash+" set ct original "+stash+" reject")
+	} else {
+		b.rule(chain, pre+"no backend available", v)
+	}
 	b.t.Dynamic[persist] = map[string]bool{}
 	for i, be := range slots {
 		b.elem(ids, []string{strconv.Itoa(i)}, idAddr(be, f))

@@ -134,12 +134,16 @@ func renderVariants() map[string][]Service {
 			s.Backends[i].State = StateDown
 		}
 		s.Backends[0].State = StateDrain // its persistent clients stay, no new ones
+		if s.Topology == SNAT {
+			s.NoBackend = NoBackendDrop // new clients' packets are dropped, not refused
+		}
 		persistDown = append(persistDown, s)
 	}
 	// externalTrafficPolicy Local in Kubernetes: the node port (local endpoints only, here
 	// none) sends this node's Pods and the host to the cluster front.
 	local := rename(fixture(DNAT, RoundRobin), "local", "192.0.2.20", "2001:db8::20")
 	local.Backends, local.Hairpin = nil, true
+	local.NoBackend = NoBackendDrop // the Service has endpoints on other nodes: kube-proxy drops
 	local.Internal = &Internal{Service: "web", Sources: []string{"10.244.0.0/24", "10.244.0.128/25", "fd00:244::/64"}, LocalHost: true}
 	// a ClusterIP in Kubernetes: clients other than this node's Pods are masqueraded (IPv6
 	// has no range here: every client of it is)

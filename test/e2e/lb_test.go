@@ -481,19 +481,23 @@ func routeVIPsOut(t *testing.T, tp *testbed.Topo) {
 // A service's internal clients (Kubernetes' short-circuit of externalTrafficPolicy Local) are
 // served by another service: here a load balancer IP without local backends sends this node's
 // Pods and the node itself to the cluster service's backend on the remote node, while an
-// outside client is refused. Real traffic on the host's kernel, IPv4 and IPv6; the host's
-// connections are masqueraded. Before, the field did not exist, and such a front was left
-// out: every client of this node was refused.
+// outside client's packets are dropped (noBackend drop, as kube-proxy drops a Local Service's
+// external traffic on a node without local endpoints) or refused (reject, the default). Real
+// traffic on the host's kernel, IPv4 and IPv6; the host's connections are masqueraded.
+// Before, the field did not exist, and such a front was left out: every client of this node
+// was refused; before noBackend, outside clients were refused where kube-proxy drops.
 func TestLoadBalancerInternalClients(t *testing.T) {
 	tp := lbTopo(t)
 	remotePodServers(t, tp)
 	routeVIPsOut(t, tp)
-	config := func(internal string) string {
+	config := func(internal, noBackend string) string {
 		return lbOnly(t, tp, fmt.Sprintf(`  - {name: cluster, vips: ["%s", "%s"], port: %d, topology: dnat, backends: [{address: "%s"}, {address: "%s"}]}
-  - {name: local, vips: ["%s", "%s"], port: %d, topology: dnat, internal: %s, backends: []}
-`, clusterVIP[false], clusterVIP[true], lbPort, tp.V4.RemotePod, tp.V6.RemotePod, lbVIP[false], lbVIP[true], lbPort, internal))
+  - {name: local, vips: ["%s", "%s"], port: %d, topology: dnat, internal: %s, noBackend: "%s", backends: []}
+`, clusterVIP[false], clusterVIP[true], lbPort, tp.V4.RemotePod, tp.V6.RemotePod, lbVIP[false], lbVIP[true], lbPort, internal, noBackend))
 	}
-	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, config(fmt.Sprintf(`{service: cluster, sources: ["%s", "%s"], localHost: true}`, tp.V4.PodCIDR, tp.V6.PodCIDR))))
+	// noBackend drop (Kubernetes: the Service has endpoints on other nodes): an outside
+	// client's packets are dropped, as kube-proxy drops them, and its connect times out
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, config(fmt.Sprintf(`{service: cluster, sources: ["%s", "%s"], localHost: true}`, tp.V4.PodCIDR, tp.V6.PodCIDR), "drop")))
 	for _, v6 := range []bool{false, true} {
 		a := tp.Addrs(v6)
 		if err := connectFrom(tp.Pod, a.Pod, lbVIP[v6], true); err != nil {
@@ -502,18 +506,28 @@ func TestLoadBalancerInternalClients(t *testing.T) {
 		if err := connectFrom(tp.Node, netip.Addr{}, lbVIP[v6], true); err != nil {
 			t.Errorf("%s: the node to the load balancer IP: %v", famName(v6), err)
 		}
-		if err := connectFrom(tp.Remote, a.External, lbVIP[v6], true); err == nil {
-			t.Errorf("%s: an outside client reached a service without backends", famName(v6))
+		if err := connectFrom(tp.Remote, a.External, lbVIP[v6], true); !timedOut(err) {
+			t.Errorf("%s: an outside client to a service without backends and noBackend drop: %v, want a timeout (its packets dropped)", famName(v6), err)
 		}
 	}
-	// Pods no longer internal: refused as outside clients are (what the test sees is the
-	// internal rule, not a route around it).
-	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, config(`{service: cluster, localHost: true}`)))
+	// Pods no longer internal: refused as outside clients are now, with a reset (noBackend
+	// reject, the default; what the test sees is the internal rule and the drop, not a route
+	// around them).
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, config(`{service: cluster, localHost: true}`, "reject")))
 	for _, v6 := range []bool{false, true} {
-		if err := connectFrom(tp.Pod, tp.Addrs(v6).Pod, lbVIP[v6], true); err == nil {
-			t.Errorf("%s: a Pod that is not internal reached a service without backends", famName(v6))
+		if err := connectFrom(tp.Pod, tp.Addrs(v6).Pod, lbVIP[v6], true); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("%s: a Pod that is not internal to a service without backends: %v, want connection refused", famName(v6), err)
+		}
+		if err := connectFrom(tp.Remote, tp.Addrs(v6).External, lbVIP[v6], true); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("%s: an outside client to a service without backends: %v, want connection refused", famName(v6), err)
 		}
 	}
+}
+
+// timedOut reports whether err is a dial's timeout.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // masqueradeExcept (Kubernetes: a ClusterIP, with this node's Pod CIDRs): a client from off the
