@@ -69,7 +69,7 @@ func TestCleanupOnExitRemovesTheLoadBalancer(t *testing.T) {
 			}
 			return lb.Env{Local: []netip.Addr{netip.MustParseAddr("10.1.0.1")}}, nil
 		}
-		rt.FlushConntrack = func([]netip.Addr, []int, string, netip.Addr, int) error { return nil }
+		rt.FlushConntrack = func([]lb.ConntrackFlush) error { return nil }
 		rt.Solicit = func([]netip.Addr) {}
 		ctx, cancel := context.WithCancel(context.Background())
 		if during {

@@ -50,7 +50,7 @@ func wakingRuntime() (*Runtime, chan struct{}, *knftables.Fake) {
 		}
 	})
 	r.NewManager = func() (*Manager, error) { return m, nil }
-	r.FlushConntrack = func([]netip.Addr, []int, string, netip.Addr, int) error { return nil }
+	r.FlushConntrack = func([]ConntrackFlush) error { return nil }
 	r.Solicit = func([]netip.Addr) {}
 	return r, wake, f
 }

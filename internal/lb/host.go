@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -55,54 +56,86 @@ func HostEnv(devs []string) (Env, error) {
 	return env, nil
 }
 
-// flushConntrack deletes the conntrack entries of connections to vips (proto, on ports; every
-// port when none) that backend answers on its port (0: the port the client asked for).
-func flushConntrack(vips []netip.Addr, ports []int, proto string, backend netip.Addr, backendPort int) error {
-	fam := netlink.InetFamily(unix.AF_INET)
-	if backend.Is6() {
-		fam = unix.AF_INET6
-	}
-	_, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, fam, conntrackFilters(vips, ports, proto, backend, backendPort)...)
-	return err
+// ConntrackFlush names the conntrack entries of one backend that leaves: the connections to
+// one of VIPs (and one of Ports; none: any port) of protocol Proto that Backend answers on
+// BackendPort (0: the client's port).
+type ConntrackFlush struct {
+	VIPs        []netip.Addr
+	Ports       []int
+	Proto       string
+	Backend     netip.Addr
+	BackendPort int
 }
 
-// conntrackFilters match flushConntrack's entries: one per VIP of backend's family and port.
-func conntrackFilters(vips []netip.Addr, ports []int, proto string, backend netip.Addr, backendPort int) []netlink.CustomConntrackFilter {
-	p := map[string]uint8{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}[proto]
-	if len(ports) == 0 {
-		ports = []int{0}
-	}
-	var filters []netlink.CustomConntrackFilter
-	for _, v := range vips {
-		if v.Is6() != backend.Is6() {
+// flushConntrack deletes the entries of every flush: one dump of the conntrack table per
+// family, whatever their number (netlink's delete reads the whole table per call, ~1 s at a
+// million entries: one call per backend stalled a sync for minutes when a host with the
+// backends of hundreds of services went down).
+func flushConntrack(flushes []ConntrackFlush) error {
+	var errs []error
+	for _, fam := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
+		set := conntrackFilter(flushes, fam == unix.AF_INET6)
+		if len(set) == 0 {
 			continue
 		}
-		for _, port := range ports {
-			bp := backendPort
-			if bp == 0 {
-				bp = port
-			}
-			filters = append(filters, flowFilter{proto: p, vip: v, port: uint16(port), backend: backend, backendPort: uint16(bp)})
+		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, fam, set); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	return filters
+	return errors.Join(errs...)
 }
 
-// flowFilter matches a connection to vip:port (0: any port) that backend:backendPort
-// answers (the reply's source). netlink's own filter has no reply port: a backend's entries
-// on its other ports (another service's, or this one's other backend on the same host) would
-// go too.
-type flowFilter struct {
+// conntrackFilter is the filter of flushes' entries of one family: every VIP of the family,
+// with each port, and its backend.
+func conntrackFilter(flushes []ConntrackFlush, v6 bool) flowSet {
+	set := flowSet{}
+	for _, f := range flushes {
+		p := map[string]uint8{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}[f.Proto]
+		if f.Backend.Is6() != v6 {
+			continue
+		}
+		ports := f.Ports
+		if len(ports) == 0 {
+			ports = []int{0}
+		}
+		for _, v := range f.VIPs {
+			if v.Is6() != v6 {
+				continue
+			}
+			for _, port := range ports {
+				bp := f.BackendPort
+				if bp == 0 || port == 0 {
+					bp = port
+				}
+				set[flowKey{proto: p, vip: v, port: uint16(port), backend: f.Backend, backendPort: uint16(bp)}] = true
+			}
+		}
+	}
+	return set
+}
+
+// flowSet matches a connection to vip:port that backend:backendPort answers (the reply's
+// source), or to vip on any port (a key of port 0) that backend answers. netlink's own filter
+// has no reply port: a backend's entries on its other ports (another service's, or this one's
+// other backend on the same host) would go too. One map lookup or two per entry, where a
+// filter per backend and VIP cost a compare each.
+type flowSet map[flowKey]bool
+
+type flowKey struct {
 	proto             uint8
 	vip, backend      netip.Addr
 	port, backendPort uint16
 }
 
-func (f flowFilter) MatchConntrackFlow(fl *netlink.ConntrackFlow) bool {
+func (s flowSet) MatchConntrackFlow(fl *netlink.ConntrackFlow) bool {
 	vip, _ := netip.AddrFromSlice(fl.Forward.DstIP)
 	backend, _ := netip.AddrFromSlice(fl.Reverse.SrcIP)
-	return fl.Forward.Protocol == f.proto && vip.Unmap() == f.vip && backend.Unmap() == f.backend &&
-		(f.port == 0 || fl.Forward.DstPort == f.port && fl.Reverse.SrcPort == f.backendPort)
+	k := flowKey{proto: fl.Forward.Protocol, vip: vip.Unmap(), backend: backend.Unmap()}
+	if s[k] { // any port
+		return true
+	}
+	k.port, k.backendPort = fl.Forward.DstPort, fl.Reverse.SrcPort
+	return s[k]
 }
 
 // solicitNeighbours makes the kernel resolve addrs' MAC addresses: one empty datagram each

@@ -34,8 +34,10 @@ func TestInternalClientsFlushConntrack(t *testing.T) {
 	}
 	var calls []call
 	r := &Runtime{Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		FlushConntrack: func(vips []netip.Addr, ports []int, proto string, be netip.Addr, bp int) error {
-			calls = append(calls, call{vips, ports, be})
+		FlushConntrack: func(fs []ConntrackFlush) error {
+			for _, f := range fs {
+				calls = append(calls, call{f.VIPs, f.Ports, f.Backend})
+			}
 			return nil
 		}}
 	r.flush(Resolve(svcs(""), nil, Env{}), Resolve(svcs(StateDown), nil, Env{}))
@@ -73,9 +75,13 @@ func TestRemovedBackendFlushed(t *testing.T) {
 	gone := Backend{Address: "10.244.2.2", Port: 5353, State: StateDrain}
 	stay := Backend{Address: "10.244.3.2", Port: 5353}
 	var flushed []string
+	calls := 0
 	r := &Runtime{Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		FlushConntrack: func(vips []netip.Addr, ports []int, proto string, be netip.Addr, bp int) error {
-			flushed = append(flushed, vips[0].String()+"->"+be.String())
+		FlushConntrack: func(fs []ConntrackFlush) error {
+			calls++
+			for _, f := range fs {
+				flushed = append(flushed, f.VIPs[0].String()+"->"+f.Backend.String())
+			}
 			return nil
 		}}
 	r.flush(Resolve(svcs(gone, stay), nil, Env{}), Resolve(svcs(stay), nil, Env{}))
@@ -86,5 +92,9 @@ func TestRemovedBackendFlushed(t *testing.T) {
 	r.flush(Resolve(svcs(stay), nil, Env{}), Resolve(nil, nil, Env{}))
 	if want := []string{"10.96.0.10->10.244.3.2", "192.0.2.1->10.244.3.2"}; !slices.Equal(flushed, want) {
 		t.Errorf("both services removed: flushed %v, want %v", flushed, want)
+	}
+	// one reading of the conntrack table per sync, whatever the number of backends
+	if calls != 2 {
+		t.Errorf("%d flushes of the conntrack table in two syncs, want 2", calls)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"regexp"
@@ -404,15 +406,8 @@ func TestConntrackFilters(t *testing.T) {
 		f.Reverse.SrcIP, f.Reverse.SrcPort = src.AsSlice(), sport
 		return f
 	}
-	filters := conntrackFilters([]netip.Addr{vip, netip.MustParseAddr("2001:db8::10")}, []int{80}, "tcp", be, 8080)
-	match := func(f *netlink.ConntrackFlow) bool {
-		for _, x := range filters {
-			if x.MatchConntrackFlow(f) {
-				return true
-			}
-		}
-		return false
-	}
+	filter := conntrackFilter([]ConntrackFlush{{[]netip.Addr{vip, netip.MustParseAddr("2001:db8::10")}, []int{80}, "tcp", be, 8080}}, false)
+	match := filter.MatchConntrackFlow
 	for _, c := range []struct {
 		what string
 		flow *netlink.ConntrackFlow
@@ -427,20 +422,28 @@ func TestConntrackFilters(t *testing.T) {
 			t.Errorf("%s: matched %v, want %v", c.what, got, c.want)
 		}
 	}
-	if n := len(filters); n != 1 {
-		t.Errorf("%d filters, want 1 (the IPv6 VIP is of another family)", n)
+	if n := len(filter); n != 1 {
+		t.Errorf("%d keys, want 1 (the IPv6 VIP is of another family)", n)
 	}
 	// Backend port 0 keeps the client's port; no port at all matches every port.
-	if f := conntrackFilters([]netip.Addr{vip}, []int{80, 443}, "tcp", be, 0); len(f) != 2 || !f[1].MatchConntrackFlow(flow(vip, 443, be, 443)) {
+	if f := conntrackFilter([]ConntrackFlush{{[]netip.Addr{vip}, []int{80, 443}, "tcp", be, 0}}, false); len(f) != 2 || !f.MatchConntrackFlow(flow(vip, 443, be, 443)) || f.MatchConntrackFlow(flow(vip, 443, be, 80)) {
 		t.Errorf("ports kept: %+v", f)
 	}
-	if f := conntrackFilters([]netip.Addr{vip}, nil, "tcp", be, 0); len(f) != 1 || !f[0].MatchConntrackFlow(flow(vip, 1234, be, 4321)) {
+	if f := conntrackFilter([]ConntrackFlush{{[]netip.Addr{vip}, nil, "tcp", be, 0}}, false); len(f) != 1 || !f.MatchConntrackFlow(flow(vip, 1234, be, 4321)) || f.MatchConntrackFlow(flow(other, 1234, be, 4321)) {
 		t.Errorf("no ports: %+v", f)
+	}
+	// Several flushes: one filter takes each one's entries, and only those.
+	f := conntrackFilter([]ConntrackFlush{{[]netip.Addr{vip}, []int{80}, "tcp", be, 8080}, {[]netip.Addr{other}, []int{53}, "udp", netip.MustParseAddr("10.0.0.2"), 5353}}, false)
+	udp := flow(other, 53, netip.MustParseAddr("10.0.0.2"), 5353)
+	udp.Forward.Protocol = unix.IPPROTO_UDP
+	if !f.MatchConntrackFlow(flow(vip, 80, be, 8080)) || !f.MatchConntrackFlow(udp) || f.MatchConntrackFlow(flow(other, 53, netip.MustParseAddr("10.0.0.2"), 5353)) {
+		t.Errorf("two flushes: %+v", f)
 	}
 }
 
 // On the kernel: a backend's flush deletes its connection to the service and keeps the same
-// host's connection on another port (entries made with conntrack -I in a namespace).
+// host's connection on another port; two backends' flushes in one call (one reading of the
+// table) delete both's (entries made with conntrack -I in a namespace).
 func TestFlushConntrackOnTheKernel(t *testing.T) {
 	testbed.RequireRoot(t)
 	ns, err := testbed.NewNS("ctflush")
@@ -448,18 +451,24 @@ func TestFlushConntrackOnTheKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ns.Close()
-	for _, e := range [][2]string{{"1234", "8080"}, {"1235", "8081"}, {"1236", "8080"}} {
-		dport := "80"
+	for _, e := range [][2]string{{"1234", "8080"}, {"1235", "8081"}, {"1236", "8080"}, {"1237", "8080"}} {
+		dport, vip, be := "80", "192.0.2.10", "10.0.0.1"
 		if e[0] == "1236" {
 			dport = "443" // another service's port on the same VIP and backend port
 		}
-		if out, err := ns.Exec("conntrack", "-I", "-p", "tcp", "-s", "198.51.100.1", "-d", "192.0.2.10", "--sport", e[0], "--dport", dport,
-			"-r", "10.0.0.1", "-q", "198.51.100.1", "--reply-port-src", e[1], "--reply-port-dst", e[0], "--state", "ESTABLISHED", "-t", "100"); err != nil {
+		if e[0] == "1237" {
+			vip, be = "192.0.2.11", "10.0.0.2" // another service's backend, flushed in the same call
+		}
+		if out, err := ns.Exec("conntrack", "-I", "-p", "tcp", "-s", "198.51.100.1", "-d", vip, "--sport", e[0], "--dport", dport,
+			"-r", be, "-q", "198.51.100.1", "--reply-port-src", e[1], "--reply-port-dst", e[0], "--state", "ESTABLISHED", "-t", "100"); err != nil {
 			t.Fatal(out, err)
 		}
 	}
 	if err := ns.Do(func() error {
-		return flushConntrack([]netip.Addr{netip.MustParseAddr("192.0.2.10")}, []int{80}, "tcp", netip.MustParseAddr("10.0.0.1"), 8080)
+		return flushConntrack([]ConntrackFlush{
+			{[]netip.Addr{netip.MustParseAddr("192.0.2.10")}, []int{80}, "tcp", netip.MustParseAddr("10.0.0.1"), 8080},
+			{[]netip.Addr{netip.MustParseAddr("192.0.2.11"), netip.MustParseAddr("2001:db8::11")}, []int{80}, "tcp", netip.MustParseAddr("10.0.0.2"), 8080},
+		})
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -467,7 +476,60 @@ func TestFlushConntrackOnTheKernel(t *testing.T) {
 	if err != nil {
 		t.Fatal(out, err)
 	}
-	if strings.Contains(out, "sport=1234") || !strings.Contains(out, "sport=1235") || !strings.Contains(out, "sport=1236") {
-		t.Errorf("after flushing 10.0.0.1:8080 of 192.0.2.10:80:\n%s", out)
+	if strings.Contains(out, "sport=1234") || strings.Contains(out, "sport=1237") || !strings.Contains(out, "sport=1235") || !strings.Contains(out, "sport=1236") {
+		t.Errorf("after flushing 10.0.0.1:8080 of 192.0.2.10:80 and 10.0.0.2:8080 of 192.0.2.11:80:\n%s", out)
 	}
+}
+
+// BenchmarkFlushConntrack: the flushes of 100 backends that leave in one sync, on a conntrack
+// table of 50,000 other entries (UDP, made over netlink in a namespace): one call per backend,
+// as the load balancer made before, against one call for all (flushConntrack). Each call
+// reads the whole table.
+func BenchmarkFlushConntrack(b *testing.B) {
+	testbed.RequireRoot(b)
+	ns, err := testbed.NewNS("ctbench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ns.Close()
+	const entries, backends = 50000, 100
+	if err := ns.Do(func() error {
+		for i := range entries {
+			f := &netlink.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: 600}
+			src := net.IPv4(198, 18, byte(i>>8), byte(i))
+			f.Forward = netlink.IPTuple{Protocol: unix.IPPROTO_UDP, SrcIP: src, DstIP: net.IPv4(192, 0, 2, 10), SrcPort: 40000, DstPort: 53}
+			f.Reverse = netlink.IPTuple{Protocol: unix.IPPROTO_UDP, SrcIP: net.IPv4(10, 1, 0, 1), DstIP: src, SrcPort: 53, DstPort: 40000}
+			if err := netlink.ConntrackCreate(netlink.ConntrackTable, unix.AF_INET, f); err != nil {
+				return fmt.Errorf("entry %d: %w", i, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		b.Fatal(err)
+	}
+	var flushes []ConntrackFlush
+	for i := range backends {
+		flushes = append(flushes, ConntrackFlush{[]netip.Addr{netip.AddrFrom4([4]byte{192, 0, 2, byte(100 + i)})}, []int{53}, "udp", netip.AddrFrom4([4]byte{10, 2, 0, byte(i)}), 53})
+	}
+	b.Run("a call per backend", func(b *testing.B) {
+		for b.Loop() {
+			if err := ns.Do(func() error {
+				for _, f := range flushes {
+					if err := flushConntrack([]ConntrackFlush{f}); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("one call", func(b *testing.B) {
+		for b.Loop() {
+			if err := ns.Do(func() error { return flushConntrack(flushes) }); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

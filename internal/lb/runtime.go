@@ -23,8 +23,8 @@ type Runtime struct {
 	// Hooks, replaceable in tests.
 	NewManager     func() (*Manager, error)
 	Env            func(devs []string) (Env, error)
-	FlushConntrack func(vips []netip.Addr, ports []int, proto string, backend netip.Addr, backendPort int) error
-	Solicit        func(addrs []netip.Addr) // makes the kernel resolve dsr backends' MACs
+	FlushConntrack func([]ConntrackFlush) error // every flush of a sync at once
+	Solicit        func(addrs []netip.Addr)     // makes the kernel resolve dsr backends' MACs
 	// FullEvery: how often the tables are read back whole to repair drift (the agent sets
 	// it just under its resync period); 0: DefaultFullEvery.
 	FullEvery time.Duration
@@ -503,7 +503,8 @@ func (r *Runtime) Remove(ctx context.Context) error {
 
 // flush deletes the conntrack entries of NAT backends that just left (down, failed, removed
 // from their service, or with it), where the service asks for it: under the service's VIPs
-// and ports, and those of the services whose internal clients it serves.
+// and ports, and those of the services whose internal clients it serves. All of a sync's at
+// once (one reading of the conntrack table).
 func (r *Runtime) flush(prev, cur *Desired) {
 	if prev == nil {
 		return
@@ -523,6 +524,27 @@ func (r *Runtime) flush(prev, cur *Desired) {
 		}
 		return m
 	}
+	var batch []ConntrackFlush
+	var logged [][]any // what each flush is, for the log
+	// the services whose internal clients a service serves, by its name, of prev and cur;
+	// built on first use
+	internal := map[*Desired]map[string][]*ServiceState{}
+	add := func(ss *ServiceState, b *BackendState, d *Desired) {
+		batch = append(batch, ConntrackFlush{ss.VIPs, ss.Ports, ss.Protocol, b.Addr, b.Port})
+		logged = append(logged, []any{"service", ss.Service.Name, "backend", b.Key})
+		if internal[d] == nil {
+			internal[d] = map[string][]*ServiceState{}
+			for _, o := range d.Services {
+				if in := o.Service.Internal; in != nil {
+					internal[d][in.Service] = append(internal[d][in.Service], o)
+				}
+			}
+		}
+		for _, o := range internal[d][ss.Service.Name] {
+			batch = append(batch, ConntrackFlush{o.VIPs, o.Ports, o.Protocol, b.Addr, b.Port})
+			logged = append(logged, []any{"service", o.Service.Name, "internal clients of", ss.Service.Name, "backend", b.Key})
+		}
+	}
 	for i, ss := range cur.Services {
 		if !flushes(ss) || i < len(prev.Services) && prev.Services[i] == ss { // unchanged (Resolver)
 			continue
@@ -532,7 +554,7 @@ func (r *Runtime) flush(prev, cur *Desired) {
 		}
 		for _, b := range ss.Backends {
 			if was[HealthKey(ss.Service.Name, b.Key)] && !b.Known {
-				r.flushBackend(ss, b, cur)
+				add(ss, b, cur)
 			}
 		}
 	}
@@ -547,23 +569,20 @@ func (r *Runtime) flush(prev, cur *Desired) {
 		}
 		for _, b := range ps.Backends {
 			if _, there := now[HealthKey(ps.Service.Name, b.Key)]; b.Known && !there {
-				r.flushBackend(ps, b, prev)
+				add(ps, b, prev)
 			}
 		}
 	}
-}
-
-// flushBackend deletes the conntrack entries of backend b of service ss: under ss's VIPs and
-// ports, and under those of the services of d whose internal clients ss serves (they connected
-// to their own VIPs).
-func (r *Runtime) flushBackend(ss *ServiceState, b *BackendState, d *Desired) {
-	err := r.FlushConntrack(ss.VIPs, ss.Ports, ss.Protocol, b.Addr, b.Port)
-	r.Log.Info("flushed the conntrack entries of a backend that left", "service", ss.Service.Name, "backend", b.Key, "err", err)
-	for _, o := range d.Services {
-		if in := o.Service.Internal; in != nil && in.Service == ss.Service.Name {
-			err := r.FlushConntrack(o.VIPs, o.Ports, o.Protocol, b.Addr, b.Port)
-			r.Log.Info("flushed the conntrack entries of a backend that left", "service", o.Service.Name, "internal clients of", ss.Service.Name, "backend", b.Key, "err", err)
-		}
+	if len(batch) == 0 {
+		return
+	}
+	start := time.Now()
+	err := r.FlushConntrack(batch)
+	for _, l := range logged {
+		r.Log.Info("flushed the conntrack entries of a backend that left", append(l, "err", err)...)
+	}
+	if len(batch) > 1 {
+		r.Log.Info("flushed the conntrack entries of backends that left", "flushes", len(batch), "took", time.Since(start).Round(time.Millisecond), "err", err)
 	}
 }
 
