@@ -45,6 +45,11 @@ type Options struct {
 	// Source, when set, supplies the config in place of reading ConfigPath (Kubernetes mode:
 	// internal/k8s.Source). The agent asks it at every sync and syncs when Changed fires.
 	Source Source
+	// Reload, when set, delivers SIGHUP: the caller registered it before anything slow (the
+	// lock, the probe, the wait for the API server), so that a reload asked meanwhile, or
+	// during the cleanup after Run, does not end the process (Go's default for SIGHUP);
+	// without it Run registers its own while it runs.
+	Reload <-chan os.Signal
 }
 
 // Source supplies the desired config instead of the file.
@@ -519,9 +524,13 @@ func (a *Agent) drainLinks(ctx context.Context, ch chan netlink.LinkUpdate, errc
 }
 
 func (a *Agent) watchSignals(ctx context.Context) {
-	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, syscall.SIGHUP)
-	defer signal.Stop(ch)
+	ch := a.opts.Reload
+	if ch == nil {
+		own := make(chan os.Signal, 1)
+		signal.Notify(own, syscall.SIGHUP)
+		defer signal.Stop(own)
+		ch = own
+	}
 	for {
 		select {
 		case <-ctx.Done():

@@ -14,6 +14,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	pprofruntime "runtime/pprof"
 	"slices"
@@ -103,6 +104,17 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "debug, info, warn or error")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "text", "text or json")
+	// a mistyped value is an error naming the flag (before, it gave info and text silently)
+	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		var lvl slog.Level
+		if err := lvl.UnmarshalText([]byte(g.logLevel)); err != nil {
+			return fmt.Errorf("--log-level: %q is not one of debug, info, warn, error", g.logLevel)
+		}
+		if g.logFormat != "text" && g.logFormat != "json" {
+			return fmt.Errorf("--log-format: %q is not one of text, json", g.logFormat)
+		}
+		return nil
+	}
 	root.AddCommand(probeCmd(g), renderCmd(), applyCmd(g), agentCmd(g), statusCmd(g), cleanupCmd())
 	for _, c := range commands {
 		root.AddCommand(c(g))
@@ -336,8 +348,22 @@ func agentCmd(g *globals) *cobra.Command {
 		Use:   "agent -f CONFIG",
 		Short: "Run the daemon: reconcile on config change, link events and periodically",
 		RunE: func(c *cobra.Command, _ []string) error {
+			// SIGHUP (reload) is caught from the start and never let go: Go's default for it
+			// ends the process, and a reload asked while the agent starts (the lock, the
+			// probe, the wait for the API server) or cleans up must not.
+			reload := make(chan os.Signal, 1)
+			signal.Notify(reload, syscall.SIGHUP)
 			log := g.logger()
 			slog.SetDefault(log) // what packages log by slog's default (the load balancer's cache and shapes at debug) goes where the agent's log does
+			// The paths the state records, absolute: `hostaccel status` run from another
+			// directory checks that lock (a relative one hid the running agent).
+			for _, p := range []*string{&lockPath, &file} {
+				if *p != "" {
+					if abs, err := filepath.Abs(*p); err == nil {
+						*p = abs
+					}
+				}
+			}
 			// First of all: a second agent must not touch the kernel, the API socket or
 			// the state file of the one that runs.
 			l, err := lock.Acquire(lockPath)
@@ -352,7 +378,7 @@ func agentCmd(g *globals) *cobra.Command {
 			ctx, stop := signal.NotifyContext(c.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			var met *metrics.Metrics
-			opts := agent.Options{ConfigPath: file, StatePath: statePath, LockPath: lockPath, CleanupOnExit: cleanup, Log: log}
+			opts := agent.Options{ConfigPath: file, StatePath: statePath, LockPath: lockPath, CleanupOnExit: cleanup, Log: log, Reload: reload}
 			if kube.enabled {
 				src, err := kube.startSource(ctx, log, file, 0)
 				if err != nil {

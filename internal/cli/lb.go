@@ -322,6 +322,24 @@ func changeService(c *cobra.Command, f *lbFlags, method, path string, body any, 
 	return nil
 }
 
+// namedFileService is the service of file (its bytes b) for `lb add NAME -f FILE`: b as is
+// when it names NAME, with NAME when it names none; another name is an error (before, NAME
+// was dropped without a word and the file's service added under its own).
+func namedFileService(b []byte, file, name string) (any, error) {
+	var m map[string]any
+	if err := yaml.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	switch n, _ := m["name"].(string); {
+	case n == "" && m["name"] == nil:
+		m["name"] = name
+		return m, nil
+	case n != name:
+		return nil, fmt.Errorf("the service in %s is named %v, not %q: give no NAME with -f, or the same", file, m["name"], name)
+	}
+	return b, nil
+}
+
 // body is what add and set send: the file given with -f as is, else the flags given as a
 // merge patch (returned also as patch).
 func (s *svcFlags) body(c *cobra.Command) (body any, patch map[string]any, err error) {
@@ -351,6 +369,11 @@ func lbAddCmd(f *lbFlags) *cobra.Command {
 			}
 			if p != nil {
 				p["name"] = args[0]
+			} else if len(args) == 1 {
+				// NAME and -f: the file's service is that one (a file without a name gets it)
+				if body, err = namedFileService(body.([]byte), s.file, args[0]); err != nil {
+					return err
+				}
 			}
 			return changeService(c, f, http.MethodPost, "/v1/services", body, "added")
 		},
