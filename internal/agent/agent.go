@@ -79,6 +79,8 @@ type Agent struct {
 	wake chan struct{}
 	// now: the next sync may not wait for MinSyncInterval (TriggerNow).
 	now atomic.Bool
+	// nowCh cuts short the rate limit's wait when TriggerNow comes during it
+	nowCh chan struct{}
 	// urgent: the sync under way was asked for by TriggerNow (it does not probe again).
 	urgent atomic.Bool
 
@@ -103,7 +105,7 @@ func New(opts Options, mgrs *datapath.Managers) (*Agent, error) {
 	if opts.Links == nil {
 		opts.Links = Links
 	}
-	a := &Agent{opts: opts, mgrs: mgrs, wake: make(chan struct{}, 1), gc: newIdleGC()}
+	a := &Agent{opts: opts, mgrs: mgrs, wake: make(chan struct{}, 1), nowCh: make(chan struct{}, 1), gc: newIdleGC()}
 	if _, err := a.loadConfig(); err != nil {
 		return nil, err
 	}
@@ -133,6 +135,10 @@ func (a *Agent) Trigger() {
 // calls, its health transitions, coalesced per check round).
 func (a *Agent) TriggerNow() {
 	a.now.Store(true)
+	select {
+	case a.nowCh <- struct{}{}:
+	default:
+	}
 	a.Trigger()
 }
 
@@ -211,13 +217,23 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		timer.Stop()
 		// Rate limit: events arriving in a burst are served by one sync (TriggerNow's are not
-		// held back).
+		// held back, also when they come while the limit holds an ordinary event back: before,
+		// an API call then waited out the rest of minSyncInterval).
+		select {
+		case <-a.nowCh:
+		default:
+		}
 		urgent := a.now.Swap(false)
 		if d := minInterval - time.Since(last); d > 0 && !urgent {
+			held := time.NewTimer(d)
 			select {
 			case <-ctx.Done():
+				held.Stop()
 				return a.shutdown()
-			case <-time.After(d):
+			case <-held.C:
+			case <-a.nowCh:
+				held.Stop()
+				urgent = a.now.Swap(false)
 			}
 			select { // absorb the triggers that came in meanwhile
 			case <-a.wake:
@@ -364,6 +380,9 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 		LB: func(ctx context.Context, c lb.Config) (string, error) { return "", rt.Sync(ctx, c) },
 	})
 	*degraded = append(*degraded, o.Degraded()...)
+	if err := rt.APIError(); err != nil {
+		*degraded = append(*degraded, "load balancer API: "+err.Error())
+	}
 	for _, w := range o.Warnings {
 		log.Warn("interface pruned from the desired state", "warning", w)
 	}

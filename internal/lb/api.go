@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,6 +58,9 @@ type apiServer struct {
 	socket  string
 	tcpErr  error // why the TCP listener (api.listen) is not serving; the socket serves still
 	closed  bool
+	// key is what the TCP listener's clients must present (nil: none is valid), read again
+	// from api.keyFile at every sync: a rotated key takes effect without a restart.
+	key atomic.Pointer[[]byte]
 }
 
 // serveAPI starts, restarts or stops the API to match a (nil: off). A TCP listener that
@@ -75,6 +79,9 @@ func (r *Runtime) serveAPI(a *API) error {
 		running.mu.Unlock()
 		if failed {
 			return running.startTCP(*a, r.Handler())
+		}
+		if a.Listen != "" {
+			return running.reloadKey(*a)
 		}
 		return nil
 	}
@@ -148,19 +155,34 @@ func (s *apiServer) listenTCP(a API, mux http.Handler) error {
 	if a.Listen == "" {
 		return nil
 	}
-	key, err := model.ReadConfigFile(a.KeyFile)
-	if err != nil {
-		return fmt.Errorf("loadBalancer.api.keyFile: %w (the unix socket serves)", err)
-	}
-	k := bytes.TrimSpace(key)
-	if len(k) < 16 {
-		return fmt.Errorf("loadBalancer.api.keyFile: %s: the key is shorter than 16 bytes (the unix socket serves)", a.KeyFile)
+	if err := s.reloadKey(a); err != nil {
+		return err
 	}
 	tln, err := net.Listen("tcp", a.Listen)
 	if err != nil {
 		return fmt.Errorf("loadBalancer.api.listen: %w (the unix socket serves)", err)
 	}
-	s.serve(tln, requireKey(k, mux))
+	s.serve(tln, requireKey(&s.key, mux))
+	return nil
+}
+
+// reloadKey reads a's key file into s.key. A key that cannot be read, or is too short, makes
+// the TCP listener refuse every request until it can (a key file removed or emptied revokes
+// the key it held; the unix socket serves still).
+func (s *apiServer) reloadKey(a API) error {
+	key, err := model.ReadConfigFile(a.KeyFile)
+	if err != nil {
+		s.key.Store(nil)
+		return fmt.Errorf("loadBalancer.api.keyFile: %w (the unix socket serves)", err)
+	}
+	k := bytes.TrimSpace(key)
+	if len(k) < 16 {
+		s.key.Store(nil)
+		return fmt.Errorf("loadBalancer.api.keyFile: %s: the key is shorter than 16 bytes (the unix socket serves)", a.KeyFile)
+	}
+	if old := s.key.Load(); old == nil || !bytes.Equal(*old, k) {
+		s.key.Store(&k)
+	}
 	return nil
 }
 
@@ -201,10 +223,11 @@ func (s *apiServer) close(graceful bool) {
 // apiCloseWait bounds how long closing the API waits for the requests under way.
 var apiCloseWait = 2 * time.Second
 
-func requireKey(key []byte, h http.Handler) http.Handler {
+func requireKey(keyp *atomic.Pointer[[]byte], h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		got, ok := strings.CutPrefix(req.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(got), key) != 1 {
+		key := keyp.Load()
+		if !ok || key == nil || subtle.ConstantTimeCompare([]byte(got), *key) != 1 {
 			writeErr(w, &apiError{http.StatusUnauthorized, []string{"missing or wrong key (Authorization: Bearer <key>)"}})
 			return
 		}

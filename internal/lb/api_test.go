@@ -211,18 +211,47 @@ func TestAPIStatusCodes(t *testing.T) {
 }
 
 func TestAPIKey(t *testing.T) {
-	h := requireKey([]byte("0123456789abcdef"), http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
-	for key, want := range map[string]int{"": 401, "wrong": 401, "0123456789abcdef": 200} {
-		rec := httptest.NewRecorder()
-		req := httptest.NewRequest(http.MethodGet, "/v1/status", nil)
-		if key != "" {
-			req.Header.Set("Authorization", "Bearer "+key)
-		}
-		h.ServeHTTP(rec, req)
-		if rec.Code != want {
-			t.Errorf("key %q: %d, want %d", key, rec.Code, want)
+	s := &apiServer{}
+	h := requireKey(&s.key, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	check := func(what string, want map[string]int) {
+		t.Helper()
+		for key, code := range want {
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest(http.MethodGet, "/v1/status", nil)
+			if key != "" {
+				req.Header.Set("Authorization", "Bearer "+key)
+			}
+			h.ServeHTTP(rec, req)
+			if rec.Code != code {
+				t.Errorf("%s: key %q: %d, want %d", what, key, rec.Code, code)
+			}
 		}
 	}
+	a := API{Listen: "127.0.0.1:0", KeyFile: filepath.Join(t.TempDir(), "key")}
+	os.WriteFile(a.KeyFile, []byte("0123456789abcdef\n"), 0o600)
+	if err := s.reloadKey(a); err != nil {
+		t.Fatal(err)
+	}
+	check("first key", map[string]int{"": 401, "wrong": 401, "0123456789abcdef": 200})
+	// A rotated key takes effect at the next sync (reloadKey), without a restart; before, the
+	// old key kept working until the agent restarted (found by a helper's review).
+	os.WriteFile(a.KeyFile, []byte("fedcba9876543210"), 0o600)
+	if err := s.reloadKey(a); err != nil {
+		t.Fatal(err)
+	}
+	check("rotated key", map[string]int{"0123456789abcdef": 401, "fedcba9876543210": 200})
+	// A key file removed or too short revokes the key: every request is refused.
+	os.WriteFile(a.KeyFile, []byte("short"), 0o600)
+	if err := s.reloadKey(a); err == nil || !strings.Contains(err.Error(), "loadBalancer.api.keyFile") {
+		t.Errorf("a short key: %v, want an error naming loadBalancer.api.keyFile", err)
+	}
+	check("short key", map[string]int{"fedcba9876543210": 401, "short": 401})
+	os.Remove(a.KeyFile)
+	os.WriteFile(a.KeyFile+"x", nil, 0o600)
+	if err := s.reloadKey(a); err == nil {
+		t.Error("a missing key file: no error")
+	}
+	check("no key file", map[string]int{"fedcba9876543210": 401})
 }
 
 func TestMerge(t *testing.T) {

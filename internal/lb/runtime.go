@@ -36,6 +36,7 @@ type Runtime struct {
 	changeSem   chan struct{}  // API changes, one at a time (lockChanges)
 	pending     *pendingChange // a change whose sync had not come when it was answered
 	overlayErr  error          // why the state file at cfg.StatePath() is not loaded
+	apiErr      error          // why the API (or its TCP listener) did not serve at the last sync
 	cfg         Config
 	overlay     Overlay
 	overlayPath string
@@ -115,7 +116,7 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 		r.stop(false)
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		r.desired = nil
+		r.desired, r.apiErr = nil, nil
 		if !r.installed || r.mgr == nil {
 			return nil
 		}
@@ -130,9 +131,13 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 	}
 	// The API first: where the state file conflicts with the config, `hostaccel lb reset`
 	// and `delete` (through it) are the way out.
-	if err := r.serveAPI(cfg.APIConfig()); err != nil {
-		r.Log.Error("load balancer API", "err", err)
+	apiErr := r.serveAPI(cfg.APIConfig())
+	if apiErr != nil {
+		r.Log.Error("load balancer API", "err", apiErr)
 	}
+	r.mu.Lock()
+	r.apiErr = apiErr
+	r.mu.Unlock()
 	svcs, err := r.services(cfg)
 	if err != nil {
 		return err
@@ -499,6 +504,15 @@ func (r *Runtime) Remove(ctx context.Context) error {
 	defer m.Close()
 	_, err = m.Remove(ctx)
 	return err
+}
+
+// APIError says why the API, or its TCP listener, did not serve at the last sync (nil: it
+// did, or there is none): the agent reports it as degraded (/healthz, hostaccel_healthy),
+// where before it was only logged.
+func (r *Runtime) APIError() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.apiErr
 }
 
 // flush deletes the conntrack entries of NAT backends that just left (down, failed, removed
