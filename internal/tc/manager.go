@@ -283,20 +283,40 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 			return res, err
 		}
 	}
+	// While the set is attached to devices that lack it (a fresh set, a new device: a new
+	// Pod's veth), packets of one connection may pass programs of different sets, or none (a
+	// Pod's connections opened before its device joined): every mark counts (handed_since 0)
+	// in this set and in the older ones until conntrack has been listed after the attachments,
+	// so that every reply toward the Pods asks conntrack meanwhile. The listing costs one dump
+	// of conntrack per Apply that attaches a device; an Apply that attaches none lists nothing.
+	window := res.NATCheck && (fresh || needsAttach(o, set, mode, w))
+	since := w.settings.HandedSince
+	if window {
+		w.settings.HandedSince = 0
+		for id, s := range o.sets {
+			var c fastpathSettings
+			if id != set.id && s.usable() && s.settings.Lookup(uint32(0), &c) == nil {
+				c.HandedSince = 0
+				_ = s.settings.Put(uint32(0), c)
+			}
+		}
+	}
 	if err := m.narrow(set, cur, w, fresh, &res); err != nil {
 		m.fullRead = time.Time{} // half written: the next Apply reads the maps whole
 		dropClsacts(added)       // their ownership may not be in the map: the next Apply adds them again
 		return res, err
 	}
 	errs := []error{m.attachAll(o, set, mode, w, d, &res)}
-	if fresh && res.NATCheck {
-		// Connections opened between the listing above and the attachments: their SYNs
-		// passed no program of this set (none, or the set replaced), so their ends are
-		// listed again once those SYNs have reached conntrack (handedSettle). From the
-		// attachments on, the program remembers the ends itself.
+	if window {
 		time.Sleep(handedSettle)
-		if err := set.rememberOpen(ctx); err != nil {
+		flows, err := conntrack.List(ctx)
+		if err == nil {
+			err = set.rememberNATed(flows, w.settings.HandedEpoch)
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("tc: the NAT-ed connections opened while the program was attached: %w", err))
+		} else {
+			w.settings.HandedSince = since // widen writes it
 		}
 	}
 	errs = append(errs, m.widen(set, cur, w, &res))
@@ -493,6 +513,9 @@ func (m *Manager) attachAll(o *observed, set *progSet, mode Mode, w contents, d 
 			res.Missing = append(res.Missing, name)
 			continue
 		} else if err != nil {
+			// No program here, so no end of its Pods is remembered: not a redirect target
+			// either (the next Apply reads the maps whole and enters it again).
+			errs = append(errs, set.deleteIface(uint32(l.Attrs().Index)))
 			// The programs of other sets come off the device (its packets take the stack
 			// until an attach succeeds): their maps are no longer written, and a peer CIDR
 			// removed or an exclusion added since would not reach them.
@@ -532,4 +555,17 @@ func countPut[K comparable, V any](res *Result, cur map[K]V, k K) {
 	} else {
 		res.ElementsAdded++
 	}
+}
+
+// needsAttach reports whether a desired device lacks set (attachAll attaches it there).
+func needsAttach(o *observed, set *progSet, mode Mode, w contents) bool {
+	for _, l := range o.links {
+		if _, ok := w.ifaces[uint32(l.Attrs().Index)]; !ok {
+			continue
+		}
+		if !slices.ContainsFunc(o.on(l.Attrs().Index), func(a attachment) bool { return a.mode == mode && a.prog == set.id }) {
+			return true
+		}
+	}
+	return false
 }
