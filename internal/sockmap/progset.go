@@ -279,22 +279,30 @@ func (s *progSet) deletePod(p netip.Prefix) error {
 	return nil
 }
 
-// sockets lists the keys of the sockets in the map.
+// sockets lists the keys of the sockets in the map, each once: when the key the walk stands on
+// is deleted (its socket closed), the kernel's next key is the first again, and the walk goes
+// over keys it has listed (before, status counted them twice: found by a helper's review). A
+// map whose walk keeps restarting is read at most four times its size.
 func (s *progSet) sockets() ([]sockmapSockKey, error) {
 	var out []sockmapSockKey
+	seen := map[sockmapSockKey]bool{}
 	var k, next sockmapSockKey
 	var kp any // nil: the first key
-	for {
+	for steps, limit := 0, 4*int(s.maps.HostaccelSocks.MaxEntries()); steps < limit; steps++ {
 		if err := s.maps.HostaccelSocks.NextKey(kp, &next); err != nil {
 			if errors.Is(err, ebpf.ErrKeyNotExist) {
 				return out, nil
 			}
 			return out, fmt.Errorf("hostaccel_socks: %w", err)
 		}
-		out = append(out, next)
+		if !seen[next] {
+			seen[next] = true
+			out = append(out, next)
+		}
 		k = next
 		kp = &k
 	}
+	return out, nil
 }
 
 // counters reads the per-CPU stats, summed over CPUs, by index (enum stat).
