@@ -112,8 +112,9 @@ struct {
  * was not in the map yet (the passive side is entered when the handshake's last ACK arrives,
  * after the active side may have sent): that data waits in the peer's TCP receive queue, and
  * a later message moved to the peer's socket queue would be read before it. Such a direction
- * stays on TCP for the connection's life. An LRU: entries of closed connections age out; a
- * new connection with the same tuple clears its own when it is entered. */
+ * stays on TCP for the connection's life. Deleted when the connection closes (sock_ops'
+ * state callback); a new connection with the same tuple clears its own when it is entered.
+ * An LRU still: beyond 65,536 such directions alive, the least recently used goes. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
@@ -123,7 +124,8 @@ struct {
 
 /* The receivers' ledgers, by the receiving socket's key: sock_ops resets a socket's entry
  * when it enters it, hostaccel_sm adds what the peer sends, the read counter what the socket
- * read. An LRU: entries of closed sockets age out. */
+ * read. Deleted when the socket closes (sock_ops' state callback); an LRU still: beyond
+ * 65,536 sockets alive, the least recently used goes. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
@@ -195,43 +197,63 @@ static __always_inline int pod(const __u32 *a)
 	return v && (v->flags & (ADDR_LOCAL_POD | ADDR_EXCLUDE)) == ADDR_LOCAL_POD;
 }
 
+/* sock_key_of fills key with the socket's ends; 0 for a family other than IPv4 and IPv6. */
+static __always_inline int sock_key_of(struct bpf_sock_ops *skops, struct sock_key *key)
+{
+	__u32 family = skops->family;
+	if (family == AF_INET) {
+		key->local[2] = bpf_htonl(0xffff);
+		key->local[3] = CTX(skops, local_ip4);
+		key->remote[2] = bpf_htonl(0xffff);
+		key->remote[3] = CTX(skops, remote_ip4);
+	} else if (family == AF_INET6) {
+		key->local[0] = CTX(skops, local_ip6[0]);
+		key->local[1] = CTX(skops, local_ip6[1]);
+		key->local[2] = CTX(skops, local_ip6[2]);
+		key->local[3] = CTX(skops, local_ip6[3]);
+		key->remote[0] = CTX(skops, remote_ip6[0]);
+		key->remote[1] = CTX(skops, remote_ip6[1]);
+		key->remote[2] = CTX(skops, remote_ip6[2]);
+		key->remote[3] = CTX(skops, remote_ip6[3]);
+	} else {
+		return 0;
+	}
+	key->local_port = skops->local_port;
+	key->remote_port = bpf_ntohl(skops->remote_port);
+	return 1;
+}
+
 SEC("sockops")
 int hostaccel_so(struct bpf_sock_ops *skops)
 {
 	__u32 op = skops->op;
+	struct sock_key key = {};
+	/* An entered socket closes: its ledger and its direction's tcp_only entry go with it
+	 * (the kernel takes it out of the sockhash). Before, they stayed until the LRUs evicted
+	 * them, and on a busy node the dead connections' entries filled the maps, so that each
+	 * new connection evicted an idle live one's: its ledger lost (its direction on TCP for
+	 * good), or its tcp_only entry (its next message moved past its unread TCP data). */
+	if (op == BPF_SOCK_OPS_STATE_CB) {
+		if (skops->args[1] == BPF_TCP_CLOSE && sock_key_of(skops, &key)) {
+			bpf_map_delete_elem(&ledgers, &key);
+			bpf_map_delete_elem(&tcp_only, &key);
+		}
+		return 1;
+	}
 	if (op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB)
 		return 1;
 	__u32 zero = 0;
 	struct settings *cfg = bpf_map_lookup_elem(&config, &zero);
 	if (!cfg || !cfg->enabled)
 		return 1;
-	struct sock_key key = {};
-	__u32 family = skops->family;
-	if (family == AF_INET) {
-		key.local[2] = bpf_htonl(0xffff);
-		key.local[3] = CTX(skops, local_ip4);
-		key.remote[2] = bpf_htonl(0xffff);
-		key.remote[3] = CTX(skops, remote_ip4);
-	} else if (family == AF_INET6) {
-		key.local[0] = CTX(skops, local_ip6[0]);
-		key.local[1] = CTX(skops, local_ip6[1]);
-		key.local[2] = CTX(skops, local_ip6[2]);
-		key.local[3] = CTX(skops, local_ip6[3]);
-		key.remote[0] = CTX(skops, remote_ip6[0]);
-		key.remote[1] = CTX(skops, remote_ip6[1]);
-		key.remote[2] = CTX(skops, remote_ip6[2]);
-		key.remote[3] = CTX(skops, remote_ip6[3]);
-	} else {
+	if (!sock_key_of(skops, &key))
 		return 1;
-	}
 	/* The same address at both ends: one network namespace (a Pod to itself). */
 	if (key.local[0] == key.remote[0] && key.local[1] == key.remote[1] &&
 	    key.local[2] == key.remote[2] && key.local[3] == key.remote[3])
 		return 1;
 	if (!pod(key.local) || !pod(key.remote))
 		return 1;
-	key.local_port = skops->local_port;
-	key.remote_port = bpf_ntohl(skops->remote_port);
 	bpf_map_delete_elem(&tcp_only, &key);
 	struct ledger fresh = {};
 	bpf_map_update_elem(&ledgers, &key, &fresh, BPF_ANY);
@@ -249,6 +271,8 @@ int hostaccel_so(struct bpf_sock_ops *skops)
 		};
 		bpf_map_delete_elem(&ledgers, &peer);
 	}
+	/* told of the socket's close (the ledger is written above whether or not it is entered) */
+	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 	if (bpf_sock_hash_update(skops, &hostaccel_socks, &key, BPF_NOEXIST) == 0)
 		count(key.local[2] == bpf_htonl(0xffff) && key.local[0] == 0 && key.local[1] == 0 ? STAT_ENTERED4 : STAT_ENTERED6, 0);
 	else
