@@ -388,6 +388,11 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 	}
 	a.mu.Lock()
 	a.state.Devices = o.State.Devices()
+	if o.Plan.Flowtable == nil && o.Plan.TC == nil && o.Plan.Sockmap == nil {
+		// no datapath runs (datapath none, or a kernel without any the config can use): no
+		// device is served (before, hostaccel_devices listed every desired one)
+		a.state.Devices = nil
+	}
 	a.state.Datapath = cfg.Datapath
 	a.state.Plan = o.Plan.Summary()
 	a.state.PlanNotes = o.Plan.Notes

@@ -73,6 +73,11 @@ func Apply(ctx context.Context, cfg *config.Config, in Inputs) (Outcome, error) 
 		return o, errors.Join(o.LBErr, o.PlanErr) // nothing can run: leave the kernel as it is
 	}
 	o.Result, err = in.Mgrs.Apply(ctx, o.Plan, in.Caps)
+	if err != nil && in.LB != nil && o.LBErr == nil && cfg.LoadBalancer.InUse() {
+		// a datapath's "nothing was changed" is of its own transaction: the load balancer's
+		// came first and stays (before, the error read as if nothing at all had changed)
+		err = fmt.Errorf("%w (the load balancer part was applied)", err)
+	}
 	return o, errors.Join(o.LBErr, o.PlanErr, err)
 }
 
