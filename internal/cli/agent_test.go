@@ -157,3 +157,47 @@ func TestLBAddNameAndFile(t *testing.T) {
 		t.Errorf("sent %q, want the nameless file with name web, then the named file as is", got)
 	}
 }
+
+// In Kubernetes mode the metrics address serves while the agent waits for the API server:
+// /livez answers 200 (a liveness probe does not restart the agent in a loop while the API
+// server is away), /healthz 503. Before, nothing listened until the wait ended (found by a
+// helper's review).
+func TestLivezWhileWaitingForTheAPIServer(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "c.yaml"), []byte("datapath: none\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "kc"), []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	startAgentChild(t, dir, "agent", "-f", "c.yaml", "--kubernetes", "--kubeconfig", "kc", "--node-name", "n1",
+		"--lock-file", "l.lock", "--state-file", "st.json", "--metrics-address", addr)
+	get := func(path string) (int, error) {
+		r, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err
+		}
+		r.Body.Close()
+		return r.StatusCode, nil
+	}
+	var code int
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if code, err = get("/livez"); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("/livez while the agent waits for the API server: %d %v, want 200", code, err)
+	}
+	if code, err := get("/healthz"); err != nil || code != http.StatusServiceUnavailable {
+		t.Errorf("/healthz while the agent waits for the API server: %d %v, want 503", code, err)
+	}
+}

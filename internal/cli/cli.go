@@ -19,6 +19,7 @@ import (
 	pprofruntime "runtime/pprof"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 
@@ -379,27 +380,24 @@ func agentCmd(g *globals) *cobra.Command {
 			defer stop()
 			var met *metrics.Metrics
 			opts := agent.Options{ConfigPath: file, StatePath: statePath, LockPath: lockPath, CleanupOnExit: cleanup, Log: log, Reload: reload}
-			if kube.enabled {
-				src, err := kube.startSource(ctx, log, file, 0)
-				if err != nil {
-					return err
-				}
-				opts.Source = src
-			}
+			// The metrics address serves from the start: /livez answers while the agent waits
+			// for the API server (Kubernetes mode), so that a liveness probe does not restart
+			// a node's agent in a loop while the API server is away (before, nothing listened
+			// until the wait ended); /healthz answers 503 until the agent runs.
+			var running atomic.Pointer[agent.Agent]
 			if metricsAddr != "" {
 				met = metrics.New(func(ctx context.Context) agent.Status { return agent.Gather(ctx, m, "") })
 				opts.OnSync = met.ObserveSync
-			}
-			a, err := agent.New(opts, m)
-			if err != nil {
-				return err
-			}
-			if met != nil {
-				kube.registerMetrics(met.Registry)
-				registerLBMetrics(met.Registry, a)
 				mux := http.NewServeMux()
 				mux.Handle("/metrics", met.Handler())
-				mux.HandleFunc("/healthz", healthz(a.State))
+				mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+					if a := running.Load(); a != nil {
+						healthz(a.State)(w, r)
+						return
+					}
+					w.WriteHeader(http.StatusServiceUnavailable)
+					fmt.Fprintln(w, "starting: the agent does not run yet (Kubernetes mode waits for the API server)")
+				})
 				mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 				if profiling {
 					mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -416,6 +414,22 @@ func agentCmd(g *globals) *cobra.Command {
 				defer srv.Close()
 				log.Info("serving metrics", "address", metricsAddr)
 			}
+			if kube.enabled {
+				src, err := kube.startSource(ctx, log, file, 0)
+				if err != nil {
+					return err
+				}
+				opts.Source = src
+			}
+			a, err := agent.New(opts, m)
+			if err != nil {
+				return err
+			}
+			if met != nil {
+				kube.registerMetrics(met.Registry)
+				registerLBMetrics(met.Registry, a)
+			}
+			running.Store(a)
 			return a.Run(ctx)
 		},
 	}
