@@ -394,6 +394,10 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 		a.state.Devices = nil
 	}
 	a.state.Datapath = cfg.Datapath
+	a.state.LBSocket = ""
+	if api := cfg.LoadBalancer.APIConfig(); api != nil {
+		a.state.LBSocket = api.Socket
+	}
 	a.state.Plan = o.Plan.Summary()
 	a.state.PlanNotes = o.Plan.Notes
 	a.state.LastResult = o.Result

@@ -104,3 +104,34 @@ func TestDatapathFailureAfterTheLoadBalancerSaysSo(t *testing.T) {
 		t.Errorf("the flowtable failed after the load balancer was applied: %v, want it said", err)
 	}
 }
+
+// The agent's state names the load balancer API's socket, where `hostaccel status` asks for
+// the load balancer's status: before, status asked the default path only and left out a load
+// balancer whose loadBalancer.api.socket was elsewhere (found by a helper's review).
+func TestStateNamesTheLBSocket(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "elsewhere.sock")
+	path := filepath.Join(dir, "c.yaml")
+	cfg := cfgText + "loadBalancer:\n  stateFile: " + filepath.Join(dir, "lbstate.json") + "\n  api: {socket: " + sock + "}\n"
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}, {Name: "eth1", Up: true}}
+	ft, _ := flowtable.NewFakeManager()
+	a, err := New(Options{ConfigPath: path, Probe: caps(true),
+		Links: func() ([]config.Link, error) { return links, nil }}, &datapath.Managers{Flowtable: ft})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := a.LB()
+	m, _ := lb.NewFakeManager()
+	rt.NewManager = func() (*lb.Manager, error) { return m, nil }
+	rt.Env = func([]string) (lb.Env, error) { return lb.Env{}, nil }
+	defer rt.Stop()
+	if err := a.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.State().LBSocket; got != sock {
+		t.Errorf("state names the load balancer socket %q, want %q", got, sock)
+	}
+}

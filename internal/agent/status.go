@@ -25,7 +25,10 @@ const DefaultStatePath = "/run/hostaccel/agent.json"
 type State struct {
 	PID int `json:"pid"`
 	// LockFile is the lock the agent holds while it runs ("": none recorded).
-	LockFile   string          `json:"lockFile,omitempty"`
+	LockFile string `json:"lockFile,omitempty"`
+	// LBSocket is the load balancer API's unix socket ("": no API): status asks it (before, it
+	// asked the default path only, and left out a load balancer whose socket was elsewhere).
+	LBSocket   string          `json:"lbSocket,omitempty"`
 	ConfigPath string          `json:"configPath"`
 	Datapath   string          `json:"datapath"`
 	Healthy    bool            `json:"healthy"`

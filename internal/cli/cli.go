@@ -478,7 +478,11 @@ func statusCmd(g *globals) *cobra.Command {
 				return err
 			}
 			st := agent.Gather(c.Context(), m, statePath)
-			lbStatus := fetchLBStatus(c.Context()) // from the running agent's local API, if any
+			socket := ""
+			if st.Agent != nil {
+				socket = st.Agent.LBSocket
+			}
+			lbStatus := fetchLBStatus(c.Context(), socket) // from the running agent's local API, if any
 			if g.output == "json" {
 				return writeJSON(c.OutOrStdout(), struct {
 					agent.Status

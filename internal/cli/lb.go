@@ -29,15 +29,19 @@ func registerLBMetrics(reg prometheus.Registerer, a *agent.Agent) {
 }
 
 // fetchLBStatus asks a running agent's API for the load balancer's status (for `hostaccel
-// status`); nil when no agent serves the API on the default socket.
-func fetchLBStatus(ctx context.Context) *lb.Status {
-	if _, err := os.Stat(lb.DefaultSocket); err != nil {
+// status`), on socket (the one the agent's state names, else the default); nil when no agent
+// serves the API there.
+func fetchLBStatus(ctx context.Context, socket string) *lb.Status {
+	if socket == "" {
+		socket = lb.DefaultSocket
+	}
+	if _, err := os.Stat(socket); err != nil {
 		return nil
 	}
 	var st lb.Status
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if lb.NewClient(lb.DefaultSocket, "", "").Do(ctx, http.MethodGet, "/v1/status", nil, &st) != nil {
+	if lb.NewClient(socket, "", "").Do(ctx, http.MethodGet, "/v1/status", nil, &st) != nil {
 		return nil
 	}
 	return &st
