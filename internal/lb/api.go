@@ -52,6 +52,15 @@ const maxBody = 1 << 20
 // applyTimeout bounds how long a change waits for the agent to apply it.
 var applyTimeout = 15 * time.Second
 
+// writeTimeout bounds a request's handling: a change waits at most applyTimeout for the one
+// before it and applyTimeout for its sync.
+func writeTimeout() time.Duration { return 2*applyTimeout + 15*time.Second }
+
+// clientTimeout is how long a client waits for an answer: longer than the server may take
+// (writeTimeout, and a change that waits for the one before it to settle), so that a client
+// does not give up on a change the agent then applies (before: 30 s, below the server's 45 s).
+func clientTimeout() time.Duration { return writeTimeout() + applyTimeout }
+
 type apiServer struct {
 	mu      sync.Mutex
 	servers []*http.Server
@@ -192,7 +201,7 @@ func (s *apiServer) serve(ln net.Listener, h http.Handler) {
 	// most applyTimeout for the one before it and applyTimeout for its sync (change): below
 	// WriteTimeout.
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
-		WriteTimeout: 2*applyTimeout + 15*time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 64 << 10}
+		WriteTimeout: writeTimeout(), IdleTimeout: time.Minute, MaxHeaderBytes: 64 << 10}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed { // (a TCP listener tried again while Stop closed the API)

@@ -664,3 +664,14 @@ func failingDSRRuntime(t *testing.T) (*Runtime, chan struct{}, *Client, Config) 
 	t.Cleanup(srv.Close)
 	return r, wake, &Client{HTTP: srv.Client(), Base: srv.URL}, cfg
 }
+
+// A client waits longer than the server may take to answer, so that it does not give up on a
+// change the agent then applies (before: 30 s against the server's 45 s, found by a helper's
+// review).
+func TestClientOutwaitsTheServer(t *testing.T) {
+	for _, c := range []*Client{NewClient("/run/x.sock", "", ""), NewClient("", "127.0.0.1:1", "k")} {
+		if c.HTTP.Timeout <= writeTimeout() {
+			t.Errorf("client timeout %v, server's write timeout %v", c.HTTP.Timeout, writeTimeout())
+		}
+	}
+}

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"time"
 )
 
 // Client talks to a running agent's API.
@@ -23,13 +22,13 @@ type Client struct {
 // NewClient returns a client for a unix socket, or for a TCP address with a key.
 func NewClient(socket, address, key string) *Client {
 	if address != "" {
-		return &Client{HTTP: &http.Client{Timeout: 30 * time.Second}, Base: "http://" + address, Key: key}
+		return &Client{HTTP: &http.Client{Timeout: clientTimeout()}, Base: "http://" + address, Key: key}
 	}
 	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", socket)
 	}}
-	return &Client{HTTP: &http.Client{Transport: tr, Timeout: 30 * time.Second}, Base: "http://lb"}
+	return &Client{HTTP: &http.Client{Transport: tr, Timeout: clientTimeout()}, Base: "http://lb"}
 }
 
 // Do sends a request with an optional body (a value sent as JSON, or []byte sent as is:
