@@ -526,6 +526,11 @@ func (a *Agent) watchLinks(ctx context.Context) {
 		}
 		a.drainLinks(ctx, ch, errc)
 		close(done)
+		// netlink's goroutine goes on after an error it reports but survives (a parse
+		// error, an interrupted dump): read ch until it ends (the socket closed), else it
+		// blocked for good on a full ch, one goroutine and socket per resubscription
+		for range ch {
+		}
 	}
 }
 

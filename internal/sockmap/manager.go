@@ -27,7 +27,9 @@ const bpfFAllowMulti = 1 << 1
 // Manager owns the sockmap datapath of the node: one program set attached to the cgroup v2
 // root. Every method finds the set again by asking the kernel (the cgroup's sock_ops
 // programs, the program's maps, the sockhash's sk_msg program), so a later process (status,
-// cleanup, the next agent) sees what an earlier apply installed; no bpffs pins.
+// cleanup, the next agent) sees what an earlier apply installed. The pins (bpffs) keep the
+// sockhash (and with it its sk_msg program) and the read counter's link alive, and find a set
+// whose sock_ops program someone else detached (drainOrphan); doc.go says more.
 type Manager struct {
 	// Cgroup is the cgroup v2 directory to attach to; empty: the hierarchy's root
 	// (CgroupRoot), which covers every socket of the node. Tests use a child cgroup.
