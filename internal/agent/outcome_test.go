@@ -27,23 +27,7 @@ func TestAPIErrorIsDegraded(t *testing.T) {
 	if err := os.WriteFile(sock, []byte("not a socket"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(dir, "c.yaml")
-	cfg := cfgText + "loadBalancer:\n  stateFile: " + filepath.Join(dir, "lbstate.json") + "\n  api: {socket: " + sock + "}\n"
-	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}, {Name: "eth1", Up: true}}
-	ft, _ := flowtable.NewFakeManager()
-	a, err := New(Options{ConfigPath: path, Probe: caps(true),
-		Links: func() ([]config.Link, error) { return links, nil }}, &datapath.Managers{Flowtable: ft})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt := a.LB()
-	m, _ := lb.NewFakeManager()
-	rt.NewManager = func() (*lb.Manager, error) { return m, nil }
-	rt.Env = func([]string) (lb.Env, error) { return lb.Env{}, nil }
-	defer rt.Stop()
+	a := lbAPIAgent(t, dir, sock)
 	if err := a.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -111,6 +95,19 @@ func TestDatapathFailureAfterTheLoadBalancerSaysSo(t *testing.T) {
 func TestStateNamesTheLBSocket(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "elsewhere.sock")
+	a := lbAPIAgent(t, dir, sock)
+	if err := a.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.State().LBSocket; got != sock {
+		t.Errorf("state names the load balancer socket %q, want %q", got, sock)
+	}
+}
+
+// lbAPIAgent is an agent on a fake flowtable and load balancer whose config (in dir) serves
+// the load balancer's API on sock; stopped with the test.
+func lbAPIAgent(t *testing.T, dir, sock string) *Agent {
+	t.Helper()
 	path := filepath.Join(dir, "c.yaml")
 	cfg := cfgText + "loadBalancer:\n  stateFile: " + filepath.Join(dir, "lbstate.json") + "\n  api: {socket: " + sock + "}\n"
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
@@ -127,11 +124,6 @@ func TestStateNamesTheLBSocket(t *testing.T) {
 	m, _ := lb.NewFakeManager()
 	rt.NewManager = func() (*lb.Manager, error) { return m, nil }
 	rt.Env = func([]string) (lb.Env, error) { return lb.Env{}, nil }
-	defer rt.Stop()
-	if err := a.Sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if got := a.State().LBSocket; got != sock {
-		t.Errorf("state names the load balancer socket %q, want %q", got, sock)
-	}
+	t.Cleanup(rt.Stop)
+	return a
 }

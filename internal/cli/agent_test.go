@@ -58,14 +58,7 @@ func startAgentChild(t *testing.T, dir string, args ...string) (*exec.Cmd, *stri
 // and Go's default for it ended the process.
 func TestSIGHUPWhileTheAgentStarts(t *testing.T) {
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "c.yaml"), []byte("datapath: none\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, "kc"), []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: x}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600)
+	unreachableAPIServer(dir)
 	cmd, stderr, done := startAgentChild(t, dir, "agent", "-f", "c.yaml", "--kubernetes", "--kubeconfig", "kc", "--node-name", "n1",
 		"--lock-file", "l.lock", "--state-file", "st.json")
 	time.Sleep(2 * time.Second) // the agent waits for the API server
@@ -164,14 +157,7 @@ func TestLBAddNameAndFile(t *testing.T) {
 // helper's review).
 func TestLivezWhileWaitingForTheAPIServer(t *testing.T) {
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "c.yaml"), []byte("datapath: none\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, "kc"), []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: x}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600)
+	unreachableAPIServer(dir)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -200,4 +186,17 @@ current-context: c
 	if code, err := get("/healthz"); err != nil || code != http.StatusServiceUnavailable {
 		t.Errorf("/healthz while the agent waits for the API server: %d %v, want 503", code, err)
 	}
+}
+
+// unreachableAPIServer writes in dir a config (c.yaml, no datapath) and a kubeconfig (kc) of
+// an API server that never answers.
+func unreachableAPIServer(dir string) {
+	os.WriteFile(filepath.Join(dir, "c.yaml"), []byte("datapath: none\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "kc"), []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600)
 }

@@ -588,13 +588,10 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 // not reach the Service's load balancer IP or node port). When the cluster front is not
 // balanced (its ClusterIP and port served by the base), they lose their internal clients.
 func TestExternalTrafficPolicyLocalShortCircuit(t *testing.T) {
-	web := service("default", "web", corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
-	web.Spec.ClusterIPs = []string{"10.96.0.10", "fd00:96::10"}
+	web := dualStackLB()
 	web.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-	web.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "172.18.0.151"}, {IP: "2001:db8::151"}}
 	snap := Snapshot{
-		Nodes: []*corev1.Node{node("self", []string{"10.244.0.0/24", "fd00:244::/64"}, "172.18.0.2", "2001:db8:18::2"),
-			node("n1", []string{"10.244.1.0/24", "fd00:244:1::/64"}, "172.18.0.3", "2001:db8:18::3")},
+		Nodes:    twoNodes(),
 		Services: []*corev1.Service{web},
 		EndpointSlices: []*discoveryv1.EndpointSlice{
 			slice("default", "web", "web-a", "http", 8080, up("10.244.1.5", "n1")),
@@ -678,18 +675,15 @@ func TestLocalPolicyWithoutLocalEndpointsDrops(t *testing.T) {
 			map[string]string{"cluster": "drop", "nodeport": "", "external": "", "cluster/ipv6": "", "nodeport/ipv6": "", "external/ipv6": ""}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			web := service("default", "web", corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
-			web.Spec.ClusterIPs = []string{"10.96.0.10", "fd00:96::10"}
+			web := dualStackLB()
 			if c.internal {
 				p := corev1.ServiceInternalTrafficPolicyLocal
 				web.Spec.InternalTrafficPolicy = &p
 			} else {
 				web.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 			}
-			web.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "172.18.0.151"}, {IP: "2001:db8::151"}}
 			snap := Snapshot{
-				Nodes: []*corev1.Node{node("self", []string{"10.244.0.0/24", "fd00:244::/64"}, "172.18.0.2", "2001:db8:18::2"),
-					node("n1", []string{"10.244.1.0/24", "fd00:244:1::/64"}, "172.18.0.3", "2001:db8:18::3")},
+				Nodes:          twoNodes(),
 				Services:       []*corev1.Service{web},
 				EndpointSlices: c.slices,
 			}
@@ -825,4 +819,19 @@ func TestSkippedReasonKeptBesideInternal(t *testing.T) {
 			t.Errorf("%s: skipped %q; want the reason that names static2 (which has 172.18.0.2 tcp/30080)", f.Name, f.Skipped)
 		}
 	}
+}
+
+// dualStackLB is Service default/web of type LoadBalancer, port http 80 -> 8080 (node port
+// 30080), ClusterIPs of both families and an ingress IP of each.
+func dualStackLB() *corev1.Service {
+	web := service("default", "web", corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
+	web.Spec.ClusterIPs = []string{"10.96.0.10", "fd00:96::10"}
+	web.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "172.18.0.151"}, {IP: "2001:db8::151"}}
+	return web
+}
+
+// twoNodes are this node (self) and n1, dual-stack, with their Pod CIDRs.
+func twoNodes() []*corev1.Node {
+	return []*corev1.Node{node("self", []string{"10.244.0.0/24", "fd00:244::/64"}, "172.18.0.2", "2001:db8:18::2"),
+		node("n1", []string{"10.244.1.0/24", "fd00:244:1::/64"}, "172.18.0.3", "2001:db8:18::3")}
 }

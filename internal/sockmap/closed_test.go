@@ -1,7 +1,6 @@
 package sockmap
 
 import (
-	"path/filepath"
 	"testing"
 	"time"
 )
@@ -30,12 +29,7 @@ func TestClosedConnectionsLeaveNoLedgers(t *testing.T) {
 	if n := b.status().Sockets; n != 0 {
 		t.Fatalf("%d sockets still in the map", n)
 	}
-	o, err := observe(b.status().Cgroup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer o.Close()
-	set := o.current(filepath.Join(mustBPFFS(t), "hostaccel"))
+	set := b.currentSet()
 	count := func(it interface {
 		Next(any, any) bool
 		Err() error

@@ -27,12 +27,7 @@ func TestSocketsListedOnceUnderChurn(t *testing.T) {
 	if n := b.settle(2 * conns); n != 2*conns {
 		t.Fatalf("%d sockets in the map", n)
 	}
-	o, err := observe(b.status().Cgroup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer o.Close()
-	set := o.current(filepath.Join(mustBPFFS(t), "hostaccel"))
+	set := b.currentSet()
 	keys, err := set.sockets()
 	if err != nil {
 		t.Fatal(err)
@@ -73,4 +68,15 @@ func TestSocketsListedOnceUnderChurn(t *testing.T) {
 		}
 		worst = max(worst, dup)
 	}
+}
+
+// currentSet is the program set the bed's apply attached, open until the test ends.
+func (b *bed) currentSet() *progSet {
+	b.t.Helper()
+	o, err := observe(b.status().Cgroup)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Cleanup(func() { o.Close() })
+	return o.current(filepath.Join(mustBPFFS(b.t), "hostaccel"))
 }
