@@ -314,6 +314,15 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 			}
 			all := backends(eps, sp)
 			local := filterLocal(all, self.name)
+			// whether the Service has a usable endpoint (ready, or serving while terminating)
+			// of each family (by is4), looked at once per port: a front of traffic policy
+			// Local without a local one then drops its clients' packets (NoBackend)
+			usable := map[bool]bool{}
+			for _, b := range all {
+				if b.State == StateUp || b.serving {
+					usable[netip.MustParseAddr(b.Address).Is4()] = true
+				}
+			}
 			// bes: all endpoints (topology applies) or this node's (localOnly)
 			mk := func(front string, vips []string, port int32, bes []LBBackend, localOnly bool) {
 				if len(vips) == 0 || port == 0 {
@@ -345,9 +354,7 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 					}
 					if fb := sameFamily(bes, is4); localOnly {
 						f.Backends = fallback(fb)
-						if slices.ContainsFunc(all, func(b LBBackend) bool {
-							return (b.State == StateUp || b.serving) && netip.MustParseAddr(b.Address).Is4() == is4
-						}) {
+						if usable[is4] {
 							f.NoBackend = lb.NoBackendDrop
 						}
 					} else {

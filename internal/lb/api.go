@@ -189,9 +189,7 @@ func (s *apiServer) reloadKey(a API) error {
 		s.key.Store(nil)
 		return fmt.Errorf("loadBalancer.api.keyFile: %s: the key is shorter than 16 bytes (the unix socket serves)", a.KeyFile)
 	}
-	if old := s.key.Load(); old == nil || !bytes.Equal(*old, k) {
-		s.key.Store(&k)
-	}
+	s.key.Store(&k)
 	return nil
 }
 

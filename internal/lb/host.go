@@ -90,10 +90,10 @@ func flushConntrack(flushes []ConntrackFlush) error {
 func conntrackFilter(flushes []ConntrackFlush, v6 bool) flowSet {
 	set := flowSet{}
 	for _, f := range flushes {
-		p := map[string]uint8{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}[f.Proto]
 		if f.Backend.Is6() != v6 {
 			continue
 		}
+		p := laneProtos[f.Proto]
 		ports := f.Ports
 		if len(ports) == 0 {
 			ports = []int{0}

@@ -277,6 +277,7 @@ func laneData(typeOf string, vals []string) ([]byte, error) {
 	return out, nil
 }
 
+// laneProtos are the protocols' numbers (also the conntrack flushes' filter).
 var laneProtos = map[string]byte{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}
 
 // laneValue encodes one value of one typeof expression (those the load balancer's maps use).
