@@ -258,12 +258,32 @@ func badRequest(errs ...error) *apiError {
 	return e
 }
 
+// writeErr answers err: an apiError with its status; a change saved but not applied in time
+// 504 (the kernel's apply, which the agent's loop runs, did not answer in time: it is applied
+// later); a change the agent could not take while stopping 503; anything else (an apply the
+// kernel refused, a state file not written) 500.
 func writeErr(w http.ResponseWriter, err error) {
 	var ae *apiError
 	if !errors.As(err, &ae) {
-		ae = &apiError{http.StatusInternalServerError, []string{err.Error()}}
+		status := http.StatusInternalServerError
+		switch {
+		case errors.Is(err, errStopping):
+			status = http.StatusServiceUnavailable
+		case errors.Is(err, context.DeadlineExceeded):
+			status = http.StatusGatewayTimeout
+		}
+		ae = &apiError{status, []string{err.Error()}}
+	}
+	if ae.Status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
 	}
 	writeJSON(w, ae.Status, ae)
+}
+
+// unavailable is a change not saved because the agent is busy with the ones before it (503:
+// the caller may retry).
+func unavailable(format string, a ...any) *apiError {
+	return &apiError{http.StatusServiceUnavailable, []string{fmt.Sprintf(format, a...)}}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -342,6 +362,9 @@ func (r *Runtime) Handler() http.Handler {
 			return 0, badRequest(fmt.Errorf("name: %s differs from the path's %s", model.Quote(s.Name), model.Quote(req.PathValue("name"))))
 		}
 		o.put(s)
+		if find(svcs, s.Name) < 0 {
+			return http.StatusCreated, nil
+		}
 		return http.StatusOK, nil
 	}))
 	mux.HandleFunc("PATCH /v1/services/{name}", change(func(req *http.Request, body []byte, svcs []Service, o *Overlay) (int, error) {
@@ -501,14 +524,14 @@ func (r *Runtime) change(ctx context.Context, fn func(svcs []Service, o *Overlay
 	err := r.lockChanges(lockCtx)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("not saved: the change before it is still being applied: %w", err)
+		return unavailable("not saved: the change before it is still being applied: %v", err)
 	}
 	defer r.unlockChanges()
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("not saved: %w", err)
+		return unavailable("not saved: %v", err)
 	}
 	if err := r.settlePending(ctx); err != nil {
-		return fmt.Errorf("not saved: %w", err)
+		return unavailable("not saved: %v", err)
 	}
 	r.mu.Lock()
 	if path := r.cfg.StatePath(); r.overlayPath != path {

@@ -210,6 +210,55 @@ func TestAPIStatusCodes(t *testing.T) {
 	}
 }
 
+// The statuses of a change's outcome: a PUT that creates a service 201 (200 when it replaces
+// one); a change saved whose sync does not come in time 504 (it is applied later); a change
+// refused because an earlier one is still not applied 503 with Retry-After. Before, the first
+// answered 200 and the others 500, as for a change the kernel refused.
+func TestAPIChangeOutcomeStatuses(t *testing.T) {
+	r, wake, _ := wakingRuntime()
+	r.Env = func([]string) (Env, error) { return testEnv, nil }
+	cfg := Config{API: &API{Disabled: true}, StateFile: filepath.Join(t.TempDir(), "lb-services.yaml"), Services: []Service{fixture(DNAT, RoundRobin)}}
+	if err := r.Sync(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	defer r.stop(false)
+	defer func(d time.Duration) { applyTimeout = d }(applyTimeout)
+	applyTimeout = 200 * time.Millisecond
+	h := r.Handler()
+	ctx, cancel := context.WithCancel(context.Background())
+	loop := syncLoop(ctx, r, wake, cfg) // the agent's loop, for the first two steps
+	do := func(method, path, body string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(method, path, strings.NewReader(body)))
+		return rec
+	}
+	api := fixture(SNAT, Weighted)
+	api.Name, api.VIPs = "api", []string{"192.0.2.20"}
+	body, _ := json.Marshal(api)
+	for _, step := range []struct {
+		name, method, path, body string
+		code                     int
+	}{
+		{"PUT of a new service", http.MethodPut, ServicePath("api"), string(body), http.StatusCreated},
+		{"PUT of a service that exists", http.MethodPut, ServicePath("api"), string(body), http.StatusOK},
+	} {
+		rec := do(step.method, step.path, step.body)
+		if rec.Code != step.code {
+			t.Errorf("%s: %d %.300s, want %d", step.name, rec.Code, rec.Body, step.code)
+		}
+	}
+	cancel() // from here nothing syncs
+	<-loop
+	rec := do(http.MethodPatch, BackendPath("web", "10.1.0.11:8080"), `{"state": "drain"}`)
+	if rec.Code != http.StatusGatewayTimeout || !strings.Contains(rec.Body.String(), "saved, but not applied yet") {
+		t.Errorf("a change whose sync does not come: %d %.300s, want 504, saved but not applied yet", rec.Code, rec.Body)
+	}
+	rec = do(http.MethodPatch, BackendPath("web", "10.1.0.12:8080"), `{"state": "drain"}`)
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" || !strings.Contains(rec.Body.String(), "not saved: an earlier change is not applied yet") {
+		t.Errorf("a change behind one not applied: %d %v %.300s, want 503 with Retry-After, not saved", rec.Code, rec.Header(), rec.Body)
+	}
+}
+
 func TestAPIKey(t *testing.T) {
 	s := &apiServer{}
 	h := requireKey(&s.key, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
