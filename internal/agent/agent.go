@@ -92,6 +92,32 @@ type Agent struct {
 	probed  time.Time // when caps was probed
 	lb      lbRuntime // the load balancer (lb.go)
 	gc      *idleGC   // collects between syncs (idlegc.go)
+
+	// liveBy: the loop comes round again before this time (unix ns), or it is stuck (Live);
+	// syncSince: when the sync under way began (0: none).
+	liveBy, syncSince atomic.Int64
+}
+
+// stuckAfter is how long a sync may take before the agent counts as stuck (Live): a sync at
+// 50,000 objects takes ~20 s on a loaded 2-core host; nothing in one waits for longer than the
+// load balancer API's 45 s.
+var stuckAfter = 2 * time.Minute
+
+// expectLoop says that the loop comes round again within wait (and a sync's stuckAfter).
+func (a *Agent) expectLoop(wait time.Duration) {
+	a.liveBy.Store(time.Now().Add(wait + stuckAfter).UnixNano())
+}
+
+// Live reports an error when the agent's loop has not come round when it should have: a sync
+// that does not return (a kernel call that hangs, a deadlock) stops it (the agent's /livez).
+func (a *Agent) Live() error {
+	if by := a.liveBy.Load(); time.Now().UnixNano() <= by {
+		return nil
+	}
+	if since := a.syncSince.Load(); since != 0 {
+		return fmt.Errorf("stuck: a sync started %s ago has not returned", time.Since(time.Unix(0, since)).Round(time.Second))
+	}
+	return fmt.Errorf("stuck: the agent's loop has not come round since %s", time.Unix(0, a.liveBy.Load()).Add(-stuckAfter).Format(time.RFC3339))
 }
 
 // New builds an agent; the config must load and validate.
@@ -110,6 +136,7 @@ func New(opts Options, mgrs *datapath.Managers) (*Agent, error) {
 		return nil, err
 	}
 	a.state = State{PID: os.Getpid(), LockFile: opts.LockPath, ConfigPath: opts.ConfigPath, Datapath: a.cfg.Datapath}
+	a.expectLoop(a.cfg.Agent.ResyncPeriod.Duration + a.cfg.Agent.MinSyncInterval.Duration)
 	return a, nil
 }
 
@@ -207,6 +234,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if backoff > 0 && backoff < wait {
 			wait = backoff
 		}
+		a.expectLoop(wait + minInterval)
 		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -279,6 +307,8 @@ func (a *Agent) shutdown() error {
 // Sync runs one reconciliation: config, probe, links, render, apply.
 func (a *Agent) Sync(ctx context.Context) error {
 	start := time.Now()
+	a.syncSince.Store(start.UnixNano())
+	defer a.syncSince.Store(0)
 	var degraded []string
 	err := a.sync(ctx, &degraded)
 	a.mu.Lock()

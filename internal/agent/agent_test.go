@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -280,5 +281,49 @@ func TestSyncOutcomeToldToTheSource(t *testing.T) {
 		if len(src.outcomes) != 1 || (src.outcomes[0] == nil) != ok || !errors.Is(src.outcomes[0], err) {
 			t.Errorf("flowtable %v: the source was told %v, want the sync's error %v", ok, src.outcomes, err)
 		}
+	}
+}
+
+// A sync that does not return makes the agent not live (/livez 503), with the reason; while
+// the loop comes round it is live. Before, /livez answered 200 whatever the loop did.
+func TestLiveFailsWhileASyncHangs(t *testing.T) {
+	defer func(d, e time.Duration) { stuckAfter, reprobeEvery = d, e }(stuckAfter, reprobeEvery)
+	stuckAfter, reprobeEvery = 200*time.Millisecond, 0 // every sync probes (the test kernel lacks a feature)
+	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}}
+	a, path := newTestAgent(t, true, &links)
+	// a second resync period, so that the loop's own timer would come round in time
+	if err := os.WriteFile(path, []byte(cfgText+"agent: {resyncPeriod: 1s, minSyncInterval: 0s}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	hang, hung := make(chan struct{}), make(chan struct{}, 1)
+	var hanging atomic.Bool
+	run := a.opts.Probe
+	a.opts.Probe = func(ctx context.Context) probe.Result {
+		if hanging.Load() {
+			select {
+			case hung <- struct{}{}:
+			default:
+			}
+			<-hang
+		}
+		return run(ctx)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { close(hang); cancel(); <-done }()
+	time.Sleep(1500 * time.Millisecond) // past one resync period, the loop coming round
+	if err := a.Live(); err != nil {
+		t.Fatalf("a loop that comes round: %v", err)
+	}
+	hanging.Store(true)
+	a.Trigger()
+	<-hung
+	deadline := time.Now().Add(5 * time.Second)
+	for a.Live() == nil && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := a.Live(); err == nil || !strings.Contains(err.Error(), "a sync started") {
+		t.Fatalf("a sync that hangs: Live() = %v, want stuck", err)
 	}
 }

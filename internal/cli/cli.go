@@ -398,7 +398,12 @@ func agentCmd(g *globals) *cobra.Command {
 					w.WriteHeader(http.StatusServiceUnavailable)
 					fmt.Fprintln(w, "starting: the agent does not run yet (Kubernetes mode waits for the API server)")
 				})
-				mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+				mux.HandleFunc("/livez", livez(func() error {
+					if a := running.Load(); a != nil {
+						return a.Live()
+					}
+					return nil // waiting for the API server is alive
+				}))
 				if profiling {
 					mux.HandleFunc("/debug/pprof/", pprof.Index)
 					mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -442,6 +447,19 @@ func agentCmd(g *globals) *cobra.Command {
 	_ = c.MarkFlagRequired("file")
 	kube = addKubeFlags(c, true)
 	return c
+}
+
+// livez answers 200 "ok" while live() says the agent is alive, 503 with its reason when its
+// loop is stuck (a sync that does not return), so that a liveness probe restarts it.
+func livez(live func() error) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		if err := live(); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, err)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	}
 }
 
 // healthz answers 200 "ok" when the last sync was healthy (as hostaccel_healthy says), and

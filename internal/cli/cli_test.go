@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -40,6 +41,23 @@ func TestFlagUsagesHaveNoBackquotes(t *testing.T) {
 
 // /healthz follows hostaccel_healthy: an agent that keeps its last good config because the
 // file is now invalid is unhealthy (503, with the reason); it used to answer 200.
+func TestLivez(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		code int
+		body string
+	}{
+		{nil, http.StatusOK, "ok\n"},
+		{errors.New("stuck: a sync started 3m0s ago has not returned"), http.StatusServiceUnavailable, "stuck: a sync started 3m0s ago has not returned\n"},
+	} {
+		rec := httptest.NewRecorder()
+		livez(func() error { return c.err })(rec, httptest.NewRequest(http.MethodGet, "/livez", nil))
+		if rec.Code != c.code || rec.Body.String() != c.body {
+			t.Errorf("live() = %v: %d %q, want %d %q", c.err, rec.Code, rec.Body, c.code, c.body)
+		}
+	}
+}
+
 func TestHealthz(t *testing.T) {
 	const good = "node:\n  gateways: [gw]\n  transports: [eth0]\n  localPodCIDRs: [10.244.1.0/24]\nclasses: {pod-to-pod: true}\n"
 	path := filepath.Join(t.TempDir(), "c.yaml")
