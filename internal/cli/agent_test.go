@@ -92,18 +92,28 @@ func TestAgentRecordsAbsolutePaths(t *testing.T) {
 	}
 }
 
-// A mistyped log level or format is an error naming the flag (before: info and text, silently).
+// A mistyped log level or format, or output format, is an error naming the flag (before: info,
+// text and the default output, silently). The output formats are each command's own.
 func TestBadLogFlags(t *testing.T) {
-	for _, c := range []struct{ args []string }{
-		{[]string{"probe", "--log-level", "dbug"}},
-		{[]string{"probe", "--log-format", "jsn"}},
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"probe", "--log-level", "dbug"}, "--log-level"},
+		{[]string{"probe", "--log-format", "jsn"}, "--log-format"},
+		{[]string{"probe", "-o", "yml"}, `"yml" for "-o, --output" flag: not one of table, json`},
+		{[]string{"status", "--output", "yaml"}, "not one of table, json"},
+		{[]string{"lb", "show", "web", "-o", "xml"}, "not one of table, json, yaml"},
+		{[]string{"lb", "list", "-o", "yaml"}, "not one of table, json"},
+		{[]string{"k8s", "render", "-o", "table"}, "not one of yaml, summary, json"},
 	} {
 		root := newRoot()
 		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
 		root.SetArgs(c.args)
 		err := root.Execute()
-		if flag := c.args[1]; err == nil || !strings.Contains(err.Error(), flag) {
-			t.Errorf("hostaccel %s: %v, want an error naming %s", strings.Join(c.args, " "), err, flag)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("hostaccel %s: %v, want an error with %s", strings.Join(c.args, " "), err, c.want)
 		}
 	}
 }

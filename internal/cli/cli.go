@@ -137,7 +137,31 @@ func (g *globals) logger() *slog.Logger {
 }
 
 func addOutput(c *cobra.Command, g *globals) {
-	c.Flags().StringVarP(&g.output, "output", "o", "table", "table or json")
+	outputFlag(c, &g.output, "table or json", "table", "json")
+}
+
+// outputFlag adds -o/--output to c, into p: one of allowed (the first is the default); any
+// other value is refused when the flags are parsed, naming the flag and the choices (before,
+// an unknown format printed the default one).
+func outputFlag(c *cobra.Command, p *string, help string, allowed ...string) {
+	*p = allowed[0]
+	c.Flags().VarP(&oneOf{p, allowed}, "output", "o", help)
+}
+
+// oneOf is a string flag that takes one of a few values.
+type oneOf struct {
+	p       *string
+	allowed []string
+}
+
+func (o *oneOf) String() string { return *o.p }
+func (o *oneOf) Type() string   { return "format" }
+func (o *oneOf) Set(v string) error {
+	if !slices.Contains(o.allowed, v) {
+		return fmt.Errorf("not one of %s", strings.Join(o.allowed, ", "))
+	}
+	*o.p = v
+	return nil
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -154,11 +154,11 @@ func k8sRenderCmd(g *globals) *cobra.Command {
 				writeKubernetes(c.OutOrStdout(), src.Status())
 				return nil
 			}
-			return fmt.Errorf("-o: %q is not one of yaml, summary, json", output)
+			return fmt.Errorf("-o: %q is not one of yaml, summary, json", output) // (refused by the flag)
 		},
 	}
 	c.Flags().StringVarP(&file, "file", "f", "", "base config (default: none; a fastpath datapath then lacks node.gateways)")
-	c.Flags().StringVarP(&output, "output", "o", "yaml", "yaml (the derived config), summary, or json")
+	outputFlag(c, &output, "yaml (the derived config), summary, or json", "yaml", "summary", "json")
 	c.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for the API")
 	k = addKubeFlags(c, false)
 	return c

@@ -102,7 +102,7 @@ func callAndSay(c *cobra.Command, f *lbFlags, method, path, done string) error {
 
 // viewCmd completes c, a command that reads: it GETs path(args) and prints the answer as
 // JSON with -o json, else with write.
-func viewCmd[T any](c *cobra.Command, f *lbFlags, path func(args []string) string, write func(w io.Writer, v T) error, formats string) *cobra.Command {
+func viewCmd[T any](c *cobra.Command, f *lbFlags, path func(args []string) string, write func(w io.Writer, v T) error, formats string, allowed ...string) *cobra.Command {
 	c.RunE = func(c *cobra.Command, args []string) error {
 		var v T
 		if err := call(c, f, http.MethodGet, path(args), nil, &v); err != nil {
@@ -113,7 +113,7 @@ func viewCmd[T any](c *cobra.Command, f *lbFlags, path func(args []string) strin
 		}
 		return write(c.OutOrStdout(), v)
 	}
-	c.Flags().StringVarP(&f.output, "output", "o", "table", formats)
+	outputFlag(c, &f.output, formats, allowed...)
 	return c
 }
 
@@ -133,7 +133,7 @@ func lbListCmd(f *lbFlags) *cobra.Command {
 				ints(s.Ports), s.Topology, s.Scheduler, active, len(s.Backends), s.Packets)
 		}
 		return tw.Flush()
-	}, "table or json")
+	}, "table or json", "table", "json")
 }
 
 func newTab(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 2, 8, 2, ' ', 0) }
@@ -163,7 +163,7 @@ func lbShowCmd(f *lbFlags) *cobra.Command {
 		}
 		lb.WriteService(w, s)
 		return nil
-	}, "table, json, or yaml (the definition, for add -f)")
+	}, "table, json, or yaml (the definition, for add -f)", "table", "json", "yaml")
 }
 
 func lbStatusCmd(f *lbFlags) *cobra.Command {
@@ -175,7 +175,7 @@ func lbStatusCmd(f *lbFlags) *cobra.Command {
 	return viewCmd(c, f, func([]string) string { return "/v1/status" }, func(w io.Writer, st lb.Status) error {
 		lb.WriteStatus(w, st)
 		return nil
-	}, "table or json")
+	}, "table or json", "table", "json")
 }
 
 // svcFlags are a service's fields as flags; for set, only the flags given change.
