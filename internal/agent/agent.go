@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -464,11 +465,29 @@ const (
 
 // reprobe probes the kernel again after a sync; what the kernel has now counts from the next
 // sync, which it asks for when the kernel has gained a feature.
+//
+// A feature found before stays: a kernel does not lose one while it runs (a module unloaded
+// under the agent makes that datapath's apply fail, which the sync reports), but a probe can
+// fail for a moment (memory, a busy netlink socket), and taking that as the kernel's answer
+// would make `auto` move classes off a datapath in use: for sockmap, every connection's
+// acceleration drained at once.
 func (a *Agent) reprobe(ctx context.Context) {
 	caps := a.opts.Probe(ctx)
 	gained := false
 	for _, f := range []string{probe.Flowtable, probe.ConntrackKfuncs} {
 		gained = gained || caps.Has(f) && !a.caps.Has(f)
+	}
+	caps.Features = slices.Clone(caps.Features)
+	for _, was := range a.caps.Features {
+		if !was.Available || caps.Has(was.Name) {
+			continue
+		}
+		a.opts.Log.Warn("a probe did not find a feature an earlier one found; kept", "feature", was.Name, "probe", caps.Get(was.Name).Detail)
+		if i := slices.IndexFunc(caps.Features, func(f probe.Feature) bool { return f.Name == was.Name }); i >= 0 {
+			caps.Features[i] = was
+		} else {
+			caps.Features = append(caps.Features, was)
+		}
 	}
 	a.caps, a.probed = &caps, time.Now()
 	if gained {

@@ -215,6 +215,37 @@ func TestReprobeAtMostEvery(t *testing.T) {
 	}
 }
 
+// A re-probe (while the kernel lacks a feature) that fails to find one an earlier probe found
+// keeps it: before, the agent took the failure as the kernel's answer, and `auto` moved the
+// classes off that datapath (for sockmap: every connection drained).
+func TestReprobeKeepsFeaturesFound(t *testing.T) {
+	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}}
+	a, _ := newTestAgent(t, false, &links)
+	defer func(d time.Duration) { reprobeEvery = d }(reprobeEvery)
+	reprobeEvery = 0
+	sockmapFails := false
+	a.opts.Probe = func(ctx context.Context) probe.Result {
+		r := caps(false)(ctx) // no flowtable: every sync probes again
+		if sockmapFails {
+			r.Features = append(r.Features, probe.Feature{Name: probe.SockMap, Detail: "cannot allocate memory"})
+		} else {
+			r.Features = append(r.Features, probe.Feature{Name: probe.SockMap, Available: true})
+		}
+		return r
+	}
+	ctx := context.Background()
+	a.Sync(ctx)
+	sockmapFails = true
+	a.Sync(ctx)
+	a.Sync(ctx)
+	if !a.caps.Has(probe.SockMap) {
+		t.Errorf("after a re-probe that failed to find it, sockmap is lost: %+v", a.caps.Features)
+	}
+	if a.caps.Has(probe.Flowtable) {
+		t.Error("a feature never found is available")
+	}
+}
+
 // A healthy agent probes again after the sync's change is in the kernel, not before: the
 // change of an event does not wait for the probe.
 func TestReprobeAfterTheChange(t *testing.T) {
