@@ -554,12 +554,26 @@ func TestFreshSetKnowsConnectionsOpenedDuringApply(t *testing.T) {
 	}
 	var stop atomic.Bool
 	clients := make(chan []conn, 1)
+	// A handshake that lost a packet: a SYN-ACK redirected past the un-DNAT reaches the Pod
+	// from the backend's address, which resets it; the client's SYN is sent again after 1 s.
+	// Such a dial fails, or takes a second: both are counted (before, a failed dial was dropped
+	// without a word, and a dial gave up after 200 ms).
+	type dial struct {
+		began time.Time
+		took  time.Duration
+		err   error
+	}
+	var lost []dial // read after clients
 	go func() {
 		var out []conn
 		_ = e.topo.Pod.Do(func() error {
-			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: a.Pod.AsSlice()}, Timeout: 200 * time.Millisecond}
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: a.Pod.AsSlice()}, Timeout: 3 * time.Second}
 			for !stop.Load() {
+				began := time.Now()
 				c, err := d.Dial("tcp", netip.AddrPortFrom(testbed.ClusterIP(false), testbed.ClusterIPPort+1).String())
+				if took := time.Since(began); err != nil || took >= 900*time.Millisecond {
+					lost = append(lost, dial{began, took, err})
+				}
 				if err == nil {
 					out = append(out, conn{c, time.Now()})
 				}
@@ -640,6 +654,9 @@ func TestFreshSetKnowsConnectionsOpenedDuringApply(t *testing.T) {
 	}
 	if len(unaccepted) > 0 {
 		t.Errorf("%d ClusterIP connections the client saw open were never accepted by the server within 3 s: %v", len(unaccepted), unaccepted)
+	}
+	for _, d := range lost {
+		t.Errorf("a handshake to the ClusterIP lost a packet: the dial begun %v after the apply began took %v (%v)", d.began.Sub(start).Round(time.Microsecond), d.took.Round(time.Millisecond), d.err)
 	}
 	t.Logf("apply took %v; %d connections opened around it (%d accepted late)", applied.Sub(start).Round(time.Microsecond), len(cs), late)
 	if len(broken) > 0 {
