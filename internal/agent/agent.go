@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/hostaccel/hostaccel/internal/config"
 	"github.com/hostaccel/hostaccel/internal/datapath"
@@ -97,6 +98,9 @@ type Agent struct {
 	// liveBy: the loop comes round again before this time (unix ns), or it is stuck (Live);
 	// syncSince: when the sync under way began (0: none).
 	liveBy, syncSince atomic.Int64
+	// tcNode: the node config of the last sync whose plan ran the tc datapath (nil: none),
+	// whose gateways a new link is prepared for (watchLinks).
+	tcNode atomic.Pointer[config.Node]
 }
 
 // stuckAfter is how long a sync may take before the agent counts as stuck (Live): a sync at
@@ -431,6 +435,11 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 	}
 	a.state.Plan = o.Plan.Summary()
 	a.state.PlanNotes = o.Plan.Notes
+	if o.Plan.TC != nil {
+		a.tcNode.Store(&cfg.Node)
+	} else {
+		a.tcNode.Store(nil)
+	}
 	a.state.LastResult = o.Result
 	a.mu.Unlock()
 	if d := o.Result.Flowtable.Drift; d != "" {
@@ -600,8 +609,22 @@ func (a *Agent) drainLinks(ctx context.Context, ch chan netlink.LinkUpdate, errc
 				return
 			}
 			a.opts.Log.Debug("link event", "link", u.Attrs().Name, "type", u.Header.Type)
+			a.prepareTC(u)
 			a.Trigger()
 		}
+	}
+}
+
+// prepareTC readies a new device that the tc datapath's gateways name for its attach at the
+// next sync (tc.Manager.Prepare: without tcx, its clsact qdisc now, before a new Pod's veth
+// carries anything).
+func (a *Agent) prepareTC(u netlink.LinkUpdate) {
+	n := a.tcNode.Load()
+	if n == nil || a.mgrs == nil || a.mgrs.TC == nil || u.Header.Type != unix.RTM_NEWLINK || !n.IsGateway(u.Attrs().Name) {
+		return
+	}
+	if err := a.mgrs.TC.Prepare(u.Attrs().Index); err != nil && !errors.Is(err, unix.ENODEV) {
+		a.opts.Log.Debug("tc: could not prepare a new gateway; the next sync attaches it", "link", u.Attrs().Name, "err", err)
 	}
 }
 

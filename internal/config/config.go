@@ -89,6 +89,9 @@ type Node struct {
 	LoadBalancerIPs []string `json:"loadBalancerIPs"`
 }
 
+// IsGateway reports whether an entry of Gateways names interface name.
+func (n Node) IsGateway(name string) bool { return n.gateway(name) != "" }
+
 // gateway returns the entry of Gateways that names interface name (itself, or a pattern that
 // matches it), or "".
 func (n Node) gateway(name string) string {

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -37,6 +38,9 @@ type Manager struct {
 	pre      chan *kernelView // Prefetch: the next Apply's reading of the kernel, under way
 	fullRead time.Time        // the last whole reading of the maps
 	aged     time.Time        // the last aging of the handed marks (ageHanded)
+
+	prepMu   sync.Mutex
+	prepared map[uint32]time.Time // Prepare: the clsact qdiscs it added, not yet adopted by an Apply
 }
 
 // applied is the kernel as an Apply left it: the devices the program was attached to (name ->
@@ -282,6 +286,7 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 			dropClsacts(added)
 			return res, err
 		}
+		m.adoptPrepared(w.ifaces)
 	}
 	// While the set is attached to devices that lack it (a fresh set, a new device: a new
 	// Pod's veth), packets of one connection may pass programs of different sets, or none (a
@@ -390,6 +395,12 @@ func (m *Manager) Remove(ctx context.Context) error {
 	if v := m.takePrefetched(); v != nil {
 		v.close()
 	}
+	m.prepMu.Lock()
+	for idx := range m.prepared {
+		dropClsacts([]uint32{idx})
+	}
+	m.prepared = nil
+	m.prepMu.Unlock()
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -401,6 +412,52 @@ func (m *Manager) Remove(ctx context.Context) error {
 	m.last = nil
 	_, err = o.detach(o.atts, nil)
 	return err
+}
+
+// Prepare readies device ifindex for an attach the next Apply may make: without tcx it adds
+// the device's clsact qdisc now. Linux drops what a device transmits while a qdisc is added
+// (README, tc datapath); the agent calls Prepare on the link event of a new device a gateway
+// pattern names (a new Pod's veth), before that device carries anything, where an Apply would
+// add the qdisc at the next sync, up to agent.minSyncInterval later, when the Pod may be
+// sending. The Apply that attaches there counts the qdisc as hostaccel's (cleanup deletes it);
+// one that has not wanted the device within preparedFor deletes it again.
+func (m *Manager) Prepare(ifindex int) error {
+	if mode, err := m.mode(); err != nil || mode != ModeClsBPF {
+		return err
+	}
+	created, err := ensureClsact(ifindex)
+	if err != nil || !created {
+		return err
+	}
+	m.prepMu.Lock()
+	defer m.prepMu.Unlock()
+	if m.prepared == nil {
+		m.prepared = map[uint32]time.Time{}
+	}
+	m.prepared[uint32(ifindex)] = time.Now()
+	return nil
+}
+
+// preparedFor is how long a qdisc Prepare added waits for an Apply to want its device (a
+// device that appeared after an Apply listed the links is wanted by the next one).
+var preparedFor = 30 * time.Second
+
+// adoptPrepared marks the devices of ifaces whose qdisc Prepare added as owning it, and deletes
+// the qdiscs of prepared devices that no Apply has wanted within preparedFor (if nothing is on
+// them).
+func (m *Manager) adoptPrepared(ifaces map[uint32]fastpathIface) {
+	m.prepMu.Lock()
+	defer m.prepMu.Unlock()
+	for idx, at := range m.prepared {
+		if e, ok := ifaces[idx]; ok {
+			e.Flags |= flagOwnClsact
+			ifaces[idx] = e
+			delete(m.prepared, idx)
+		} else if time.Since(at) > preparedFor {
+			dropClsacts([]uint32{idx})
+			delete(m.prepared, idx)
+		}
+	}
 }
 
 // ownClsacts adds a clsact qdisc where a desired device has none, and marks those devices so

@@ -1399,3 +1399,62 @@ func TestAttachFailureLeavesNoOlderProgram(t *testing.T) {
 		})
 	}
 }
+
+// Prepare (the agent, on a new gateway's link event) adds the clsact qdisc before the Apply that
+// attaches there; that Apply counts it as hostaccel's, so a later process's Remove deletes it.
+// A prepared device no Apply wants within preparedFor loses its qdisc again. Where the kernel
+// has tcx, Prepare adds nothing.
+func TestPreparedClsact(t *testing.T) {
+	e := newEnv(t, ModeClsBPF)
+	e.forwarding(false) // (removeAndCheck checks that traffic stops)
+	gw := e.topo.GatewayName
+	role := e.d.Devices[gw]
+	delete(e.d.Devices, gw)
+	e.apply()
+	clsact := func(e *env, name string) bool {
+		var ok bool
+		e.do(func() (err error) {
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			ok, err = hasClsact(l)
+			return err
+		})
+		return ok
+	}
+	e.do(func() error {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "stray0"}, PeerName: "stray1"}); err != nil {
+			return err
+		}
+		for _, name := range []string{gw, "stray0"} {
+			if err := e.m.Prepare(testbed.LinkT(t, e.topo.Node, name).Index); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if !clsact(e, gw) || !clsact(e, "stray0") {
+		t.Fatalf("after Prepare: clsact on %s %v, on stray0 %v; want both", gw, clsact(e, gw), clsact(e, "stray0"))
+	}
+	e.d.Devices[gw] = role
+	defer func(d time.Duration) { preparedFor = d }(preparedFor)
+	preparedFor = 0
+	if res := e.apply(); !slices.Equal(res.Attached, []string{gw}) {
+		t.Errorf("apply after Prepare: %+v, want attached to %s", res, gw)
+	}
+	if clsact(e, "stray0") {
+		t.Error("the qdisc of a prepared device no Apply wanted is still there")
+	}
+	removeAndCheck(t, e, true) // the prepared gateway's qdisc is ours: Remove deletes it
+	if clsact(e, gw) {
+		t.Errorf("after Remove: %s keeps the clsact qdisc Prepare added", gw)
+	}
+	if haveTCX() {
+		e2 := newEnv(t, "")
+		e2.do(func() error { return e2.m.Prepare(testbed.LinkT(t, e2.topo.Node, e2.topo.GatewayName).Index) })
+		if clsact(e2, e2.topo.GatewayName) {
+			t.Error("with tcx, Prepare added a clsact qdisc")
+		}
+	}
+}
