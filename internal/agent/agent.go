@@ -95,8 +95,10 @@ type Agent struct {
 	lb      lbRuntime // the load balancer (lb.go)
 	gc      *idleGC   // collects between syncs (idlegc.go)
 
-	// liveBy: the loop comes round again before this time (unix ns), or it is stuck (Live);
-	// syncSince: when the sync under way began (0: none).
+	// liveBy: the loop comes round again before this time, or it is stuck (Live); syncSince:
+	// when the sync under way began (0: none). Both in ns since born, on the monotonic clock
+	// (a wall clock step would fail /livez, or hide a stuck loop).
+	born              time.Time
 	liveBy, syncSince atomic.Int64
 	// tcNode: the node config of the last sync whose plan ran the tc datapath (nil: none),
 	// whose gateways a new link is prepared for (watchLinks).
@@ -110,19 +112,20 @@ var stuckAfter = 2 * time.Minute
 
 // expectLoop says that the loop comes round again within wait (and a sync's stuckAfter).
 func (a *Agent) expectLoop(wait time.Duration) {
-	a.liveBy.Store(time.Now().Add(wait + stuckAfter).UnixNano())
+	a.liveBy.Store(int64(time.Since(a.born) + wait + stuckAfter))
 }
 
 // Live reports an error when the agent's loop has not come round when it should have: a sync
 // that does not return (a kernel call that hangs, a deadlock) stops it (the agent's /livez).
 func (a *Agent) Live() error {
-	if by := a.liveBy.Load(); time.Now().UnixNano() <= by {
+	now := time.Since(a.born)
+	if now <= time.Duration(a.liveBy.Load()) {
 		return nil
 	}
 	if since := a.syncSince.Load(); since != 0 {
-		return fmt.Errorf("stuck: a sync started %s ago has not returned", time.Since(time.Unix(0, since)).Round(time.Second))
+		return fmt.Errorf("stuck: a sync started %s ago has not returned", (now - time.Duration(since)).Round(time.Second))
 	}
-	return fmt.Errorf("stuck: the agent's loop has not come round since %s", time.Unix(0, a.liveBy.Load()).Add(-stuckAfter).Format(time.RFC3339))
+	return fmt.Errorf("stuck: the agent's loop has not come round for %s", (now - time.Duration(a.liveBy.Load()) + stuckAfter).Round(time.Second))
 }
 
 // New builds an agent; the config must load and validate.
@@ -136,7 +139,7 @@ func New(opts Options, mgrs *datapath.Managers) (*Agent, error) {
 	if opts.Links == nil {
 		opts.Links = Links
 	}
-	a := &Agent{opts: opts, mgrs: mgrs, wake: make(chan struct{}, 1), nowCh: make(chan struct{}, 1), gc: newIdleGC()}
+	a := &Agent{opts: opts, mgrs: mgrs, wake: make(chan struct{}, 1), nowCh: make(chan struct{}, 1), gc: newIdleGC(), born: time.Now()}
 	if _, err := a.loadConfig(); err != nil {
 		return nil, err
 	}
@@ -312,7 +315,7 @@ func (a *Agent) shutdown() error {
 // Sync runs one reconciliation: config, probe, links, render, apply.
 func (a *Agent) Sync(ctx context.Context) error {
 	start := time.Now()
-	a.syncSince.Store(start.UnixNano())
+	a.syncSince.Store(max(int64(time.Since(a.born)), 1))
 	defer a.syncSince.Store(0)
 	var degraded []string
 	err := a.sync(ctx, &degraded)

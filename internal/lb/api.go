@@ -264,18 +264,19 @@ func badRequest(errs ...error) *apiError {
 // kernel refused, a state file not written) 500.
 func writeErr(w http.ResponseWriter, err error) {
 	var ae *apiError
-	if !errors.As(err, &ae) {
+	if errors.As(err, &ae) {
+		if ae.Status == http.StatusServiceUnavailable { // not saved: the caller may retry
+			w.Header().Set("Retry-After", "1")
+		}
+	} else {
 		status := http.StatusInternalServerError
 		switch {
-		case errors.Is(err, errStopping):
+		case errors.Is(err, errStopping): // saved: no Retry-After (a retried POST would conflict)
 			status = http.StatusServiceUnavailable
 		case errors.Is(err, context.DeadlineExceeded):
 			status = http.StatusGatewayTimeout
 		}
 		ae = &apiError{status, []string{err.Error()}}
-	}
-	if ae.Status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", "1")
 	}
 	writeJSON(w, ae.Status, ae)
 }

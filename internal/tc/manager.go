@@ -41,6 +41,7 @@ type Manager struct {
 
 	prepMu   sync.Mutex
 	prepared map[uint32]time.Time // Prepare: the clsact qdiscs it added, not yet adopted by an Apply
+	removed  bool                 // Remove ran, and no Apply since: Prepare adds nothing
 }
 
 // applied is the kernel as an Apply left it: the devices the program was attached to (name ->
@@ -281,12 +282,19 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	}
 	w.settings.HandedEpoch, w.settings.HandedSince = live.HandedEpoch, live.HandedSince
 	var added []uint32
+	var adopted map[uint32]time.Time
 	if mode == ModeClsBPF {
+		// under prepMu: a Prepare of one of these devices comes before or after, never
+		// between the qdisc added and its ownership recorded
+		m.prepMu.Lock()
+		m.removed = false
 		if added, err = ownClsacts(w.ifaces); err != nil {
+			m.prepMu.Unlock()
 			dropClsacts(added)
 			return res, err
 		}
-		m.adoptPrepared(w.ifaces)
+		adopted = m.adoptPrepared(w.ifaces)
+		m.prepMu.Unlock()
 	}
 	// While the set is attached to devices that lack it (a fresh set, a new device: a new
 	// Pod's veth), packets of one connection may pass programs of different sets, or none (a
@@ -309,6 +317,7 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	if err := m.narrow(set, cur, w, fresh, &res); err != nil {
 		m.fullRead = time.Time{} // half written: the next Apply reads the maps whole
 		dropClsacts(added)       // their ownership may not be in the map: the next Apply adds them again
+		m.unadopt(adopted)       // nor may theirs: the next Apply adopts them again
 		return res, err
 	}
 	errs := []error{m.attachAll(o, set, mode, w, d, &res)}
@@ -399,7 +408,7 @@ func (m *Manager) Remove(ctx context.Context) error {
 	for idx := range m.prepared {
 		dropClsacts([]uint32{idx})
 	}
-	m.prepared = nil
+	m.prepared, m.removed = nil, true // a link event handled after it (the agent stopping) adds nothing
 	m.prepMu.Unlock()
 	if err := ctx.Err(); err != nil {
 		return err
@@ -425,12 +434,15 @@ func (m *Manager) Prepare(ifindex int) error {
 	if mode, err := m.mode(); err != nil || mode != ModeClsBPF {
 		return err
 	}
+	m.prepMu.Lock() // (held while the qdisc is added: see Apply and Remove)
+	defer m.prepMu.Unlock()
+	if m.removed {
+		return nil
+	}
 	created, err := ensureClsact(ifindex)
 	if err != nil || !created {
 		return err
 	}
-	m.prepMu.Lock()
-	defer m.prepMu.Unlock()
 	if m.prepared == nil {
 		m.prepared = map[uint32]time.Time{}
 	}
@@ -442,21 +454,41 @@ func (m *Manager) Prepare(ifindex int) error {
 // device that appeared after an Apply listed the links is wanted by the next one).
 var preparedFor = 30 * time.Second
 
-// adoptPrepared marks the devices of ifaces whose qdisc Prepare added as owning it, and deletes
-// the qdiscs of prepared devices that no Apply has wanted within preparedFor (if nothing is on
-// them).
-func (m *Manager) adoptPrepared(ifaces map[uint32]fastpathIface) {
-	m.prepMu.Lock()
-	defer m.prepMu.Unlock()
+// adoptPrepared marks the devices of ifaces whose qdisc Prepare added as owning it (returned),
+// and deletes the qdiscs of prepared devices that no Apply has wanted within preparedFor (if
+// nothing is on them). The caller holds prepMu.
+func (m *Manager) adoptPrepared(ifaces map[uint32]fastpathIface) map[uint32]time.Time {
+	var adopted map[uint32]time.Time
 	for idx, at := range m.prepared {
 		if e, ok := ifaces[idx]; ok {
 			e.Flags |= flagOwnClsact
 			ifaces[idx] = e
+			if adopted == nil {
+				adopted = map[uint32]time.Time{}
+			}
+			adopted[idx] = at
 			delete(m.prepared, idx)
 		} else if time.Since(at) > preparedFor {
 			dropClsacts([]uint32{idx})
 			delete(m.prepared, idx)
 		}
+	}
+	return adopted
+}
+
+// unadopt puts back what adoptPrepared adopted, for an Apply that failed before the ownership
+// reached the map.
+func (m *Manager) unadopt(adopted map[uint32]time.Time) {
+	if len(adopted) == 0 {
+		return
+	}
+	m.prepMu.Lock()
+	defer m.prepMu.Unlock()
+	if m.prepared == nil {
+		m.prepared = map[uint32]time.Time{}
+	}
+	for idx, at := range adopted {
+		m.prepared[idx] = at
 	}
 }
 

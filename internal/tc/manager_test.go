@@ -1450,6 +1450,13 @@ func TestPreparedClsact(t *testing.T) {
 	if clsact(e, gw) {
 		t.Errorf("after Remove: %s keeps the clsact qdisc Prepare added", gw)
 	}
+	// A link event handled after the agent's own Remove (it stops: its link watch still
+	// runs) adds nothing that no one would delete.
+	e.do(func() error { return e.m.Remove(context.Background()) })
+	e.do(func() error { return e.m.Prepare(testbed.LinkT(t, e.topo.Node, gw).Index) })
+	if clsact(e, gw) {
+		t.Error("Prepare after Remove added a clsact qdisc")
+	}
 	if haveTCX() {
 		e2 := newEnv(t, "")
 		e2.do(func() error { return e2.m.Prepare(testbed.LinkT(t, e2.topo.Node, e2.topo.GatewayName).Index) })
