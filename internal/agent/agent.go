@@ -626,7 +626,7 @@ func (a *Agent) prepareTC(u netlink.LinkUpdate) {
 	if n == nil || a.mgrs == nil || a.mgrs.TC == nil || u.Header.Type != unix.RTM_NEWLINK || !n.IsGateway(u.Attrs().Name) {
 		return
 	}
-	if err := a.mgrs.TC.Prepare(u.Attrs().Index); err != nil && !errors.Is(err, unix.ENODEV) {
+	if err := a.mgrs.TC.Prepare(u.Attrs().Index); err != nil {
 		a.opts.Log.Debug("tc: could not prepare a new gateway; the next sync attaches it", "link", u.Attrs().Name, "err", err)
 	}
 }

@@ -260,8 +260,9 @@ func badRequest(errs ...error) *apiError {
 
 // writeErr answers err: an apiError with its status; a change saved but not applied in time
 // 504 (the kernel's apply, which the agent's loop runs, did not answer in time: it is applied
-// later); a change the agent could not take while stopping 503; anything else (an apply the
-// kernel refused, a state file not written) 500.
+// later); a change saved while the agent stops 503 (applied when it starts again; no
+// Retry-After: a retry would conflict); anything else (an apply the kernel refused, a state
+// file not written) 500. An apiError of 503 is a change not saved: Retry-After.
 func writeErr(w http.ResponseWriter, err error) {
 	var ae *apiError
 	if errors.As(err, &ae) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime"
 	"slices"
 	"strings"
@@ -405,9 +406,7 @@ func (m *Manager) Remove(ctx context.Context) error {
 		v.close()
 	}
 	m.prepMu.Lock()
-	for idx := range m.prepared {
-		dropClsacts([]uint32{idx})
-	}
+	dropClsacts(slices.Collect(maps.Keys(m.prepared)))
 	m.prepared, m.removed = nil, true // a link event handled after it (the agent stopping) adds nothing
 	m.prepMu.Unlock()
 	if err := ctx.Err(); err != nil {
@@ -440,6 +439,9 @@ func (m *Manager) Prepare(ifindex int) error {
 		return nil
 	}
 	created, err := ensureClsact(ifindex)
+	if gone(err) { // deleted meanwhile: nothing to prepare (as ownClsacts skips it)
+		return nil
+	}
 	if err != nil || !created {
 		return err
 	}
