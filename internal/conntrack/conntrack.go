@@ -123,7 +123,7 @@ func List(ctx context.Context) ([]Flow, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		fs, err := dump(family)
+		fs, _, err := dump(family, statusFilter{})
 		if err != nil {
 			return nil, err
 		}
@@ -132,34 +132,70 @@ func List(ctx context.Context) ([]Flow, error) {
 	return flows, nil
 }
 
-func dump(family uint8) ([]Flow, error) {
-	var (
-		msgs [][]byte
-		err  error
-	)
+// ListNATed dumps the entries of both families that are source- or destination-NAT-ed
+// (NATed). The kernel picks them by their status bits (Linux >= 5.15), so the cost is that
+// of the NAT-ed entries, not of the whole table: two walks of the table that copy out only
+// what matches (a table of 50,000 entries of which 500 are NAT-ed: BenchmarkListNATed).
+// Where the kernel ignores the filter, the entries are picked here.
+func ListNATed(ctx context.Context) ([]Flow, error) {
+	var flows []Flow
+	for _, sf := range []statusFilter{
+		{StatusSrcNAT, StatusSrcNAT},                // source-NAT-ed, perhaps destination-NAT-ed too
+		{StatusDstNAT, StatusSrcNAT | StatusDstNAT}, // destination-NAT-ed only
+	} {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		fs, _, err := dump(unix.AF_UNSPEC, sf)
+		if err != nil {
+			return nil, err
+		}
+		flows = append(flows, fs...)
+	}
+	return flows, nil
+}
+
+// statusFilter picks the entries whose status, masked by mask, is val; the zero value picks
+// all.
+type statusFilter struct{ val, mask uint32 }
+
+// ctaStatusMask is CTA_STATUS_MASK (linux/netfilter/nfnetlink_conntrack.h, Linux >= 5.15),
+// which vishvananda/netlink's nl does not name.
+const ctaStatusMask = 26
+
+// dump lists the entries of family (AF_UNSPEC: all) that sf picks; received is how many the
+// kernel sent (more than it picked where the kernel ignores the filter).
+func dump(family uint8, sf statusFilter) (flows []Flow, received int, err error) {
+	var msgs [][]byte
 	// A dump that raced with a table change is inconsistent; try again a few times.
 	for range 3 {
 		req := nl.NewNetlinkRequest(unix.NFNL_SUBSYS_CTNETLINK<<8|nl.IPCTNL_MSG_CT_GET, unix.NLM_F_DUMP)
 		req.AddData(&nl.Nfgenmsg{NfgenFamily: family, Version: nl.NFNETLINK_V0})
+		if sf.mask != 0 {
+			req.AddData(nl.NewRtAttr(nl.CTA_STATUS, binary.BigEndian.AppendUint32(nil, sf.val)))
+			req.AddData(nl.NewRtAttr(ctaStatusMask, binary.BigEndian.AppendUint32(nil, sf.mask)))
+		}
 		if msgs, err = req.Execute(unix.NETLINK_NETFILTER, 0); !errors.Is(err, nl.ErrDumpInterrupted) {
 			break
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ctnetlink dump (family %d): %w", family, err)
+		return nil, 0, fmt.Errorf("ctnetlink dump (family %d): %w", family, err)
 	}
-	flows := make([]Flow, 0, len(msgs))
+	flows = make([]Flow, 0, len(msgs))
 	for _, m := range msgs {
 		if len(m) < nl.SizeofNfgenmsg {
-			return nil, errors.New("ctnetlink: short message")
+			return nil, 0, errors.New("ctnetlink: short message")
 		}
 		f, err := parseFlow(m[nl.SizeofNfgenmsg:])
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		flows = append(flows, f)
+		if f.Status&sf.mask == sf.val {
+			flows = append(flows, f)
+		}
 	}
-	return flows, nil
+	return flows, len(msgs), nil
 }
 
 // parseFlow decodes the attributes of one IPCTNL_MSG_CT_NEW message (after the nfgenmsg).

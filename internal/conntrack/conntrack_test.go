@@ -141,7 +141,7 @@ func TestStatus(t *testing.T) {
 	}
 }
 
-func run(t *testing.T, stdin string, args ...string) {
+func run(t testing.TB, stdin string, args ...string) {
 	t.Helper()
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdin = strings.NewReader(stdin)
@@ -152,7 +152,7 @@ func run(t *testing.T, stdin string, args ...string) {
 
 // inNetns runs fn on a thread inside a new named network namespace, with loopback up,
 // conntrack enabled by an nft rule and accounting on. Sockets that fn opens live there.
-func inNetns(t *testing.T, fn func()) {
+func inNetns(t testing.TB, fn func()) {
 	name := fmt.Sprintf("hostaccel-ct-test-%d", os.Getpid())
 	run(t, "", "ip", "netns", "add", name)
 	defer run(t, "", "ip", "netns", "del", name)

@@ -74,7 +74,7 @@ func (s *progSet) ageHanded(ctx context.Context, cfg *fastpathSettings, list fun
 // rememberOpen enters the client ends of the NAT-ed connections conntrack holds now into a
 // fresh set (first epoch): before it is attached, and again once it is (rememberNATed).
 func (s *progSet) rememberOpen(ctx context.Context) error {
-	flows, err := conntrack.List(ctx)
+	flows, err := conntrack.ListNATed(ctx)
 	if err != nil {
 		return err
 	}

@@ -274,7 +274,7 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 		fill, err := set.handedFill(live.HandedSince)
 		if err == nil && fill > handedAgeAt {
 			m.aged = time.Now()
-			err = set.ageHanded(ctx, &live, conntrack.List)
+			err = set.ageHanded(ctx, &live, conntrack.ListNATed)
 			res.HandedAged = err == nil
 		}
 		if err != nil {
@@ -301,8 +301,9 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	// Pod's veth), packets of one connection may pass programs of different sets, or none (a
 	// Pod's connections opened before its device joined): every mark counts (handed_since 0)
 	// in this set and in the older ones until conntrack has been listed after the attachments,
-	// so that every reply toward the Pods asks conntrack meanwhile. The listing costs one dump
-	// of conntrack per Apply that attaches a device; an Apply that attaches none lists nothing.
+	// so that every reply toward the Pods asks conntrack meanwhile. The listing (of the NAT-ed
+	// entries only, which the kernel picks: conntrack.ListNATed) costs two walks of conntrack
+	// per Apply that attaches a device; an Apply that attaches none lists nothing.
 	window := res.NATCheck && (fresh || needsAttach(o, set, mode, w))
 	since := w.settings.HandedSince
 	if window {
@@ -324,7 +325,7 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	errs := []error{m.attachAll(o, set, mode, w, d, &res)}
 	if window {
 		time.Sleep(handedSettle)
-		flows, err := conntrack.List(ctx)
+		flows, err := conntrack.ListNATed(ctx)
 		if err == nil {
 			err = set.rememberNATed(flows, w.settings.HandedEpoch)
 		}
