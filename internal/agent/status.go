@@ -122,14 +122,12 @@ func Gather(ctx context.Context, m *datapath.Managers, statePath string) Status 
 			}
 		}
 	}
-	flows, err := conntrack.List(ctx)
+	flows, err := conntrack.ListOffloaded(ctx)
 	if err != nil {
 		st.Errors["conntrack"] = err.Error()
 	}
 	for _, f := range flows {
-		if f.Offloaded() {
-			st.Offloaded = append(st.Offloaded, f.String())
-		}
+		st.Offloaded = append(st.Offloaded, f.String())
 	}
 	sort.Strings(st.Offloaded)
 	if statePath != "" {

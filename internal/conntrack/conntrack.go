@@ -138,11 +138,21 @@ func List(ctx context.Context) ([]Flow, error) {
 // what matches (a table of 50,000 entries of which 500 are NAT-ed: BenchmarkListNATed).
 // Where the kernel ignores the filter, the entries are picked here.
 func ListNATed(ctx context.Context) ([]Flow, error) {
+	return listPicked(ctx,
+		statusFilter{StatusSrcNAT, StatusSrcNAT},                // source-NAT-ed, perhaps destination-NAT-ed too
+		statusFilter{StatusDstNAT, StatusSrcNAT | StatusDstNAT}) // destination-NAT-ed only
+}
+
+// ListOffloaded dumps the entries of both families that are in a flowtable (Offloaded),
+// picked by the kernel as ListNATed's are: one walk of the table.
+func ListOffloaded(ctx context.Context) ([]Flow, error) {
+	return listPicked(ctx, statusFilter{StatusOffload, StatusOffload})
+}
+
+// listPicked dumps the entries of both families that each filter picks, one dump per filter.
+func listPicked(ctx context.Context, filters ...statusFilter) ([]Flow, error) {
 	var flows []Flow
-	for _, sf := range []statusFilter{
-		{StatusSrcNAT, StatusSrcNAT},                // source-NAT-ed, perhaps destination-NAT-ed too
-		{StatusDstNAT, StatusSrcNAT | StatusDstNAT}, // destination-NAT-ed only
-	} {
+	for _, sf := range filters {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}

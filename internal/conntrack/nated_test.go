@@ -82,7 +82,7 @@ func fill(tb testing.TB, n, k int) map[netip.Addr]uint32 {
 }
 
 // ListNATed returns exactly the NAT-ed entries, each once (source, destination and both),
-// and the kernel sends no other: it filters by the status bits.
+// and the kernel sends no other: it filters by the status bits. So does ListOffloaded.
 func TestListNATed(t *testing.T) {
 	testbed.RequireRoot(t)
 	inNetns(t, func() {
@@ -111,6 +111,13 @@ func TestListNATed(t *testing.T) {
 		}
 		if received != len(nated) {
 			t.Errorf("the kernel sent %d entries for the NAT-ed %d: it did not filter them", received, len(nated))
+		}
+		// none is in a flowtable (the VM's e2e tests list offloaded ones): the kernel sends none
+		if off, err := ListOffloaded(context.Background()); err != nil || len(off) != 0 {
+			t.Errorf("ListOffloaded = %d entries, %v; want none", len(off), err)
+		}
+		if _, n, err := dump(unix.AF_UNSPEC, statusFilter{StatusOffload, StatusOffload}); err != nil || n != 0 {
+			t.Errorf("the kernel sent %d entries (%v) for the offloaded ones: none is", n, err)
 		}
 		all, err := List(context.Background())
 		if err != nil {
