@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -176,7 +177,23 @@ const ctaStatusMask = 26
 // dump lists the entries of family (AF_UNSPEC: all) that sf picks; received is how many the
 // kernel sent (more than it picked where the kernel ignores the filter).
 func dump(family uint8, sf statusFilter) (flows []Flow, received int, err error) {
-	var msgs [][]byte
+	err = dumpEach(family, sf, func(f Flow, _ uint8, _ []byte) error {
+		received++
+		if f.Status&sf.mask == sf.val {
+			flows = append(flows, f)
+		}
+		return nil
+	})
+	return flows, received, err
+}
+
+// dumpEach calls fn with every entry of family (AF_UNSPEC: all) that the kernel sends for sf,
+// the entry's family and the message's attributes (after the nfgenmsg).
+func dumpEach(family uint8, sf statusFilter, fn func(f Flow, family uint8, attrs []byte) error) error {
+	var (
+		msgs [][]byte
+		err  error
+	)
 	// A dump that raced with a table change is inconsistent; try again a few times.
 	for range 3 {
 		req := nl.NewNetlinkRequest(unix.NFNL_SUBSYS_CTNETLINK<<8|nl.IPCTNL_MSG_CT_GET, unix.NLM_F_DUMP)
@@ -190,22 +207,59 @@ func dump(family uint8, sf statusFilter) (flows []Flow, received int, err error)
 		}
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("ctnetlink dump (family %d): %w", family, err)
+		return fmt.Errorf("ctnetlink dump (family %d): %w", family, err)
 	}
-	flows = make([]Flow, 0, len(msgs))
 	for _, m := range msgs {
 		if len(m) < nl.SizeofNfgenmsg {
-			return nil, 0, errors.New("ctnetlink: short message")
+			return errors.New("ctnetlink: short message")
 		}
 		f, err := parseFlow(m[nl.SizeofNfgenmsg:])
 		if err != nil {
-			return nil, 0, err
+			return err
 		}
-		if f.Status&sf.mask == sf.val {
-			flows = append(flows, f)
+		if err := fn(f, m[0], m[nl.SizeofNfgenmsg:]); err != nil {
+			return err
 		}
 	}
-	return flows, len(msgs), nil
+	return nil
+}
+
+// DeleteDstNATed deletes the destination-NAT-ed entries of both families that match picks
+// (a load balancer's connections to a backend that left). One dump, which the kernel filters
+// by the status bit (Linux >= 5.15: it copies out only those entries; older kernels send all,
+// picked here), then a delete per entry picked, by its tuple, zone and id, as the dump gave
+// them: an entry made again meanwhile under the same tuple stays. It returns how many it
+// deleted; an entry gone meanwhile is no error.
+func DeleteDstNATed(ctx context.Context, match func(*Flow) bool) (int, error) {
+	sock, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_NETFILTER)
+	if err != nil {
+		return 0, fmt.Errorf("ctnetlink: %w", err)
+	}
+	defer sock.Close()
+	sockets := map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: {Socket: sock}}
+	sf := statusFilter{StatusDstNAT, StatusDstNAT}
+	deleted := 0
+	var errs []error
+	err = dumpEach(unix.AF_UNSPEC, sf, func(f Flow, family uint8, attrs []byte) error {
+		if f.Status&sf.mask != sf.val || !match(&f) {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		req := nl.NewNetlinkRequest(unix.NFNL_SUBSYS_CTNETLINK<<8|nl.IPCTNL_MSG_CT_DELETE, unix.NLM_F_ACK)
+		req.Sockets = sockets
+		req.AddData(&nl.Nfgenmsg{NfgenFamily: family, Version: nl.NFNETLINK_V0})
+		req.AddRawData(attrs)
+		switch _, err := req.Execute(unix.NETLINK_NETFILTER, 0); {
+		case err == nil:
+			deleted++
+		case !errors.Is(err, unix.ENOENT):
+			errs = append(errs, fmt.Errorf("ctnetlink: delete %s: %w", f, err))
+		}
+		return nil
+	})
+	return deleted, errors.Join(append(errs, err)...)
 }
 
 // parseFlow decodes the attributes of one IPCTNL_MSG_CT_NEW message (after the nfgenmsg).

@@ -8,14 +8,7 @@ import (
 
 	"github.com/hostaccel/hostaccel/internal/testbed"
 
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
-)
-
-// CTA_NAT_SRC and CTA_NAT_DST (linux/netfilter/nfnetlink_conntrack.h).
-const (
-	ctaNATSrc = 6
-	ctaNATDst = 13
 )
 
 // Which NAT an entry made by addEntry has.
@@ -26,8 +19,8 @@ const (
 	natBoth
 )
 
-// addEntry makes the i-th TCP entry of family v4 (else v6) over ctnetlink: 10.1.x.y:40000 ->
-// 10.2.x.y:80 (fd01::/fd02:: for v6), translated as nat says (to 10.9.x.y / fd09::).
+// addEntry makes the i-th TCP entry of family v4 (else v6): 10.1.x.y:40000 -> 10.2.x.y:80
+// (fd01::/fd02:: for v6), translated as nat says (to 10.9.x.y / fd09::).
 func addEntry(i int, v4 bool, nat int) error {
 	addr := func(net byte) netip.Addr {
 		if v4 {
@@ -35,24 +28,14 @@ func addEntry(i int, v4 bool, nat int) error {
 		}
 		return netip.AddrFrom16([16]byte{0xfd, net, 14: byte(i >> 8), 15: byte(i)})
 	}
-	src, dst, to := addr(1), addr(2), addr(9)
-	family, ipMin, ipMax := uint8(unix.AF_INET), 1, 2 // CTA_NAT_V4_MINIP, CTA_NAT_V4_MAXIP
-	if !v4 {
-		family, ipMin, ipMax = unix.AF_INET6, 4, 5 // CTA_NAT_V6_MINIP, CTA_NAT_V6_MAXIP
-	}
-	req := nl.NewNetlinkRequest(unix.NFNL_SUBSYS_CTNETLINK<<8|nl.IPCTNL_MSG_CT_NEW, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
-	req.AddData(&nl.Nfgenmsg{NfgenFamily: family, Version: nl.NFNETLINK_V0})
-	req.AddData(tupleAttr(nl.CTA_TUPLE_ORIG, src.String(), dst.String(), 40000, 80))
-	req.AddData(tupleAttr(nl.CTA_TUPLE_REPLY, dst.String(), src.String(), 80, 40000))
-	req.AddData(attr(nl.CTA_TIMEOUT, be(4, 600)))
+	e := testbed.ConntrackEntry{Proto: unix.IPPROTO_TCP, Src: netip.AddrPortFrom(addr(1), 40000), Dst: netip.AddrPortFrom(addr(2), 80)}
 	if nat == natSrc || nat == natBoth {
-		req.AddData(nest(ctaNATSrc, attr(ipMin, to.AsSlice()), attr(ipMax, to.AsSlice())))
+		e.SNAT = netip.AddrPortFrom(addr(9), 0)
 	}
 	if nat == natDst || nat == natBoth {
-		req.AddData(nest(ctaNATDst, attr(ipMin, to.AsSlice()), attr(ipMax, to.AsSlice())))
+		e.DNAT = netip.AddrPortFrom(addr(9), 0)
 	}
-	_, err := req.Execute(unix.NETLINK_NETFILTER, 0)
-	return err
+	return testbed.AddConntrack(e)
 }
 
 // fill makes n entries of each family, every k-th of them NAT-ed, in turn source, destination
@@ -165,4 +148,44 @@ func benchmarkList(b *testing.B, list func(context.Context) ([]Flow, error)) {
 			})
 		})
 	}
+}
+
+// DeleteDstNATed deletes the destination-NAT-ed entries that match picks, of either family,
+// and no other.
+func TestDeleteDstNATed(t *testing.T) {
+	testbed.RequireRoot(t)
+	inNetns(t, func() {
+		nated := fill(t, 300, 10) // per family: 10 source-NAT-ed, 10 destination-, 10 both
+		ctx := context.Background()
+		var offered int
+		n, err := DeleteDstNATed(ctx, func(f *Flow) bool {
+			offered++
+			return f.Orig.Src.Is6()
+		})
+		if err != nil || n != 20 {
+			t.Errorf("deleting the IPv6 ones: %d deleted, %v; want 20", n, err)
+		}
+		if offered != 40 {
+			t.Errorf("match was offered %d entries, want the 40 destination-NAT-ed", offered)
+		}
+		if n, err := DeleteDstNATed(ctx, func(*Flow) bool { return true }); err != nil || n != 20 {
+			t.Errorf("deleting the rest: %d deleted, %v; want 20", n, err)
+		}
+		flows, err := List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		left := 0
+		for _, f := range flows {
+			if f.Status&StatusDstNAT != 0 {
+				t.Errorf("left: %s", f)
+			}
+			if nated[f.Orig.Src] != 0 {
+				left++
+			}
+		}
+		if len(flows) != 600-40 || left != 20 {
+			t.Errorf("%d entries left, %d of them source-NAT-ed; want 560 and 20", len(flows), left)
+		}
+	})
 }

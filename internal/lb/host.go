@@ -1,14 +1,15 @@
 package lb
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
+
+	"github.com/hostaccel/hostaccel/internal/conntrack"
 )
 
 // The load balancer's access to the host beyond nftables: the interfaces and neighbour
@@ -67,39 +68,32 @@ type ConntrackFlush struct {
 	BackendPort int
 }
 
-// flushConntrack deletes the entries of every flush: one dump of the conntrack table per
-// family, whatever their number (netlink's delete reads the whole table per call, ~1 s at a
-// million entries: one call per backend stalled a sync for minutes when a host with the
-// backends of hundreds of services went down).
+// flushConntrack deletes the entries of every flush: one dump of the conntrack table,
+// whatever their number, of only its destination-NAT-ed entries (the kernel picks them: a
+// leaving backend's connections were all DNAT-ed to it), then a delete per entry picked. One
+// call per backend, each reading the whole table, stalled a sync for minutes when a host with
+// the backends of hundreds of services went down (BenchmarkFlushConntrack).
 func flushConntrack(flushes []ConntrackFlush) error {
-	var errs []error
-	for _, fam := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
-		set := conntrackFilter(flushes, fam == unix.AF_INET6)
-		if len(set) == 0 {
-			continue
-		}
-		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, fam, set); err != nil {
-			errs = append(errs, err)
-		}
+	set := conntrackFilter(flushes)
+	if len(set) == 0 {
+		return nil
 	}
-	return errors.Join(errs...)
+	_, err := conntrack.DeleteDstNATed(context.Background(), set.match)
+	return err
 }
 
-// conntrackFilter is the filter of flushes' entries of one family: every VIP of the family,
-// with each port, and its backend.
-func conntrackFilter(flushes []ConntrackFlush, v6 bool) flowSet {
+// conntrackFilter is the filter of flushes' entries: every VIP of the backend's family, with
+// each port, and its backend.
+func conntrackFilter(flushes []ConntrackFlush) flowSet {
 	set := flowSet{}
 	for _, f := range flushes {
-		if f.Backend.Is6() != v6 {
-			continue
-		}
 		p := laneProtos[f.Proto]
 		ports := f.Ports
 		if len(ports) == 0 {
 			ports = []int{0}
 		}
 		for _, v := range f.VIPs {
-			if v.Is6() != v6 {
+			if v.Is6() != f.Backend.Is6() {
 				continue
 			}
 			for _, port := range ports {
@@ -115,10 +109,9 @@ func conntrackFilter(flushes []ConntrackFlush, v6 bool) flowSet {
 }
 
 // flowSet matches a connection to vip:port that backend:backendPort answers (the reply's
-// source), or to vip on any port (a key of port 0) that backend answers. netlink's own filter
-// has no reply port: a backend's entries on its other ports (another service's, or this one's
-// other backend on the same host) would go too. One map lookup or two per entry, where a
-// filter per backend and VIP cost a compare each.
+// source), or to vip on any port (a key of port 0) that backend answers: not the backend's
+// entries on its other ports (another service's, or this one's other backend on the same
+// host). One map lookup or two per entry.
 type flowSet map[flowKey]bool
 
 type flowKey struct {
@@ -127,14 +120,12 @@ type flowKey struct {
 	port, backendPort uint16
 }
 
-func (s flowSet) MatchConntrackFlow(fl *netlink.ConntrackFlow) bool {
-	vip, _ := netip.AddrFromSlice(fl.Forward.DstIP)
-	backend, _ := netip.AddrFromSlice(fl.Reverse.SrcIP)
-	k := flowKey{proto: fl.Forward.Protocol, vip: vip.Unmap(), backend: backend.Unmap()}
+func (s flowSet) match(f *conntrack.Flow) bool {
+	k := flowKey{proto: f.Orig.Proto, vip: f.Orig.Dst.Unmap(), backend: f.Reply.Src.Unmap()}
 	if s[k] { // any port
 		return true
 	}
-	k.port, k.backendPort = fl.Forward.DstPort, fl.Reverse.SrcPort
+	k.port, k.backendPort = f.Orig.DstPort, f.Reply.SrcPort
 	return s[k]
 }
 
