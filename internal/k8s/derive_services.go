@@ -286,10 +286,13 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 		if len(clusterIPs) == 0 && s.Spec.ClusterIP != "" && s.Spec.ClusterIP != corev1.ClusterIPNone {
 			clusterIPs = []string{s.Spec.ClusterIP}
 		}
-		external := externalAddresses([]*corev1.Service{s})
+		// of the Service's families only, as its node ports: kube-proxy's proxier of a family
+		// skips a Service without a ClusterIP of it (a front of the other would refuse every
+		// client of that address, with no backend)
+		external := sameFamilies(externalAddresses([]*corev1.Service{s}), clusterIPs)
 		var externalIPs []string // apart: sourceRanges restrict the ingress IPs only
 		if s.Spec.Type == corev1.ServiceTypeLoadBalancer && len(s.Spec.LoadBalancerSourceRanges) > 0 {
-			ingress := externalAddresses([]*corev1.Service{{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer}, Status: s.Status}})
+			ingress := sameFamilies(externalAddresses([]*corev1.Service{{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer}, Status: s.Status}}), clusterIPs)
 			for _, ip := range external {
 				if !slices.Contains(ingress, ip) {
 					externalIPs = append(externalIPs, ip)
@@ -480,11 +483,12 @@ func backends(eps []*discoveryv1.EndpointSlice, sp corev1.ServicePort) []LBBacke
 			continue
 		}
 		for _, e := range es.Endpoints {
+			// the API's defaults: nil ready and serving are true, nil terminating false; a
+			// not-ready endpoint counts as serving only while it terminates (kube-proxy's
+			// fallback: serving and terminating), not a Pod still starting
 			ready := e.Conditions.Ready == nil || *e.Conditions.Ready
-			serving := ready
-			if e.Conditions.Serving != nil {
-				serving = *e.Conditions.Serving
-			}
+			serving := (e.Conditions.Serving == nil || *e.Conditions.Serving) &&
+				e.Conditions.Terminating != nil && *e.Conditions.Terminating
 			node := ""
 			if e.NodeName != nil {
 				node = *e.NodeName

@@ -548,6 +548,7 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 	web.Spec.LoadBalancerSourceRanges = []string{" 192.0.2.0/24", "198.51.100.7/32", "bad"}
 	// (externalIPs are not restricted, as with kube-proxy: before, they shared the ranges)
 	web.Spec.ExternalIPs = []string{"203.0.113.9", "172.18.0.151"}
+	web.Spec.ClusterIPs = []string{"10.96.0.10", "fd00:96::10"} // dual-stack: an IPv6 ingress IP is the Service's
 	snap := Snapshot{
 		Nodes:          []*corev1.Node{node("self", []string{"10.244.0.0/24"}, "172.18.0.2")},
 		Services:       []*corev1.Service{web},
@@ -563,6 +564,7 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 	}
 	want := map[string][]string{
 		"default/web:http/cluster":       {"10.96.0.10"},
+		"default/web:http/cluster/ipv6":  {"fd00:96::10"},
 		"default/web:http/nodeport":      {"172.18.0.2"},
 		"default/web:http/external":      {"172.18.0.151", "192.0.2.0/24", "198.51.100.7/32"},
 		"default/web:http/external/ipv6": {"2001:db8::151", "::/128"},

@@ -85,13 +85,17 @@ const DefaultProxyHealthTimeout = time.Minute
 // proxyHealth is kube-proxy's serviceProxyHealthy: whether the agent keeps the kernel up to date
 // with what the Source derives. It is not once a change has waited longer than timeout for a
 // sync that succeeds (a change derived, or a sync that failed, starts the wait; a sync that
-// succeeds ends it). Then every health check port answers 503, also with local endpoints, so
-// that the cloud's load balancer leaves a node whose rules are stale.
+// succeeds ends it), nor once derivations have been rejected for longer than timeout (a broken
+// base config: the last good config stays in the kernel, and the API's changes cannot reach
+// it, whatever the syncs; a derivation that succeeds ends that wait). Then every health check
+// port answers 503, also with local endpoints, so that the cloud's load balancer leaves a
+// node whose rules are stale.
 type proxyHealth struct {
-	mu      sync.Mutex
-	waiting time.Time // since when a change waits (zero: none)
-	timeout time.Duration
-	now     func() time.Time
+	mu       sync.Mutex
+	waiting  time.Time // since when a change waits for a sync (zero: none)
+	rejected time.Time // since when derivations are rejected (zero: the last one succeeded)
+	timeout  time.Duration
+	now      func() time.Time
 }
 
 func newProxyHealth(timeout time.Duration, now func() time.Time) *proxyHealth {
@@ -108,6 +112,18 @@ func (p *proxyHealth) changed() {
 	}
 }
 
+// derived records a derivation's outcome (err: rejected).
+func (p *proxyHealth) derived(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case err == nil:
+		p.rejected = time.Time{}
+	case p.rejected.IsZero():
+		p.rejected = p.now()
+	}
+}
+
 // synced records a sync's outcome.
 func (p *proxyHealth) synced(err error) {
 	p.mu.Lock()
@@ -121,11 +137,15 @@ func (p *proxyHealth) synced(err error) {
 }
 
 // healthy reports whether no change has waited longer than the timeout, and since when one
-// waits (zero: none).
+// waits (zero: none): a change for a sync, or the API's changes for a derivation that succeeds.
 func (p *proxyHealth) healthy() (bool, time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.waiting.IsZero() || p.now().Sub(p.waiting) < p.timeout, p.waiting
+	since := p.waiting
+	if since.IsZero() || !p.rejected.IsZero() && p.rejected.Before(since) {
+		since = p.rejected
+	}
+	return since.IsZero() || p.now().Sub(since) < p.timeout, since
 }
 
 // healthServer answers the health check ports as kube-proxy does: HTTP on every path, 200

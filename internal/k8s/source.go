@@ -133,8 +133,9 @@ type Status struct {
 	// HealthChecks are the Services' health check ports answered here.
 	HealthChecks []HealthCheckPort `json:"healthChecks,omitempty"`
 	// ServiceProxyHealthy is false while a derived change has waited longer than
-	// Options.ProxyHealthTimeout for the agent's sync (since ChangeWaitingSince): the health
-	// check ports then answer 503, as kube-proxy's do.
+	// Options.ProxyHealthTimeout for the agent's sync, or derivations have been rejected that
+	// long (since ChangeWaitingSince): the health check ports then answer 503, as kube-proxy's
+	// do.
 	ServiceProxyHealthy bool      `json:"serviceProxyHealthy"`
 	ChangeWaitingSince  time.Time `json:"changeWaitingSince,omitzero"`
 	// Summary explains the config in use (the last field: Report writes it).
@@ -458,6 +459,7 @@ func (s *Source) derive(ctx context.Context) {
 			d, err = s.dr.derive(base, snap, p)
 		}
 	}
+	s.proxy.derived(err)
 	s.mu.Lock()
 	s.st.Derivations++
 	prevErr := s.st.DeriveError

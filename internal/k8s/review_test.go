@@ -1,0 +1,126 @@
+package k8s
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// Found by a review of the Kubernetes mode (2026-11-28); each failed before its fix.
+
+// An endpoint that is not ready and terminating, with serving unset (nil), is serving: the
+// API says "a nil value should be interpreted as true", and kube-proxy reads it so. When it
+// is the only endpoint, the fallback uses it (it was down: every client refused).
+func TestServingUnsetIsServing(t *testing.T) {
+	f, tr := false, true
+	es := slice("ns", "s", "s-1", "http", 8080)
+	es.Endpoints = []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.2"}, NodeName: ptr("n1"),
+		Conditions: discoveryv1.EndpointConditions{Ready: &f, Terminating: &tr}}} // serving: nil
+	got := fallback(backends([]*discoveryv1.EndpointSlice{es}, port("http", 80, 8080, 0)))
+	if len(got) != 1 || got[0].State != StateUp {
+		t.Errorf("terminating endpoint with serving unset: %+v, want up (serving, kube-proxy's fallback)", got)
+	}
+	// Not ready and not terminating (a Pod still starting), serving unset or true: down, and no
+	// fallback takes it (kube-proxy's takes serving and terminating ones only).
+	for _, serving := range []*bool{nil, &tr} {
+		es.Endpoints[0].Conditions = discoveryv1.EndpointConditions{Ready: &f, Serving: serving}
+		got := fallback(backends([]*discoveryv1.EndpointSlice{es}, port("http", 80, 8080, 0)))
+		if len(got) != 1 || got[0].State != StateDown {
+			t.Errorf("a starting endpoint (serving %v): %+v, want down", serving != nil, got)
+		}
+	}
+}
+
+// A derivation rejected (a bad ConfigMap edit) keeps the last good config: the API's changes
+// no longer reach the kernel. The health check port does not keep answering 200 for a local
+// endpoint that is gone, with serviceProxyHealthy true, past ProxyHealthTimeout, though every
+// sync succeeds; once the base config is mended, it answers again as the API says.
+func TestHealthCheckWhileDerivationRejected(t *testing.T) {
+	ctx := context.Background()
+	hcPort := freePort(t)
+	svc := lbLocal(hcPort)
+	es := slice("default", "web", "web-a", "http", 8080, up("10.244.0.5", "self"), up("10.244.1.5", "n1"))
+	c := fake.NewClientset(node("self", []string{"10.244.0.0/24"}, "172.18.0.2"), node("n1", []string{"10.244.1.0/24"}, "172.18.0.3"), svc, es)
+	base := filepath.Join(t.TempDir(), "base.yaml")
+	if err := os.WriteFile(base, []byte(baseYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := startSource(t, c, Options{BaseConfigPath: base, HealthChecks: true, HealthCheckAddress: "127.0.0.1", ProxyHealthTimeout: 300 * time.Millisecond})
+	// the agent: every sync succeeds (it applies the last good config)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			s.Synced(nil)
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	eventually(t, "200 with one local endpoint", func() bool { code, n := healthAnswer(hcPort); return code == http.StatusOK && n == 1 })
+
+	if err := os.WriteFile(base, []byte(baseYAML+"bogus: true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the bad base config to be rejected", func() bool { return len(s.Notes()) > 0 })
+	es.Endpoints = es.Endpoints[1:] // this node's endpoint goes
+	if _, err := c.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // > ProxyHealthTimeout
+	code, n := healthAnswer(hcPort)
+	st := s.Status()
+	cfg, _ := s.Config()
+	t.Logf("kernel config still has backends: %+v", cfg.LoadBalancer.Services[1].Backends)
+	if code == http.StatusOK || st.ServiceProxyHealthy || st.ChangeWaitingSince.IsZero() {
+		t.Errorf("health check port: %d with %d local endpoints (serviceProxyHealthy %v, waiting since %v) a second after this node's only endpoint left, while every derivation is rejected; want 503", code, n, st.ServiceProxyHealthy, st.ChangeWaitingSince)
+	}
+	if err := os.WriteFile(base, []byte(baseYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "healthy again, 503 for no local endpoint", func() bool {
+		code, n := healthAnswer(hcPort)
+		return code == http.StatusServiceUnavailable && n == 0 && s.Status().ServiceProxyHealthy
+	})
+}
+
+// An IPv4-only Service with an IPv6 externalIP: kube-proxy ignores the IP of a family the
+// Service does not have (its IPv6 proxier skips a Service without an IPv6 ClusterIP), as the
+// node port front does. An IPv6 external front would have no backends and refuse every
+// client of that address and port.
+func TestExternalIPOfOtherFamily(t *testing.T) {
+	svc := service("default", "web", "ClusterIP", "10.96.0.10", port("http", 80, 8080, 0))
+	svc.Spec.ExternalIPs = []string{"192.0.2.10", "2001:db8::10"}
+	snap := Snapshot{
+		Nodes:          []*corev1.Node{node("self", []string{"10.244.0.0/24", "fd00:10:244::/64"}, "172.18.0.2", "fc00::2")},
+		Services:       []*corev1.Service{svc},
+		EndpointSlices: []*discoveryv1.EndpointSlice{slice("default", "web", "web-a", "http", 8080, up("10.244.0.5", "self"))},
+	}
+	d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	external := 0
+	for _, f := range d.Summary.Balanced {
+		if f.Front == FrontExternal {
+			external++
+			if !slices.Equal(f.VIPs, []string{"192.0.2.10"}) {
+				t.Errorf("front %s for an IPv4-only Service: VIPs %v, backends %v", f.Name, f.VIPs, f.Backends)
+			}
+		}
+	}
+	if external != 1 {
+		t.Errorf("%d external fronts, want the IPv4 one", external)
+	}
+}
