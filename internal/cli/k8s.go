@@ -31,7 +31,8 @@ type kubeFlags struct {
 	peerSubnets []string
 	services    string
 	proxyName   string
-	healthCheck bool // agent: answer the Services' healthCheckNodePorts
+	healthCheck bool   // agent: answer the Services' healthCheckNodePorts
+	nodeHealth  string // agent: where to answer kube-proxy's node health check
 
 	src *k8s.Source // started by startSource
 }
@@ -43,6 +44,7 @@ func addKubeFlags(c *cobra.Command, withSwitch bool) *kubeFlags {
 	if withSwitch {
 		f.BoolVar(&k.enabled, "kubernetes", false, "take the node's CIDRs, peers and Services from the Kubernetes API; -f is then the base config they are added to (the ConfigMap)")
 		f.BoolVar(&k.healthCheck, "kubernetes-health-checks", true, "answer the healthCheckNodePort of every balanced LoadBalancer Service with externalTrafficPolicy Local, as kube-proxy does (200 while this node has endpoints of it, else 503)")
+		f.StringVar(&k.nodeHealth, "kubernetes-healthz-address", "auto", "answer kube-proxy's node health check (/healthz, /livez) on this address: auto ("+k8s.DefaultNodeHealthAddress+" with --kubernetes-services=all, in place of kube-proxy; none otherwise), off, or host:port")
 	}
 	f.StringVar(&k.kubeconfig, "kubeconfig", "", "kubeconfig file (default: the Pod's in-cluster config, else $KUBECONFIG)")
 	f.StringVar(&k.nodeName, "node-name", "", "this node's Node object (default: $NODE_NAME from the downward API, else the host name)")
@@ -61,6 +63,18 @@ func (k *kubeFlags) options(base string, log *slog.Logger) (k8s.Options, error) 
 	}
 	o := k8s.Options{NodeName: node, BaseConfigPath: base, Peers: k8s.PeerPolicy(k.peers),
 		Services: k8s.ServicePolicy(k.services), ProxyName: k.proxyName, Log: log, HealthChecks: k.healthCheck}
+	switch k.nodeHealth {
+	case "", "off":
+	case "auto":
+		if o.Services == k8s.ServicesAll {
+			o.NodeHealthAddress = k8s.DefaultNodeHealthAddress
+		}
+	default:
+		if _, _, err := net.SplitHostPort(k.nodeHealth); err != nil {
+			return o, fmt.Errorf("--kubernetes-healthz-address: %q is not auto, off or host:port", k.nodeHealth)
+		}
+		o.NodeHealthAddress = k.nodeHealth
+	}
 	for _, s := range k.peerSubnets {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {

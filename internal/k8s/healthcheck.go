@@ -92,6 +92,7 @@ const DefaultProxyHealthTimeout = time.Minute
 // node whose rules are stale.
 type proxyHealth struct {
 	mu       sync.Mutex
+	lastOK   time.Time // the last sync that succeeded (zero: none yet)
 	waiting  time.Time // since when a change waits for a sync (zero: none)
 	rejected time.Time // since when derivations are rejected (zero: the last one succeeded)
 	timeout  time.Duration
@@ -130,10 +131,17 @@ func (p *proxyHealth) synced(err error) {
 	defer p.mu.Unlock()
 	switch {
 	case err == nil:
-		p.waiting = time.Time{}
+		p.waiting, p.lastOK = time.Time{}, p.now()
 	case p.waiting.IsZero():
 		p.waiting = p.now()
 	}
+}
+
+// lastSync is when the last sync that succeeded ended (zero: none yet).
+func (p *proxyHealth) lastSync() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lastOK
 }
 
 // healthy reports whether no change has waited longer than the timeout, and since when one

@@ -68,6 +68,10 @@ type Options struct {
 	// ProxyHealthTimeout: once a derived change has waited this long for a sync that succeeds
 	// (Synced), the health check ports answer 503 (DefaultProxyHealthTimeout).
 	ProxyHealthTimeout time.Duration
+	// NodeHealthAddress: answer kube-proxy's node health check (/healthz, /livez) there
+	// (nodehealth.go); "" none. The agent's, where it serves every Service in place of
+	// kube-proxy (DefaultNodeHealthAddress).
+	NodeHealthAddress string
 }
 
 // Source derives hostaccel's config from the Kubernetes API. Create it with New, run it with
@@ -244,6 +248,10 @@ func (s *Source) Run(ctx context.Context) {
 	wg.Go(func() { s.runProbe(ctx) })
 	if s.health != nil {
 		wg.Go(func() { s.retryHealthChecks(ctx) })
+	}
+	if a := s.opts.NodeHealthAddress; a != "" {
+		h := &nodeHealth{proxy: s.proxy, node: func() (*corev1.Node, error) { return s.nodes.Get(s.opts.NodeName) }, now: time.Now}
+		wg.Go(func() { s.serveNodeHealth(ctx, h, a) })
 	}
 	if s.opts.Peers == PeersSameSubnet && len(s.opts.PeerSubnets) == 0 {
 		wg.Go(func() { s.watchSubnets(ctx) })
