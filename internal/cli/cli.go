@@ -634,7 +634,7 @@ func writeStatus(out io.Writer, st agent.Status) {
 			fmt.Fprintf(out, "  sockets in the map: %d (entered: ipv4=%d ipv6=%d, failed=%d)\n", m.Sockets, m.Entered["ipv4"], m.Entered["ipv6"], m.EnterFailed)
 			fmt.Fprintf(out, "  messages redirected socket to socket: %d (%d bytes); left on TCP: %d (%d bytes)\n", m.Redirected.Count, m.Redirected.Bytes, m.Passed.Count, m.Passed.Bytes)
 			if m.ReadCounter != "" && m.MaxQueued > 0 {
-				fmt.Fprintf(out, "  unread bound: %d bytes per receiving socket (reads counted at %s); bounded %d times, moved again %d times\n", m.MaxQueued, m.ReadCounter, m.Bounded.Count, m.Resumed)
+				fmt.Fprintf(out, "  unread bound: %d bytes per receiving socket (reads counted at %s); directions bounded (on TCP since): %d\n", m.MaxQueued, m.ReadCounter, m.Bounded.Count)
 			} else {
 				fmt.Fprintf(out, "  unread bound: none (no read counter attached: see hostaccel probe, sockmap_bound)\n")
 			}

@@ -33,9 +33,11 @@
 // what the socket read: hostaccel_rd (fexit on tcp_bpf_recvmsg) or, where the kernel refuses
 // tracing programs, hostaccel_rt (the sock_recv_length raw tracepoint, Linux >= 6.3). When
 // sent - read reaches settings.max_queued (Manager.MaxQueued, DefaultMaxQueued: 16 MiB), the
-// sender's messages take TCP, whose flow control holds the writer back, until the receiver has
-// read everything sent; then they are moved again. The moved data is read before TCP's, and
-// nothing is moved while TCP data is unread, so the order holds. max_queued is 0 (no bound)
+// sender's messages take TCP for good (tcp_only), whose flow control holds the writer back. The
+// moved data is read before TCP's, so the order holds. The direction is not moved again once
+// the receiver has read all: the ledger cannot tell when that is (a message TCP takes only in
+// part was counted whole, and the kernel sends the next ones without running the program until
+// a push succeeds); moving again on its word reordered streams. max_queued is 0 (no bound)
 // while no read counter is attached.
 //
 // # Attaching, finding it again, removing

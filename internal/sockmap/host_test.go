@@ -239,17 +239,14 @@ func TestTraffic(t *testing.T) {
 					after := b.status()
 					// With the bound on (the default), a reader descheduled on a
 					// loaded host can fall behind by it: that direction then takes TCP by
-					// design until the reader has read all (bounded, then resumed). What it
-					// passed then is not expected moved; any other pass is a failure.
+					// design, for good. What it passed then is not expected moved (but
+					// the bound, at least, was); any other pass is a failure.
 					want := uint64(redirectedAtLeast)
-					bn, rn := after.Bounded.Count-before.Bounded.Count, after.Resumed-before.Resumed
+					bn := after.Bounded.Count - before.Bounded.Count
 					passed := after.Passed.Bytes - before.Passed.Bytes
 					if bn > 0 {
-						if bn > rn+2 {
-							t.Errorf("%d directions bounded, %d resumed: a bounded direction did not come back", bn, rn)
-						}
-						t.Logf("%d bounded / %d resumed while it ran: %d KiB took TCP by design", bn, rn, passed>>10)
-						want = max(want-min(want, passed), want/4)
+						t.Logf("%d bounded while it ran: %d KiB took TCP by design", bn, passed>>10)
+						want = min(want, after.MaxQueued)
 					} else if passed != 0 {
 						t.Errorf("%d bytes passed to TCP, none bounded: the peer was not found in the map", passed)
 					}
@@ -699,10 +696,13 @@ func bounded(t *testing.T, b *bed, st Status) bool {
 }
 
 // TestBound: a reader that keeps up over a large transfer gets nearly all of it moved, and the
-// read counter sees every byte read; with the bound at 64 KiB a transfer turns to TCP and back
-// many times, intact and in order; a reader that stalls past a lowered bound turns the
-// direction to TCP, and when it resumes it gets every byte in order and, once it has read all,
-// messages are moved again; reads with MSG_PEEK are not counted as read.
+// read counter sees every byte read; with the bound at 64 KiB a transfer turns to TCP once, for
+// good, intact and in order; a reader that stalls past a lowered bound turns the direction to
+// TCP, and when it resumes it gets every byte in order, and what is sent after it has read
+// all still takes TCP; a non-blocking writer of 1 MiB writes to a stalled reader gets its
+// stream through in order (it did not while a bounded direction came back: TCP's short
+// writes and the sends the kernel made without the program left the ledger short); reads
+// with MSG_PEEK are not counted as read.
 func TestBound(t *testing.T) {
 	b := newBed(t, true)
 	if !bounded(t, b, b.status()) {
@@ -730,8 +730,8 @@ func TestBound(t *testing.T) {
 			t.Fatalf("%s: received %d of %d bytes (%v, %v), checksum (content and order) ok %v", family(v6), r.n, n, err, r.err, r.sum == sum)
 		}
 		after = b.status()
-		t.Logf("%s: %d MiB in %v, bound %d KiB: %d MiB moved, %d MiB counted read, %d bounded, %d resumed", family(v6), n>>20, time.Since(start).Round(time.Millisecond), after.MaxQueued>>10,
-			(after.Redirected.Bytes-before.Redirected.Bytes)>>20, (after.Read.Bytes-before.Read.Bytes)>>20, after.Bounded.Count-before.Bounded.Count, after.Resumed-before.Resumed)
+		t.Logf("%s: %d MiB in %v, bound %d KiB: %d MiB moved, %d MiB counted read, %d bounded", family(v6), n>>20, time.Since(start).Round(time.Millisecond), after.MaxQueued>>10,
+			(after.Redirected.Bytes-before.Redirected.Bytes)>>20, (after.Read.Bytes-before.Read.Bytes)>>20, after.Bounded.Count-before.Bounded.Count)
 		return before, after
 	}
 	t.Run("keeps up", func(t *testing.T) {
@@ -744,18 +744,22 @@ func TestBound(t *testing.T) {
 		for _, v6 := range []bool{false, true} {
 			before, after := stream(t, v6, n)
 			moved := after.Redirected.Bytes - before.Redirected.Bytes
-			bn, rn := after.Bounded.Count-before.Bounded.Count, after.Resumed-before.Resumed
+			bn := after.Bounded.Count - before.Bounded.Count
 			// A reader descheduled for a few ms can fall behind by the bound (1 in 4
-			// transfers here, on 2 loaded cores); the direction then takes TCP until it has
-			// caught up, and is moved again.
-			if after.Read.Bytes-before.Read.Bytes != uint64(n) || moved < uint64(n)*9/10 || bn > rn+1 {
-				t.Errorf("%s: a reader that keeps up: %d bytes counted read (want %d), %d moved (want >= 90%%), %d bounded, %d resumed", family(v6), after.Read.Bytes-before.Read.Bytes, n, moved, bn, rn)
+			// transfers here, on 2 loaded cores); the direction then takes TCP for good,
+			// having moved the bound at least.
+			want := uint64(n) * 9 / 10
+			if bn > 0 {
+				want = after.MaxQueued
+			}
+			if after.Read.Bytes-before.Read.Bytes != uint64(n) || moved < want || bn > 1 {
+				t.Errorf("%s: a reader that keeps up: %d bytes counted read (want %d), %d moved (want >= %d), %d bounded (at most 1)", family(v6), after.Read.Bytes-before.Read.Bytes, n, moved, want, bn)
 			}
 		}
 	})
-	t.Run("bouncing", func(t *testing.T) {
-		// A bound of 64 KiB: the direction turns to TCP and back (again and again on a busy host).
-		// The reader starts 50 ms late, so the bound is met at least once, on any host.
+	t.Run("bounded once", func(t *testing.T) {
+		// A bound of 64 KiB: the direction turns to TCP, for good. The reader starts 50 ms
+		// late, so the bound is met, on any host.
 		b.m.MaxQueued, readerDelay = 64<<10, 50*time.Millisecond
 		defer func() { b.m.MaxQueued, readerDelay = 0, 0 }()
 		b.apply()
@@ -765,11 +769,11 @@ func TestBound(t *testing.T) {
 		}
 		for _, v6 := range []bool{false, true} {
 			before, after := stream(t, v6, n)
-			// How often depends on how far the reader falls behind (on a quiet host, once);
-			// at least once each way shows the direction went to TCP and came back, and the
-			// checksum that the order held.
-			if bn, rn := after.Bounded.Count-before.Bounded.Count, after.Resumed-before.Resumed; bn < 1 || rn < 1 || bn > rn+1 {
-				t.Errorf("%s: %d bounded, %d resumed: want both, at least once", family(v6), bn, rn)
+			// Once, and the rest over TCP; the checksum shows the order held.
+			moved, passed := after.Redirected.Bytes-before.Redirected.Bytes, after.Passed.Bytes-before.Passed.Bytes
+			// (passed counts the messages the program saw: the kernel sends some past it)
+			if bn := after.Bounded.Count - before.Bounded.Count; bn != 1 || moved > uint64(n)/2 || passed < uint64(n)/4 {
+				t.Errorf("%s: %d bounded (want 1), %d bytes moved, %d over TCP (want most of %d)", family(v6), bn, moved, passed, n)
 			}
 		}
 	})
@@ -831,14 +835,13 @@ func TestBound(t *testing.T) {
 			}
 			after := b.status()
 			moved := mid.Redirected.Bytes - before.Redirected.Bytes
-			t.Logf("%s: stalled: %d KiB moved, %d bounded; peeked %d bytes; first part: %d KiB over TCP; second part: %d KiB moved, %d KiB over TCP, %d resumed", family(v6), moved>>10, mid.Bounded.Count-before.Bounded.Count, pn, (drained.Passed.Bytes-before.Passed.Bytes)>>10, (after.Redirected.Bytes-drained.Redirected.Bytes)>>10, (after.Passed.Bytes-drained.Passed.Bytes)>>10, after.Resumed-before.Resumed)
+			t.Logf("%s: stalled: %d KiB moved, %d bounded; peeked %d bytes; first part: %d KiB over TCP; second part: %d KiB moved, %d KiB over TCP", family(v6), moved>>10, mid.Bounded.Count-before.Bounded.Count, pn, (drained.Passed.Bytes-before.Passed.Bytes)>>10, (after.Redirected.Bytes-drained.Redirected.Bytes)>>10, (after.Passed.Bytes-drained.Passed.Bytes)>>10)
 			if mid.Bounded.Count-before.Bounded.Count != 1 || moved > bound+64<<10 {
 				t.Errorf("%s: stalled: %d bounded (want 1), %d bytes moved (bound %d + one message)", family(v6), mid.Bounded.Count-before.Bounded.Count, moved, bound)
 			}
-			// Each time the reader has read all, messages are moved again (and bounded again
-			// when it falls 256 KiB behind).
-			if bn, rn := after.Bounded.Count-before.Bounded.Count, after.Resumed-before.Resumed; rn == 0 || bn-rn > 1 || after.Redirected.Bytes == drained.Redirected.Bytes {
-				t.Errorf("%s: once the reader had read all, the direction was not moved again: %d bounded, %d resumed, %d of %d bytes of the second part moved", family(v6), bn, rn, after.Redirected.Bytes-drained.Redirected.Bytes, second)
+			// Once bounded, the direction stays on TCP, also after the reader has read all.
+			if bn := after.Bounded.Count - before.Bounded.Count; bn != 1 || after.Redirected.Bytes != drained.Redirected.Bytes {
+				t.Errorf("%s: after the reader had read all: %d bounded (want 1), %d of %d bytes of the second part moved (want none)", family(v6), bn, after.Redirected.Bytes-drained.Redirected.Bytes, second)
 			}
 			if pn <= 0 || peeked.Read != mid.Read {
 				t.Errorf("%s: a peek of %d bytes counted as read: %+v -> %+v", family(v6), pn, mid.Read, peeked.Read)
@@ -854,6 +857,37 @@ func TestBound(t *testing.T) {
 			secondSum := sha256.Sum256(all[first:])
 			if rest != secondSum {
 				t.Errorf("%s: the second part arrived changed or out of order", family(v6))
+			}
+		}
+	})
+	t.Run("stalled, large writes", func(t *testing.T) {
+		// A Go writer (a non-blocking socket) of 1 MiB writes to a reader that stalls for 1 s,
+		// past a 256 KiB bound: TCP takes some writes only in part. Several connections,
+		// each stream checked whole (a review's test; with directions moved again it failed
+		// within the first few).
+		b.m.MaxQueued = 256 << 10
+		defer func() { b.m.MaxQueued = 0 }()
+		b.apply()
+		conns, n := 12, int64(128<<20)
+		if inVM() {
+			conns, n = 2, 8<<20
+		}
+		for i := range conns {
+			v6 := i%2 == 1
+			before := b.status()
+			c, s := b.pair(v6)
+			b.settle(before.Sockets + 2)
+			sent := make(chan result, 1)
+			go func() { sum, err := send(c, byte(20+i), n, 1<<20); sent <- result{n, sum, err} }()
+			time.Sleep(time.Second) // the reader stalls
+			k, sum, err := readAll(s)
+			w := <-sent
+			c.Close()
+			s.Close()
+			after := b.status()
+			t.Logf("connection %d (%s): %d MiB moved, %d MiB over TCP, %d bounded", i, family(v6), (after.Redirected.Bytes-before.Redirected.Bytes)>>20, (after.Passed.Bytes-before.Passed.Bytes)>>20, after.Bounded.Count-before.Bounded.Count)
+			if err != nil || w.err != nil || k != n || sum != w.sum {
+				t.Fatalf("connection %d (%s): received %d of %d bytes (%v, %v), checksum (content and order) ok %v", i, family(v6), k, n, err, w.err, sum == w.sum)
 			}
 		}
 	})

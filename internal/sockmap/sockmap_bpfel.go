@@ -25,11 +25,9 @@ type sockmapCounter struct {
 }
 
 type sockmapLedger struct {
-	_       structs.HostLayout
-	Sent    uint64
-	Read    uint64
-	Bounded uint32
-	Pad     uint32
+	_    structs.HostLayout
+	Sent uint64
+	Read uint64
 }
 
 type sockmapLpm4 struct {

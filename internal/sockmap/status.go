@@ -39,11 +39,9 @@ type Status struct {
 	// programs); empty: none is, and there is no bound.
 	ReadCounter   string         `json:"readCounter,omitempty"`
 	ReadProgramID ebpf.ProgramID `json:"readProgramID,omitempty"`
-	// Bounded counts the times a direction took TCP because the receiver held MaxQueued
-	// unread (Bytes: what it held then, summed); Resumed, the times one was moved again
-	// because the receiver had read everything sent.
+	// Bounded counts the directions that took TCP for good because the receiver held
+	// MaxQueued unread (Bytes: what it held then, summed).
 	Bounded Counter `json:"bounded"`
-	Resumed uint64  `json:"resumed"`
 	// Read counts the reads of moved data by receivers (hostaccel_rd).
 	Read Counter `json:"read"`
 	// Draining counts the sockets still in the maps of sets that were removed or replaced:
@@ -60,7 +58,7 @@ const (
 	statRedirected
 	statPassed
 	statBounded
-	statResumed
+	_ // STAT_RESUMED: unused since bounded directions stay on TCP
 	statRead
 )
 
@@ -121,7 +119,6 @@ func (m *Manager) Status(ctx context.Context) (*Status, error) {
 	if len(n) > statRead {
 		st.Bounded = Counter{n[statBounded].Count, n[statBounded].Bytes}
 		st.Read = Counter{n[statRead].Count, n[statRead].Bytes}
-		st.Resumed = n[statResumed].Count
 	}
 	if cfg, err := set.settings(); err == nil {
 		st.MaxQueued = cfg.MaxQueued
