@@ -305,8 +305,12 @@ func TestTerminatingFallbackPerFront(t *testing.T) {
 	}
 }
 
+// An IPv4-only Service's node port and external IPs are of its family: kube-proxy ignores an
+// externalIP of another (its proxier of that family skips the Service); a front for it would
+// have no backends and refuse every client of the address (it did, before a review).
 func TestNodePortFollowsServiceFamilies(t *testing.T) {
 	svc := service("default", "web", corev1.ServiceTypeNodePort, "10.96.0.10", port("http", 80, 8080, 30080))
+	svc.Spec.ExternalIPs = []string{"192.0.2.10", "2001:db8::10"}
 	snap := Snapshot{
 		Nodes:          []*corev1.Node{node("self", []string{"10.244.0.0/24", "fd00:10:244::/64"}, "172.18.0.2", "fc00::2")},
 		Services:       []*corev1.Service{svc},
@@ -316,14 +320,20 @@ func TestNodePortFollowsServiceFamilies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var vips [][]string
+	var vips, external [][]string
 	for _, f := range d.Summary.Balanced {
-		if f.Front == FrontNodePort {
+		switch f.Front {
+		case FrontNodePort:
 			vips = append(vips, f.VIPs)
+		case FrontExternal:
+			external = append(external, f.VIPs)
 		}
 	}
 	if !reflect.DeepEqual(vips, [][]string{{"172.18.0.2"}}) {
 		t.Errorf("an IPv4 Service's NodePort on %v, want the node's IPv4 address only", vips)
+	}
+	if !reflect.DeepEqual(external, [][]string{{"192.0.2.10"}}) {
+		t.Errorf("an IPv4 Service's external fronts on %v, want its IPv4 externalIP only", external)
 	}
 }
 

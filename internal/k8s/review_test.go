@@ -5,11 +5,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -93,34 +91,4 @@ func TestHealthCheckWhileDerivationRejected(t *testing.T) {
 		code, n := healthAnswer(hcPort)
 		return code == http.StatusServiceUnavailable && n == 0 && s.Status().ServiceProxyHealthy
 	})
-}
-
-// An IPv4-only Service with an IPv6 externalIP: kube-proxy ignores the IP of a family the
-// Service does not have (its IPv6 proxier skips a Service without an IPv6 ClusterIP), as the
-// node port front does. An IPv6 external front would have no backends and refuse every
-// client of that address and port.
-func TestExternalIPOfOtherFamily(t *testing.T) {
-	svc := service("default", "web", "ClusterIP", "10.96.0.10", port("http", 80, 8080, 0))
-	svc.Spec.ExternalIPs = []string{"192.0.2.10", "2001:db8::10"}
-	snap := Snapshot{
-		Nodes:          []*corev1.Node{node("self", []string{"10.244.0.0/24", "fd00:10:244::/64"}, "172.18.0.2", "fc00::2")},
-		Services:       []*corev1.Service{svc},
-		EndpointSlices: []*discoveryv1.EndpointSlice{slice("default", "web", "web-a", "http", 8080, up("10.244.0.5", "self"))},
-	}
-	d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	external := 0
-	for _, f := range d.Summary.Balanced {
-		if f.Front == FrontExternal {
-			external++
-			if !slices.Equal(f.VIPs, []string{"192.0.2.10"}) {
-				t.Errorf("front %s for an IPv4-only Service: VIPs %v, backends %v", f.Name, f.VIPs, f.Backends)
-			}
-		}
-	}
-	if external != 1 {
-		t.Errorf("%d external fronts, want the IPv4 one", external)
-	}
 }
