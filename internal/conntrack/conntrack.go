@@ -170,6 +170,10 @@ func listPicked(ctx context.Context, filters ...statusFilter) ([]Flow, error) {
 // all.
 type statusFilter struct{ val, mask uint32 }
 
+// picks reports whether sf picks f (the kernel's test, made again here for kernels that ignore
+// the filter).
+func (sf statusFilter) picks(f *Flow) bool { return f.Status&sf.mask == sf.val }
+
 // ctaStatusMask is CTA_STATUS_MASK (linux/netfilter/nfnetlink_conntrack.h, Linux >= 5.15),
 // which vishvananda/netlink's nl does not name.
 const ctaStatusMask = 26
@@ -179,7 +183,7 @@ const ctaStatusMask = 26
 func dump(family uint8, sf statusFilter) (flows []Flow, received int, err error) {
 	err = dumpEach(family, sf, func(f Flow, _ uint8, _ []byte) error {
 		received++
-		if f.Status&sf.mask == sf.val {
+		if sf.picks(&f) {
 			flows = append(flows, f)
 		}
 		return nil
@@ -241,7 +245,7 @@ func DeleteDstNATed(ctx context.Context, match func(*Flow) bool) (int, error) {
 	deleted := 0
 	var errs []error
 	err = dumpEach(unix.AF_UNSPEC, sf, func(f Flow, family uint8, attrs []byte) error {
-		if f.Status&sf.mask != sf.val || !match(&f) {
+		if !sf.picks(&f) || !match(&f) {
 			return nil
 		}
 		if err := ctx.Err(); err != nil {
