@@ -71,7 +71,9 @@ type Source interface {
 // SyncObserver is a Source that is told each sync's outcome (the Kubernetes source answers the
 // Services' health check ports 503 while its changes do not reach the kernel).
 type SyncObserver interface {
-	Synced(err error)
+	// Synced is told each sync's outcome and the config the sync applied (the pointer Config
+	// returned).
+	Synced(cfg *config.Config, err error)
 }
 
 // Agent reconciles one network namespace.
@@ -332,9 +334,10 @@ func (a *Agent) Sync(ctx context.Context) error {
 	}
 	snapshot := *st
 	snapshot.DriftRepairs = maps.Clone(st.DriftRepairs)
+	cfg := a.cfg
 	a.mu.Unlock()
 	if s, ok := a.opts.Source.(SyncObserver); ok {
-		s.Synced(err)
+		s.Synced(cfg, err)
 	}
 	a.publish(snapshot)
 	if a.opts.OnSync != nil {

@@ -288,13 +288,17 @@ func TestReprobeAfterTheChange(t *testing.T) {
 type observedSource struct {
 	cfg      *config.Config
 	outcomes []error
+	configs  []*config.Config
 }
 
 func (s *observedSource) Config() (*config.Config, error) { return s.cfg, nil }
 func (s *observedSource) Changed() <-chan struct{}        { return nil }
 func (s *observedSource) Notes() []string                 { return nil }
 func (s *observedSource) Report() any                     { return nil }
-func (s *observedSource) Synced(err error)                { s.outcomes = append(s.outcomes, err) }
+func (s *observedSource) Synced(cfg *config.Config, err error) {
+	s.outcomes = append(s.outcomes, err)
+	s.configs = append(s.configs, cfg)
+}
 
 // The agent tells a SyncObserver source every sync's outcome: the Kubernetes source answers the
 // Services' health check ports 503 once its changes wait too long for one that succeeds.
@@ -311,6 +315,9 @@ func TestSyncOutcomeToldToTheSource(t *testing.T) {
 		err := a.Sync(context.Background())
 		if len(src.outcomes) != 1 || (src.outcomes[0] == nil) != ok || !errors.Is(src.outcomes[0], err) {
 			t.Errorf("flowtable %v: the source was told %v, want the sync's error %v", ok, src.outcomes, err)
+		}
+		if len(src.configs) != 1 || src.configs[0] != cfg {
+			t.Errorf("flowtable %v: the source was told configs %v, want the one it gave (%p)", ok, src.configs, cfg)
 		}
 	}
 }

@@ -14,6 +14,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/hostaccel/hostaccel/internal/config"
 )
 
 // freePort is a TCP port no one listens on at the moment.
@@ -57,6 +59,7 @@ func TestSourceAnswersHealthCheckNodePorts(t *testing.T) {
 	es := slice("default", "web", "web-a", "http", 8080, up("10.244.0.5", "self"), up("10.244.1.5", "n1"))
 	c := fake.NewClientset(node("self", []string{"10.244.0.0/24"}, "172.18.0.2"), node("n1", []string{"10.244.1.0/24"}, "172.18.0.3"), svc, es)
 	s := startSource(t, c, Options{HealthChecks: true, HealthCheckAddress: "127.0.0.1"})
+	agentSyncs(t, s)
 	eventually(t, "200 with one local endpoint", func() bool {
 		code, n := healthAnswer(hcPort)
 		return code == http.StatusOK && n == 1
@@ -85,6 +88,73 @@ func TestSourceAnswersHealthCheckNodePorts(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the port to close", func() bool { code, _ := healthAnswer(hcPort); return code == 0 })
+}
+
+// agentSyncs plays the agent: it puts the Source's config in the kernel every 20 ms, and
+// succeeds, until the test ends.
+func agentSyncs(t *testing.T, s *Source) {
+	stop, done := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(stop); <-done })
+	go func() {
+		defer close(done)
+		for {
+			if cfg, err := s.Config(); err == nil {
+				s.Synced(cfg, nil)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+}
+
+// A health check port answers for the rules in the kernel, as kube-proxy's (which syncs its
+// ports after its rules): a new local endpoint counts once a sync has put the config that
+// has it in the kernel, not when it is derived. Before, the port answered 200 for it up to a
+// sync (~1 s) before this node's rules sent it traffic.
+func TestHealthCheckFollowsTheKernel(t *testing.T) {
+	ctx := context.Background()
+	hcPort := freePort(t)
+	es := slice("default", "web", "web-a", "http", 8080, up("10.244.0.5", "self"), up("10.244.1.5", "n1"))
+	c := fake.NewClientset(node("self", []string{"10.244.0.0/24"}, "172.18.0.2"), node("n1", []string{"10.244.1.0/24"}, "172.18.0.3"), lbLocal(hcPort), es)
+	s := startSource(t, c, Options{HealthChecks: true, HealthCheckAddress: "127.0.0.1"})
+	first, err := s.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := healthAnswer(hcPort); code != 0 {
+		t.Errorf("before the agent's first sync the port answers %d, want none (its rules are not in the kernel)", code)
+	}
+	s.Synced(first, errors.New("a failed sync"))
+	if code, _ := healthAnswer(hcPort); code != 0 {
+		t.Errorf("after a failed sync the port answers %d, want none", code)
+	}
+	s.Synced(first, nil)
+	if code, n := healthAnswer(hcPort); code != http.StatusOK || n != 1 {
+		t.Fatalf("after the sync: %d with %d local endpoints, want 200 with 1", code, n)
+	}
+
+	// a second local endpoint: derived, not yet in the kernel
+	es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.244.0.6"}, NodeName: ptr("self")})
+	if _, err := c.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var second *config.Config
+	eventually(t, "the new endpoint derived", func() bool { second, _ = s.Config(); return second != first })
+	time.Sleep(100 * time.Millisecond)
+	if code, n := healthAnswer(hcPort); n != 1 {
+		t.Errorf("derived, not synced: %d with %d local endpoints, want 1 (the kernel's)", code, n)
+	}
+	s.Synced(first, nil) // a sync of the older config (it started before the derivation)
+	if code, n := healthAnswer(hcPort); n != 1 {
+		t.Errorf("after a sync of the older config: %d with %d local endpoints, want 1", code, n)
+	}
+	s.Synced(second, nil)
+	if code, n := healthAnswer(hcPort); code != http.StatusOK || n != 2 {
+		t.Errorf("after the sync of the new config: %d with %d local endpoints, want 200 with 2", code, n)
+	}
 }
 
 // Only balanced LoadBalancer Services with externalTrafficPolicy Local and a port have one.
@@ -126,7 +196,7 @@ func TestHealthCheckTerminatingOnlyIs503(t *testing.T) {
 	hcPort := freePort(t)
 	es := slice("default", "web", "web-a", "http", 8080, terminating("10.244.0.5", "self"), up("10.244.1.5", "n1"))
 	c := fake.NewClientset(node("self", []string{"10.244.0.0/24"}, "172.18.0.2"), node("n1", []string{"10.244.1.0/24"}, "172.18.0.3"), lbLocal(hcPort), es)
-	startSource(t, c, Options{HealthChecks: true, HealthCheckAddress: "127.0.0.1"})
+	agentSyncs(t, startSource(t, c, Options{HealthChecks: true, HealthCheckAddress: "127.0.0.1"}))
 	var code, n int
 	eventually(t, "an answer", func() bool { code, n = healthAnswer(hcPort); return code != 0 })
 	time.Sleep(200 * time.Millisecond)
@@ -146,7 +216,7 @@ func TestHealthCheckBusyPortRetried(t *testing.T) {
 	}
 	es := slice("default", "web", "web-a", "http", 8080, up("10.244.0.5", "self"))
 	c := fake.NewClientset(node("self", []string{"10.244.0.0/24"}, "172.18.0.2"), lbLocal(hcPort), es)
-	startSource(t, c, Options{HealthChecks: true, HealthCheckAddress: "127.0.0.1"})
+	agentSyncs(t, startSource(t, c, Options{HealthChecks: true, HealthCheckAddress: "127.0.0.1"}))
 	holder.Close() // the other owner goes away
 	eventually(t, "the freed port to be served", func() bool {
 		code, _ := healthAnswer(hcPort)

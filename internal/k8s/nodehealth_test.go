@@ -44,7 +44,7 @@ func TestNodeHealth(t *testing.T) {
 	self := node("self", []string{"10.244.0.0/24"}, "172.18.0.2")
 	c := fake.NewClientset(self)
 	s := startSource(t, c, Options{NodeHealthAddress: fmt.Sprintf("127.0.0.1:%d", port), ProxyHealthTimeout: 300 * time.Millisecond})
-	s.Synced(nil)
+	s.Synced(nil, nil)
 	eventually(t, "/healthz 200, eligible", func() bool {
 		code, eligible := nodeHealthAnswer(port, "/healthz")
 		return code == http.StatusOK && eligible != nil && *eligible
@@ -75,7 +75,7 @@ func TestNodeHealth(t *testing.T) {
 	}
 	eventually(t, "/healthz 200 once the taint is gone", func() bool { code, _ := nodeHealthAnswer(port, "/healthz"); return code == http.StatusOK })
 
-	s.Synced(fmt.Errorf("a failed sync"))
+	s.Synced(nil, fmt.Errorf("a failed sync"))
 	time.Sleep(400 * time.Millisecond) // > ProxyHealthTimeout
 	for _, path := range []string{"/healthz", "/livez"} {
 		if code, _ := nodeHealthAnswer(port, path); code != http.StatusServiceUnavailable {

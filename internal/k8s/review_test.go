@@ -53,19 +53,7 @@ func TestHealthCheckWhileDerivationRejected(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := startSource(t, c, Options{BaseConfigPath: base, HealthChecks: true, HealthCheckAddress: "127.0.0.1", ProxyHealthTimeout: 300 * time.Millisecond})
-	// the agent: every sync succeeds (it applies the last good config)
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		for {
-			s.Synced(nil)
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	}()
+	agentSyncs(t, s) // every sync succeeds (it applies the last good config)
 	eventually(t, "200 with one local endpoint", func() bool { code, n := healthAnswer(hcPort); return code == http.StatusOK && n == 1 })
 
 	if err := os.WriteFile(base, []byte(baseYAML+"bogus: true\n"), 0o644); err != nil {

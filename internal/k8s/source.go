@@ -107,6 +107,14 @@ type Source struct {
 	subnets []netip.Prefix
 	// health answers the Services' health check ports (Options.HealthChecks).
 	health *healthServer
+	// hc holds the health check ports of the last derivation until the agent has put its
+	// config in the kernel (a port answers for rules that are there, as kube-proxy's).
+	hc struct {
+		sync.Mutex                   // serializes health.Sync; taken before mu
+		pending    []HealthCheckPort // the ports of pendingFor's derivation
+		pendingFor *config.Config    // nil: none waits
+		synced     *config.Config    // the config of the last sync that succeeded
+	}
 	// proxy is whether the agent keeps up (Synced), for the health check ports.
 	proxy *proxyHealth
 }
@@ -414,10 +422,46 @@ func (s *Source) Status() Status {
 	return st
 }
 
-// Synced is told each sync's outcome by the agent: a change waits from a failed sync (or its
-// derivation) until a sync succeeds, and the health check ports answer 503 once it has waited
-// longer than Options.ProxyHealthTimeout (kube-proxy's serviceProxyHealthy).
-func (s *Source) Synced(err error) { s.proxy.synced(err) }
+// Synced is told each sync's outcome by the agent, and the config it put in the kernel: a change
+// waits from a failed sync (or its derivation) until a sync succeeds, and the health check
+// ports answer 503 once it has waited longer than Options.ProxyHealthTimeout (kube-proxy's
+// serviceProxyHealthy). The ports follow a derivation once a sync of its config succeeds.
+func (s *Source) Synced(cfg *config.Config, err error) {
+	s.proxy.synced(err)
+	if s.health == nil || err != nil {
+		return
+	}
+	s.hc.Lock()
+	defer s.hc.Unlock()
+	s.hc.synced = cfg
+	if s.hc.pendingFor == cfg && cfg != nil {
+		s.serveHealthChecks(s.hc.pending)
+	}
+}
+
+// healthChecksFor answers the health check ports hcs of the derivation of cfg: now if the
+// kernel has cfg, else at the sync that puts it there (Synced). Before, a node answered 200
+// for a new local endpoint as soon as it was derived, up to a sync (~1 s) before its rules
+// sent traffic there.
+func (s *Source) healthChecksFor(cfg *config.Config, hcs []HealthCheckPort) {
+	s.hc.Lock()
+	defer s.hc.Unlock()
+	if cfg == s.hc.synced {
+		s.serveHealthChecks(hcs)
+		return
+	}
+	s.hc.pending, s.hc.pendingFor = hcs, cfg
+}
+
+// serveHealthChecks syncs the ports (s.hc held).
+func (s *Source) serveHealthChecks(hcs []HealthCheckPort) {
+	s.hc.pending, s.hc.pendingFor = nil, nil
+	s.health.Sync(hcs)
+	serving := s.health.Serving()
+	s.mu.Lock()
+	s.st.HealthChecks = serving
+	s.mu.Unlock()
+}
 
 func (s *Source) markDirty() {
 	select {
@@ -499,11 +543,7 @@ func (s *Source) derive(ctx context.Context) {
 	}
 	s.mu.Unlock()
 	if s.health != nil {
-		s.health.Sync(healthChecks(snap.Services, d.Summary.Balanced))
-		serving := s.health.Serving()
-		s.mu.Lock()
-		s.st.HealthChecks = serving
-		s.mu.Unlock()
+		s.healthChecksFor(d.Config, healthChecks(snap.Services, d.Summary.Balanced))
 	}
 	if changed {
 		s.log.Info("config derived from the API", "localPodCIDRs", d.Config.Node.LocalPodCIDRs,
