@@ -42,21 +42,30 @@ const DefaultProxyName = "hostaccel"
 
 // externalAddresses lists the addresses that Services make this node answer for from outside:
 // LoadBalancer ingress IPs (unless ipMode Proxy: then the load balancer sends traffic to node
-// or Pod addresses, never to the VIP) and spec.externalIPs.
+// or Pod addresses, never to the VIP) and spec.externalIPs, each of its Service's families.
 func externalAddresses(svcs []*corev1.Service) []string {
+	var out []string
+	for _, s := range svcs {
+		out = append(out, serviceExternalAddresses(s)...)
+	}
+	slices.SortFunc(out, func(a, b string) int { return netip.MustParseAddr(a).Compare(netip.MustParseAddr(b)) })
+	return slices.Compact(out)
+}
+
+// serviceExternalAddresses are s's external and load balancer ingress IPs of s's families (a
+// front of the other family would refuse every client of that address, with no backend:
+// kube-proxy's proxier of a family skips a Service without a ClusterIP of it).
+func serviceExternalAddresses(s *corev1.Service) []string {
 	var out []string
 	add := func(s string) {
 		if ip, ok := apiIP(s); ok {
 			out = append(out, ip.String())
 		}
 	}
-	for _, s := range svcs {
-		for _, ip := range s.Spec.ExternalIPs {
-			add(ip)
-		}
-		if s.Spec.Type != corev1.ServiceTypeLoadBalancer {
-			continue
-		}
+	for _, ip := range s.Spec.ExternalIPs {
+		add(ip)
+	}
+	if s.Spec.Type == corev1.ServiceTypeLoadBalancer {
 		for _, ing := range s.Status.LoadBalancer.Ingress {
 			if ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy {
 				continue
@@ -64,8 +73,21 @@ func externalAddresses(svcs []*corev1.Service) []string {
 			add(ing.IP)
 		}
 	}
-	slices.SortFunc(out, func(a, b string) int { return netip.MustParseAddr(a).Compare(netip.MustParseAddr(b)) })
-	return slices.Compact(out)
+	return sameFamilies(out, clusterIPsOf(s))
+}
+
+// clusterIPsOf are s's ClusterIPs (none for a headless Service).
+func clusterIPsOf(s *corev1.Service) []string {
+	var out []string
+	for _, ip := range s.Spec.ClusterIPs {
+		if ip != corev1.ClusterIPNone && ip != "" {
+			out = append(out, ip)
+		}
+	}
+	if len(out) == 0 && s.Spec.ClusterIP != "" && s.Spec.ClusterIP != corev1.ClusterIPNone {
+		out = []string{s.Spec.ClusterIP}
+	}
+	return out
 }
 
 // sourceRanges is s's loadBalancerSourceRanges, as kube-proxy reads them (spaces trimmed;
@@ -277,22 +299,12 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 		}
 		internalLocal := s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 		externalLocal := s.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
-		var clusterIPs []string
-		for _, ip := range s.Spec.ClusterIPs {
-			if ip != corev1.ClusterIPNone && ip != "" {
-				clusterIPs = append(clusterIPs, ip)
-			}
-		}
-		if len(clusterIPs) == 0 && s.Spec.ClusterIP != "" && s.Spec.ClusterIP != corev1.ClusterIPNone {
-			clusterIPs = []string{s.Spec.ClusterIP}
-		}
-		// of the Service's families only, as its node ports: kube-proxy's proxier of a family
-		// skips a Service without a ClusterIP of it (a front of the other would refuse every
-		// client of that address, with no backend)
-		external := sameFamilies(externalAddresses([]*corev1.Service{s}), clusterIPs)
+		clusterIPs := clusterIPsOf(s)
+		// of the Service's families only, as its node ports
+		external := serviceExternalAddresses(s)
 		var externalIPs []string // apart: sourceRanges restrict the ingress IPs only
 		if s.Spec.Type == corev1.ServiceTypeLoadBalancer && len(s.Spec.LoadBalancerSourceRanges) > 0 {
-			ingress := sameFamilies(externalAddresses([]*corev1.Service{{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer}, Status: s.Status}}), clusterIPs)
+			ingress := serviceExternalAddresses(&corev1.Service{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ClusterIPs: clusterIPs}, Status: s.Status})
 			for _, ip := range external {
 				if !slices.Contains(ingress, ip) {
 					externalIPs = append(externalIPs, ip)

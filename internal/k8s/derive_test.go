@@ -307,7 +307,8 @@ func TestTerminatingFallbackPerFront(t *testing.T) {
 
 // An IPv4-only Service's node port and external IPs are of its family: kube-proxy ignores an
 // externalIP of another (its proxier of that family skips the Service); a front for it would
-// have no backends and refuse every client of the address (it did, before a review).
+// have no backends and refuse every client of the address (it did, before a review), and
+// node.loadBalancerIPs does not list it (it did, a session later).
 func TestNodePortFollowsServiceFamilies(t *testing.T) {
 	svc := service("default", "web", corev1.ServiceTypeNodePort, "10.96.0.10", port("http", 80, 8080, 30080))
 	svc.Spec.ExternalIPs = []string{"192.0.2.10", "2001:db8::10"}
@@ -334,6 +335,10 @@ func TestNodePortFollowsServiceFamilies(t *testing.T) {
 	}
 	if !reflect.DeepEqual(external, [][]string{{"192.0.2.10"}}) {
 		t.Errorf("an IPv4 Service's external fronts on %v, want its IPv4 externalIP only", external)
+	}
+	// nor does the node answer for the other family's address (the datapaths' external classes)
+	if got := d.Config.Node.LoadBalancerIPs; !reflect.DeepEqual(got, []string{"192.0.2.10/32"}) || !reflect.DeepEqual(d.Summary.ExternalIPs, []string{"192.0.2.10"}) {
+		t.Errorf("node.loadBalancerIPs %v, summary %v: want the IPv4 externalIP only", got, d.Summary.ExternalIPs)
 	}
 }
 
