@@ -19,7 +19,8 @@
 //
 // An sk_msg program attached to the sockhash runs for every sendmsg / sendfile of a socket in
 // it and moves the message to the peer socket's receive queue (bpf_msg_redirect_hash with
-// BPF_F_INGRESS). When the peer is not in the map (a connection through a Service DNAT: the
+// BPF_F_INGRESS). It checks both ends against the tries again when they changed since the
+// connection's last check (settings.epoch, bumped by Apply after it writes them). When the peer is not in the map (a connection through a Service DNAT: the
 // client's peer is the ClusterIP; the peer taken by another sockmap user; the map full) the
 // message takes TCP, and that direction of the connection stays on TCP for its life (the
 // tcp_only LRU): the message waits in the peer's TCP receive queue, and a later message moved

@@ -263,6 +263,12 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	if err := m.update(set, cur, want, &res); err != nil {
 		return res, err
 	}
+	if res.ElementsAdded+res.ElementsUpdated+res.ElementsRemoved > 0 {
+		// open connections check their ends against the tries again (settings.epoch)
+		if err := set.bumpEpoch(); err != nil {
+			return res, err
+		}
+	}
 	// The pin keeps the sk_msg program on the map: without a pin or an open descriptor of
 	// the map, the kernel releases it.
 	pin := filepath.Join(pins, PinName(set.opsID))

@@ -230,6 +230,20 @@ func (s *progSet) settings() (sockmapSettings, error) {
 	return cfg, err
 }
 
+// bumpEpoch tells the sk_msg program that the tries changed: each open connection's next
+// message checks its ends against them again (settings.epoch; one written after the tries).
+func (s *progSet) bumpEpoch() error {
+	cfg, err := s.settings()
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	cfg.Epoch++
+	if err := s.maps.Config.Put(uint32(0), cfg); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	return nil
+}
+
 // readPods returns what the tries hold.
 func (s *progSet) readPods() (map[netip.Prefix]uint32, error) {
 	out := map[netip.Prefix]uint32{}

@@ -25,9 +25,11 @@ type sockmapCounter struct {
 }
 
 type sockmapLedger struct {
-	_    structs.HostLayout
-	Sent uint64
-	Read uint64
+	_     structs.HostLayout
+	Sent  uint64
+	Read  uint64
+	Epoch uint32
+	Pad   uint32
 }
 
 type sockmapLpm4 struct {
@@ -48,6 +50,8 @@ type sockmapSettings struct {
 	Enabled   uint32
 	Draining  uint32
 	MaxQueued uint64
+	Epoch     uint32
+	Pad       uint32
 }
 
 type sockmapSockKey struct {
