@@ -80,7 +80,8 @@ type BackendState struct {
 	// Active: in the maps that pick backends for new connections.
 	Active bool
 	// Known: established connections (and persistent clients) keep it: active, draining, or a
-	// healthy backup that was active before.
+	// healthy backup (failback is graceful: the clients a failover gave it stay, as a draining
+	// backend's; a backup never active has none).
 	Known bool
 	// Reason says why a backend is not active.
 	Reason string

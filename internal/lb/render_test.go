@@ -293,3 +293,37 @@ func checkRecordOrder(t *testing.T, what string, rules []string) {
 		}
 	}
 }
+
+// Failback is graceful: once the primaries are eligible again, a healthy backup takes no new
+// connections (out of the slots), but the clients the failover gave it keep it, as a draining
+// backend's (in targets, its persistent clients allowed); a backup that is down keeps nothing.
+// docs/lb.md said a backup was in the maps only while no primary was eligible (a review).
+func TestBackupKeepsItsClientsAfterFailback(t *testing.T) {
+	p := rename(fixture(DNAT, RoundRobin), "sticky", "192.0.2.20")
+	p.Persistence = D(time.Minute)
+	p.Backends = p.Backends[:3]
+	p.Backends[2].Priority = 1
+	for _, state := range []string{StateUp, StateDown} {
+		p.Backends[2].State = state
+		d := Resolve([]Service{p}, nil, testEnv)
+		b := d.Services[0].Backends[2]
+		id := idAddr(b, fam(false))
+		var inSlots, inTargets, allowed bool
+		for _, tb := range Render(d).Tables {
+			for _, e := range tb.Elements {
+				switch {
+				case e.Map == "sticky-slots-v4" && len(e.Value) > 0 && e.Value[0] == id:
+					inSlots = true
+				case e.Map == "sticky-targets-v4" && e.Key[0] == id:
+					inTargets = true
+				}
+			}
+			allowed = allowed || tb.Dynamic["sticky-persist-v4"][id]
+		}
+		want := state == StateUp
+		if inSlots || inTargets != want || allowed != want {
+			t.Errorf("backup %s, %s, primaries up (active %v, %q): in slots %v, in targets %v, persistent clients kept %v; want false, %v, %v",
+				b.Key, state, b.Active, b.Reason, inSlots, inTargets, allowed, want, want)
+		}
+	}
+}
