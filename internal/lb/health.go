@@ -152,7 +152,7 @@ func (c *Checker) run(ctx context.Context, key string, t target, done chan struc
 		if ctx.Err() != nil {
 			return
 		}
-		c.record(key, t, err)
+		c.record(ctx, key, t, err)
 		next.Reset(time.Until(start.Add(t.Check.interval())))
 	}
 }
@@ -168,12 +168,14 @@ func (c *Checker) firstDelay(interval time.Duration) time.Duration {
 	return mrand.N(interval)
 }
 
-// record counts one result; the state flips after rise successes or fall failures in a row
-// (from unknown, at the first result).
-func (c *Checker) record(key string, t target, err error) {
+// record counts one result of the probe of ctx; the state flips after rise successes or fall
+// failures in a row (from unknown, at the first result).
+func (c *Checker) record(ctx context.Context, key string, t target, err error) {
 	c.mu.Lock()
 	h, ok := c.health[key]
-	if !ok { // the backend was removed meanwhile
+	// The backend was removed meanwhile, or its check replaced (Update cancels a probe under
+	// mu): a result of the old check (another port, path) must not count for the new one.
+	if !ok || ctx.Err() != nil {
 		c.mu.Unlock()
 		return
 	}

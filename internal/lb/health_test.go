@@ -322,3 +322,23 @@ func TestCheckSNIAndBoundedOutput(t *testing.T) {
 		t.Errorf("a failing command that printed 3 MB: error of %d bytes (%.100s...), want at most 2 KiB, its first and last lines", len(s), s)
 	}
 }
+
+// A result of a check that Update has replaced (its port or path changed) or stopped counts
+// for nothing: Update cancels the probe under the checker's lock, and the old probe's goroutine
+// may reach record just after (a review found no guard there).
+func TestCheckerResultOfAReplacedCheckIgnored(t *testing.T) {
+	c := NewChecker(nil, nil)
+	defer c.Stop()
+	key := HealthKey("web", "10.0.0.1")
+	c.health[key] = Health{State: HealthUp}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // Update replaced the probe
+	c.record(ctx, key, target{Check: HealthCheck{Type: "tcp"}}, errors.New("refused on the old port"))
+	if h := c.Health()[key]; h.State != HealthUp || h.Checks != 0 || h.Failures != 0 {
+		t.Errorf("health after a replaced check's failure: %+v, want up and nothing counted", h)
+	}
+	c.record(context.Background(), key, target{Check: HealthCheck{Type: "tcp"}}, errors.New("refused"))
+	if h := c.Health()[key]; h.Checks != 1 || h.Failures != 1 {
+		t.Errorf("health after the current check's failure: %+v, want it counted", h)
+	}
+}
