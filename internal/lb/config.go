@@ -592,7 +592,7 @@ func (s *Service) validate(f string) []error {
 	// (sized once: at 10,000 backends growing the set cost a one-shot apply ~3 ms; per family,
 	// 0 IPv4 and 1 IPv6, the backends and their map entries)
 	bseen := make(map[bkey]bool, len(s.Backends))
-	var bfam, slots [2]int
+	var bfam, weights, wgcd [2]int
 	for i, b := range s.Backends {
 		bf := listEntry{"backends", i} // spelled only in an error
 		a, err := model.ParseAddr(b.Address)
@@ -618,7 +618,11 @@ func (s *Service) validate(f string) []error {
 		if b.Weight != nil && (*b.Weight < 1 || *b.Weight > maxWeight) {
 			bad("%s.weight: %d is not between 1 and %d", bf, *b.Weight, maxWeight)
 		}
-		slots[famIndex(a.Is6())] += b.weight()
+		if a.IsValid() {
+			fi := famIndex(topo != DSR && a.Is6()) // dsr's slots pool both families
+			weights[fi] += b.weight()
+			wgcd[fi] = gcd(wgcd[fi], b.weight())
+		}
 		if b.Priority < 0 {
 			bad("%s.priority: %d is negative (0 is a primary, higher numbers are backups)", bf, b.Priority)
 		}
@@ -633,9 +637,15 @@ func (s *Service) validate(f string) []error {
 			}
 		}
 	}
-	for fi, n := range slots {
-		if n > maxSlots {
-			bad("backends: the %s weights add up to %d map entries (at most %d)", famName(fi == 1), n, maxSlots)
+	for fi, w := range weights {
+		// each backend has weight/gcd slots; an active subset's gcd is a multiple of this
+		// one, so it never needs more (ServiceState.slots)
+		if w > 0 && w/wgcd[fi] > maxSlots {
+			fam := famName(fi == 1) + " "
+			if topo == DSR {
+				fam = ""
+			}
+			bad("backends: the %sweights divided by their gcd (%d) add up to %d map entries (at most %d)", fam, wgcd[fi], w/wgcd[fi], maxSlots)
 		}
 	}
 	if topo != DSR && len(s.Backends) > 0 {

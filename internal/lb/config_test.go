@@ -2,6 +2,7 @@ package lb
 
 import (
 	"fmt"
+	"net/netip"
 	"io"
 	"log/slog"
 	"net"
@@ -82,7 +83,7 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].snatAddresses: only a snat service translates source addresses`, func(s *Service) { s.SNATAddresses = []string{"192.0.2.1"} }},
 		{`services[0].snatAddresses[1]: 192.0.2.2: one source address per family`, func(s *Service) { s.Topology, s.SNATAddresses = SNAT, []string{"192.0.2.1", "192.0.2.2"} }},
 		{`services[0].persistence: 500ms is not between 1s and 24h`, func(s *Service) { s.Persistence = D(500 * time.Millisecond) }},
-		{`services[0].backends: the IPv4 weights add up to 263001 map entries (at most 262144)`, func(s *Service) {
+		{`services[0].backends: the IPv4 weights divided by their gcd (1) add up to 263001 map entries (at most 262144)`, func(s *Service) {
 			for i := range 263 {
 				s.Backends = append(s.Backends, Backend{Address: fmt.Sprintf("10.0.%d.%d", 2+i/250, i%250), Weight: new(1000)})
 			}
@@ -258,6 +259,55 @@ func TestWeightZeroRefused(t *testing.T) {
 	}
 	if b, _ := yaml.Marshal(s); strings.Contains(string(b), "weight") {
 		t.Errorf("a default weight is written out:\n%s", b)
+	}
+}
+
+// The slot limit counts what the render makes: weight/gcd slots per backend (docs/lb.md). A
+// review found 300 backends of weight 1000 (300 slots) refused as 300,000 map entries.
+func TestSlotLimitAfterTheGCD(t *testing.T) {
+	for _, c := range []struct {
+		topo, weights string
+		n             int
+		want          string // "" accepted
+	}{
+		{DNAT, "1000", 300, ""},
+		{DNAT, "4", maxSlots, ""},
+		{DNAT, "4 and one of 2", maxSlots, "the IPv4 weights divided by their gcd (2) add up to 524289 map entries (at most 262144)"},
+		{DSR, "1 over both families", maxSlots + 1, "the weights divided by their gcd (1) add up to 262145 map entries (at most 262144)"},
+	} {
+		s := valid()
+		s.Name, s.Topology, s.VIPs, s.Backends = "web", c.topo, []string{"192.0.2.10"}, nil
+		if c.topo == DSR {
+			s.Interface = "eth0"
+		}
+		for i := range c.n {
+			b := Backend{Address: netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}).String(), Weight: new(1000)}
+			switch c.weights {
+			case "4", "4 and one of 2":
+				b.Weight = new(4)
+			case "1 over both families":
+				b.Weight = nil
+				if i%2 == 1 {
+					b.Address = netip.AddrFrom16([16]byte{0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, byte(i >> 24), byte(i >> 16), byte(i >> 8), byte(i)}).String()
+				}
+			}
+			if c.topo != DSR {
+				b.Port = 8080
+			}
+			s.Backends = append(s.Backends, b)
+		}
+		if c.weights == "4 and one of 2" {
+			s.Backends = append(s.Backends, Backend{Address: "10.255.0.1", Port: 8080, Weight: new(2)})
+		}
+		errs := fmt.Sprint(ValidateServices([]Service{s}, byIndex))
+		if c.want == "" && errs != "[]" || c.want != "" && !strings.Contains(errs, c.want) {
+			t.Errorf("%s, %d backends of weight %s: %s, want %q", c.topo, c.n, c.weights, errs, c.want)
+		}
+		if c.want == "" && c.n == 300 {
+			if n := len(Resolve([]Service{s}, nil, Env{}).Services[0].slots(false)); n != 300 {
+				t.Errorf("%d slots rendered, want 300", n)
+			}
+		}
 	}
 }
 
