@@ -113,7 +113,7 @@ func TestRenderExpandsGatewayPatterns(t *testing.T) {
 	if err := root.Execute(); err != nil {
 		t.Fatal(err)
 	}
-	if s := out.String(); strings.Contains(s, "hxtest*") || !strings.Contains(s, "devices = { eth0, hxtest0 }") {
+	if s := out.String(); strings.Contains(s, "hxtest*") || !strings.Contains(s, `devices = { "eth0", "hxtest0" }`) {
 		t.Errorf("render of a gateway pattern:\n%s", s)
 	}
 }

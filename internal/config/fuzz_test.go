@@ -157,7 +157,7 @@ var fuzzSeedYAML = map[string]string{
 	"bad-lb-dup": seedLB + `  - {name: web, vips: [192.0.2.10], port: 80, backends: [{address: 10.0.1.11}]}
   - {name: web, vips: [192.0.2.10], port: 80, topology: stateless-dnat, interface: eth0, backends: [{address: 10.0.1.11}]}
 `,
-	"bad-lb-weights":    seedLB + "  - {name: w, vips: [192.0.2.10], port: 80, backends: [" + manyBackends(263, 1000) + "]}\n",
+	"bad-lb-weights":    seedLB + "  - {name: w, vips: [192.0.2.10], port: 80, backends: [" + manyBackends(263, 1000) + ", {address: 10.0.9.9, weight: 999}]}\n", // gcd 1: 263,999 slots
 	"bad-lb-health":     seedLB + "  - {name: h, vips: [192.0.2.10], port: 80, healthCheck: {type: http, path: x, expectStatus: 99, rise: 101}, backends: [{address: 10.0.1.1}]}\n",
 	"bad-lb-persist":    seedLB + "  - {name: p, vips: [192.0.2.10], port: 80, persistence: 5, backends: [{address: 10.0.1.1}]}\n",
 	"bad-lb-statefile":  "datapath: none\nloadBalancer: {stateFile: relative.yaml}\n",

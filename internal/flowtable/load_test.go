@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"sigs.k8s.io/knftables"
+
+	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/probe"
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
@@ -64,5 +67,51 @@ func TestGoldensLoad(t *testing.T) {
 		if out, err := ns.Exec("nft", "delete", "table", string(Family), TableName); err != nil {
 			t.Errorf("%s: %v %s", f, err, out)
 		}
+	}
+}
+
+// A device named like an nft keyword (a bridge called "bridge", a VLAN device "vlan") is a
+// valid interface name, so the config takes it; the flowtable's device list must still parse
+// (a review found every transaction failing with "syntax error, unexpected vlan"). On a
+// kernel with the flowtable the ruleset loads; without it, nft's check (-c) must get past the
+// parser to the kernel.
+func TestKeywordDeviceNames(t *testing.T) {
+	testbed.RequireRoot(t)
+	ns, err := testbed.NewNS("ftkw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	caps, whole := flowtableIn(t, ns)
+	devs := []string{"vlan", "bridge", "counter", "ip"}
+	for i := 0; i < len(devs); i += 2 {
+		if out, err := ns.Exec("ip", "link", "add", devs[i], "type", "veth", "peer", "name", devs[i+1]); err != nil {
+			t.Fatalf("ip link add %s: %v %s", devs[i], err, out)
+		}
+	}
+	s := base()
+	s.Classes = []model.Class{model.PodToPod}
+	s.Gateways, s.Transports = devs[:1], devs[1:]
+	s.Normalize()
+	tx := knftables.NewFake(Family, TableName).NewTransaction()
+	Render(s, Options{FlowtableCounter: caps.Has(probe.FlowtableCounter)}).AddAll(tx)
+	script := tx.String()
+	if !strings.Contains(script, `"vlan"`) {
+		t.Errorf("the device list leaves vlan unquoted:\n%s", regexp.MustCompile(`(?m)^add flowtable .*$`).FindString(script))
+	}
+	if whole {
+		if err := ns.NFT(script); err != nil {
+			t.Fatalf("the ruleset with devices %v: %v", devs, err)
+		}
+		return
+	}
+	f := filepath.Join(t.TempDir(), "ft.nft")
+	if err := os.WriteFile(f, []byte(script), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := ns.Exec("nft", "-c", "-f", f)
+	t.Logf("kernel %s (no flowtable): nft -c: %v", caps.Kernel, err)
+	if strings.Contains(out, "syntax error") {
+		t.Errorf("nft cannot parse the device list %v:\n%s", devs, out)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -191,8 +192,13 @@ func (m *Manager) update(tx *knftables.Transaction, cur *nftjson.Table, r *Rules
 			if !have[canonical(e)] {
 				adds = append(adds, elem(s.Name, e))
 				res.ElementsAdded++
-				if strings.HasPrefix(s.Name, "exclude-") {
+				switch {
+				case strings.HasPrefix(s.Name, "exclude-"):
 					flush, res.Reason = true, "exclude list grew"
+				case strings.HasPrefix(s.Name, "local-pod-"):
+					// the external classes match sources outside it (saddr != @local-pod):
+					// their offloaded flows from the new range must go back through the rules
+					flush, res.Reason = true, "local Pod CIDRs grew"
 				}
 			}
 		}
@@ -228,14 +234,20 @@ func (m *Manager) update(tx *knftables.Transaction, cur *nftjson.Table, r *Rules
 	}
 }
 
-// canonical makes nft's listing and our rendering comparable: quotes off, host prefixes bare.
+// canonical makes nft's listing and our rendering comparable: quotes off, host prefixes bare,
+// addresses as Go writes them (nft lists an IPv4-compatible IPv6 address, ::a00:1, as
+// ::10.0.0.1: compared as strings, it was deleted and added again at every sync, and as a set
+// that shrank, it recreated the flowtable each time).
 func canonical(e string) string {
 	e = strings.Trim(e, `"`)
-	if a, ok := strings.CutSuffix(e, "/32"); ok && !strings.Contains(a, ":") {
-		return a
+	if p, err := netip.ParsePrefix(e); err == nil {
+		if p.IsSingleIP() {
+			return p.Addr().String()
+		}
+		return p.String()
 	}
-	if a, ok := strings.CutSuffix(e, "/128"); ok && strings.Contains(a, ":") {
-		return a
+	if a, err := netip.ParseAddr(e); err == nil {
+		return a.String()
 	}
 	return e
 }

@@ -88,7 +88,8 @@ func TestManagerUpdatesInPlace(t *testing.T) {
 	if res := apply(t, m, s); !res.Rebuilt || res.Reason != "spec changed" || res.Drift != "" {
 		t.Fatalf("device added: %+v", res)
 	}
-	if got := strings.Join(f.Table.Flowtables[FlowtableName].Devices, ","); got != "eth0,eth1,gw" {
+	// (as a transaction writes them: quoted, so that a name nft takes for a keyword parses)
+	if got := strings.Join(f.Table.Flowtables[FlowtableName].Devices, ","); got != `"eth0","eth1","gw"` {
 		t.Errorf("flowtable devices: %s", got)
 	}
 	if got := elements(f, DevicesSet); got != `"eth0","eth1","gw"` {
@@ -275,5 +276,34 @@ func TestFailedReadAfterApplyIsNoDrift(t *testing.T) {
 	m.List = lister
 	if res := apply(t, m, s); res.Rebuilt || res.Drift != "" || res.Operations != 0 {
 		t.Errorf("the apply after: %+v", res)
+	}
+}
+
+// A local Pod CIDR added narrows the external classes (they match sources outside it): the
+// flows from the new range that were offloaded as external go back through the rules, as
+// with an exclusion added. A review found them kept (only exclude-* additions flushed).
+func TestLocalPodCIDRAddedFlushes(t *testing.T) {
+	m, _ := NewFakeManager()
+	s := base()
+	s.Classes = []model.Class{model.ExternalToService}
+	s.LocalPodCIDRs = pfx("10.244.1.0/24", "10.244.9.0/24") // two: a set, not inlined
+	apply(t, m, s)
+	s.LocalPodCIDRs = append(s.LocalPodCIDRs, netip.MustParsePrefix("10.244.10.0/24"))
+	if res := apply(t, m, s); res.Rebuilt || !res.FlowtableRecreated || res.ElementsAdded != 1 {
+		t.Errorf("a local Pod CIDR added under external-to-service: %+v, want the flowtable recreated (flushed)", res)
+	}
+}
+
+// nft lists an IPv4-compatible IPv6 address in dotted form: compared as Go writes it, an
+// unchanged config changes nothing (a review found such an element deleted and added, and
+// the flowtable recreated, at every sync).
+func TestCanonicalElements(t *testing.T) {
+	for _, c := range [][2]string{
+		{"::10.0.0.1", "::a00:1"}, {"::11.0.0.0/120", "::b00:0/120"}, {"10.0.0.1/32", "10.0.0.1"},
+		{"fd00::1/128", "fd00::1"}, {`"eth0"`, "eth0"}, {"10.244.0.0/16", "10.244.0.0/16"},
+	} {
+		if a, b := canonical(c[0]), canonical(c[1]); a != b {
+			t.Errorf("canonical(%s) = %s, canonical(%s) = %s: want equal", c[0], a, c[1], b)
+		}
 	}
 }

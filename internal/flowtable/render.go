@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/netip"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -336,19 +335,16 @@ func hosts(as []netip.Addr) []netip.Prefix {
 	return out
 }
 
-// nftWord is a name nft parses unquoted (a device's name in a flowtable's list).
-var nftWord = regexp.MustCompile(`^[A-Za-z_.][A-Za-z0-9_./-]*$`)
-
 // txFlowtable is r's flowtable as a transaction writes it: knftables writes the devices as
-// they are, and nft parses a name that Linux allows but that is no plain word (eth<, 1gw)
-// only quoted. (Listings give the names bare, as r has them.)
+// they are, and nft parses a device's name only quoted when it is no plain word (eth<, 1gw)
+// or one of its keywords (vlan, bridge, counter, ip: a review found `gateways: [vlan]`
+// failing every transaction with a syntax error), so every name is quoted. (Listings give
+// the names bare, as r has them.)
 func (r *Ruleset) txFlowtable() *knftables.Flowtable {
 	ft := *r.Flowtable
 	ft.Devices = slices.Clone(ft.Devices)
 	for i, d := range ft.Devices {
-		if !nftWord.MatchString(d) {
-			ft.Devices[i] = strconv.Quote(d)
-		}
+		ft.Devices[i] = strconv.Quote(d)
 	}
 	return &ft
 }
