@@ -2,10 +2,10 @@ package lb
 
 import (
 	"fmt"
-	"net/netip"
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
