@@ -68,6 +68,11 @@ func Apply(ctx context.Context, cfg *config.Config, in Inputs) (Outcome, error) 
 		} else if o.LBErr != nil {
 			o.LBErr = fmt.Errorf("load balancer: %w", o.LBErr)
 		}
+		if in.Strict && o.LBErr != nil {
+			// apply: the load balancer's transaction changed nothing, nor do the datapaths
+			// (before, they were applied and the error named the load balancer only)
+			return o, o.LBErr
+		}
 	}
 	if o.PlanErr != nil && o.Plan.Flowtable == nil && o.Plan.TC == nil && o.Plan.Sockmap == nil {
 		return o, errors.Join(o.LBErr, o.PlanErr) // nothing can run: leave the kernel as it is

@@ -3,12 +3,14 @@ package agent
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/hostaccel/hostaccel/internal/config"
 	"github.com/hostaccel/hostaccel/internal/datapath"
 	"github.com/hostaccel/hostaccel/internal/flowtable"
 	"github.com/hostaccel/hostaccel/internal/lb"
+	"github.com/hostaccel/hostaccel/internal/probe"
 )
 
 // The one pipeline: the load balancer before the fastpath; with Strict (apply) a kernel that
@@ -48,5 +50,30 @@ func TestApplyPipeline(t *testing.T) {
 	}
 	if _, err, order := run(false, false); !errors.Is(err, datapath.ErrNoFlowtable) || len(order) != 1 || order[0] != "lb" {
 		t.Errorf("agent, no flowtable: %v, order %v; want the error and the load balancer applied", err, order)
+	}
+}
+
+// `hostaccel apply` (Strict) whose load balancer part the kernel refuses changes nothing else:
+// the datapaths are not applied either. Before (a review), the flowtable was installed and
+// the error named the load balancer only. The agent (not Strict) still applies what it can.
+func TestStrictApplyStopsAtTheLoadBalancer(t *testing.T) {
+	cfg, err := config.Parse([]byte("node:\n  gateways: [gw]\n  transports: [eth0]\n  localPodCIDRs: [10.244.1.0/24]\n  peerPodCIDRs: [10.244.2.0/24]\nclasses: {pod-to-pod: true}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, strict := range []bool{true, false} {
+		m, f := flowtable.NewFakeManager()
+		caps := probe.Result{Features: []probe.Feature{{Name: probe.Flowtable, Available: true}}}
+		_, err = Apply(context.Background(), cfg, Inputs{
+			Links:  []config.Link{{Name: "gw", Up: true, Index: 2}, {Name: "eth0", Up: true, Index: 3}},
+			Strict: strict, Caps: caps, Mgrs: &datapath.Managers{Flowtable: m},
+			LB: func(context.Context, lb.Config) (string, error) { return "", errors.New("the kernel refused the transaction") },
+		})
+		if err == nil || !strings.Contains(err.Error(), "load balancer: the kernel refused") {
+			t.Errorf("strict %v: error %v, want the load balancer's", strict, err)
+		}
+		if installed := f.Table != nil; installed == strict {
+			t.Errorf("strict %v: flowtable installed %v, want %v", strict, installed, !strict)
+		}
 	}
 }
