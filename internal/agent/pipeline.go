@@ -48,7 +48,8 @@ func (o Outcome) Degraded() []string { return append([]string{}, o.Warnings...) 
 // the fastpath sees them after the balancing decision), then the config resolved against the
 // links that exist, the plan for this kernel, and the datapaths. A config the links refuse
 // (Strict) changes nothing; a plan nothing of which can run leaves the kernel's fastpath as it
-// is; with Strict, a plan the kernel cannot run whole changes nothing at all. The error joins
+// is; with Strict, a plan the kernel cannot run whole changes nothing at all, and a load
+// balancer transaction the kernel refuses leaves the datapaths as they are. The error joins
 // the load balancer's, the plan's and the datapaths'.
 func Apply(ctx context.Context, cfg *config.Config, in Inputs) (Outcome, error) {
 	var o Outcome
