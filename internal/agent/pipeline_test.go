@@ -67,7 +67,9 @@ func TestStrictApplyStopsAtTheLoadBalancer(t *testing.T) {
 		_, err = Apply(context.Background(), cfg, Inputs{
 			Links:  []config.Link{{Name: "gw", Up: true, Index: 2}, {Name: "eth0", Up: true, Index: 3}},
 			Strict: strict, Caps: caps, Mgrs: &datapath.Managers{Flowtable: m},
-			LB: func(context.Context, lb.Config) (string, error) { return "", errors.New("the kernel refused the transaction") },
+			LB: func(context.Context, lb.Config) (string, error) {
+				return "", errors.New("the kernel refused the transaction")
+			},
 		})
 		if err == nil || !strings.Contains(err.Error(), "load balancer: the kernel refused") {
 			t.Errorf("strict %v: error %v, want the load balancer's", strict, err)
