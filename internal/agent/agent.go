@@ -418,7 +418,8 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 	}
 	o, err := Apply(ctx, cfg, Inputs{
 		Links: links, Caps: *a.caps, Mgrs: a.mgrs,
-		LB: func(ctx context.Context, c lb.Config) (string, error) { return "", rt.Sync(ctx, c) },
+		LB:     func(ctx context.Context, c lb.Config) (string, error) { return "", rt.Sync(ctx, c) },
+		LBVIPs: rt.NATVIPs,
 	})
 	*degraded = append(*degraded, o.Degraded()...)
 	if err := rt.APIError(); err != nil {

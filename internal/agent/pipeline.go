@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/hostaccel/hostaccel/internal/config"
 	"github.com/hostaccel/hostaccel/internal/datapath"
@@ -22,8 +23,11 @@ type Inputs struct {
 	Caps   probe.Result
 	// LB applies the load balancer part: the agent's runtime (health checks, API) or a
 	// one-shot apply (lb.Apply). It returns a line for the user, or "".
-	LB   func(context.Context, lb.Config) (string, error)
-	Mgrs *datapath.Managers
+	LB func(context.Context, lb.Config) (string, error)
+	// LBVIPs are the snat and dnat VIPs of the services in effect (the API's merged in), for
+	// the external-to-loadbalancer class; false: the config's (nil: the config's).
+	LBVIPs func(lb.Config) ([]netip.Addr, bool)
+	Mgrs   *datapath.Managers
 }
 
 // Outcome is what one pass did.
@@ -53,7 +57,14 @@ func (o Outcome) Degraded() []string { return append([]string{}, o.Warnings...) 
 // the load balancer's, the plan's and the datapaths'.
 func Apply(ctx context.Context, cfg *config.Config, in Inputs) (Outcome, error) {
 	var o Outcome
-	s, warnings, err := cfg.State(in.Links, in.Strict)
+	vips, ok := []netip.Addr(nil), false
+	if in.LBVIPs != nil {
+		vips, ok = in.LBVIPs(cfg.LoadBalancer)
+	}
+	if !ok {
+		vips = lb.NATVIPs(cfg.LoadBalancer.Services)
+	}
+	s, warnings, err := cfg.StateWith(in.Links, in.Strict, vips)
 	if err != nil {
 		return o, err
 	}

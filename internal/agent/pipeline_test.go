@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -76,6 +78,31 @@ func TestStrictApplyStopsAtTheLoadBalancer(t *testing.T) {
 		}
 		if installed := f.Table != nil; installed == strict {
 			t.Errorf("strict %v: flowtable installed %v, want %v", strict, installed, !strict)
+		}
+	}
+}
+
+// The datapaths' load balancer addresses come from the services in effect (Inputs.LBVIPs: the
+// API's merged in), the config's when the merge is not valid.
+func TestPipelineTakesTheLoadBalancersVIPs(t *testing.T) {
+	cfg, err := config.Parse([]byte("node:\n  gateways: [gw]\n  transports: [eth0]\n  localPodCIDRs: [10.244.1.0/24]\nclasses: {external-to-loadbalancer: true}\n" +
+		"loadBalancer:\n  services:\n  - {name: web, vips: [192.0.2.10], port: 80, backends: [{address: 10.244.1.5}]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		ok   bool
+		want string
+	}{{true, "[192.0.2.20/32]"}, {false, "[192.0.2.10/32]"}} {
+		m, _ := flowtable.NewFakeManager()
+		o, _ := Apply(context.Background(), cfg, Inputs{
+			Links: []config.Link{{Name: "gw", Up: true, Index: 2}, {Name: "eth0", Up: true, Index: 3}},
+			Caps:  probe.Result{Features: []probe.Feature{{Name: probe.Flowtable, Available: true}}}, Mgrs: &datapath.Managers{Flowtable: m},
+			LB:     func(context.Context, lb.Config) (string, error) { return "", nil },
+			LBVIPs: func(lb.Config) ([]netip.Addr, bool) { return []netip.Addr{netip.MustParseAddr("192.0.2.20")}, c.ok },
+		})
+		if got := fmt.Sprint(o.State.LoadBalancerIPs); got != c.want {
+			t.Errorf("merge valid %v: loadBalancerIPs %s, want %s", c.ok, got, c.want)
 		}
 	}
 }

@@ -326,7 +326,7 @@ func applyCmd(g *globals) *cobra.Command {
 			} else {
 				caps = probeFor(ctx, cfg.Datapath)
 			}
-			o, err := agent.Apply(ctx, cfg, agent.Inputs{Links: links, Strict: true, Caps: caps, LB: lb.Apply, Mgrs: m})
+			o, err := agent.Apply(ctx, cfg, agent.Inputs{Links: links, Strict: true, Caps: caps, LB: lb.Apply, LBVIPs: lb.EffectiveNATVIPs, Mgrs: m})
 			if errors.Is(err, datapath.ErrNoFlowtable) || errors.Is(err, datapath.ErrNoTC) || errors.Is(err, datapath.ErrNoSockmap) {
 				err = fmt.Errorf("%w\n(`hostaccel probe` lists what this kernel can do; the README's demo runs the flowtable in a VM on such hosts)", err)
 			}

@@ -21,8 +21,15 @@ type Link struct {
 // State resolves the config against the interfaces that exist now. Interfaces named
 // explicitly but absent are an error when strict (apply: bad input), and are pruned with a
 // warning otherwise (agent: a device may vanish and come back; one missing device would fail
-// the whole nft transaction).
+// the whole nft transaction). The load balancer's NAT VIPs are those of the config's services
+// (StateWith takes the services in effect, the API's merged in).
 func (c *Config) State(links []Link, strict bool) (model.State, []string, error) {
+	return c.StateWith(links, strict, lb.NATVIPs(c.LoadBalancer.Services))
+}
+
+// StateWith is State with natVIPs, the snat and dnat VIPs of the services in effect, joining
+// the external-to-loadbalancer class's addresses (node.loadBalancerIPs).
+func (c *Config) StateWith(links []Link, strict bool, natVIPs []netip.Addr) (model.State, []string, error) {
 	present := map[string]Link{}
 	for _, l := range links {
 		present[l.Name] = l
@@ -85,7 +92,7 @@ func (c *Config) State(links []Link, strict bool) (model.State, []string, error)
 	// (Thousands of VIPs: those added are looked up in a map, only the configured prefixes
 	// one by one.)
 	configured, added := len(s.LoadBalancerIPs), map[netip.Addr]bool{}
-	for _, v := range lb.NATVIPs(c.LoadBalancer.Services) {
+	for _, v := range natVIPs {
 		if !added[v] && !slices.ContainsFunc(s.LoadBalancerIPs[:configured], func(p netip.Prefix) bool { return p.Contains(v) }) {
 			added[v] = true
 			s.LoadBalancerIPs = append(s.LoadBalancerIPs, netip.PrefixFrom(v, v.BitLen()))

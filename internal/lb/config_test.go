@@ -404,3 +404,32 @@ func TestCheckedEffectiveChecksWhatTheStateFileMergesIn(t *testing.T) {
 		t.Errorf("state file is a directory: %v", err)
 	}
 }
+
+// The NAT VIPs the datapaths' external-to-loadbalancer class takes are those of the services
+// in effect: a service added through the API (the state file) joins, one the API deleted
+// leaves. Before (a review), only the config file's services counted, so an API service's
+// connections were never offloaded.
+func TestNATVIPsOfTheServicesInEffect(t *testing.T) {
+	dir := t.TempDir()
+	web := valid() // 192.0.2.10
+	cfg := Config{StateFile: filepath.Join(dir, "state.yaml"), Services: []Service{web}}
+	api := valid()
+	api.Name, api.VIPs = "api", []string{"192.0.2.20"}
+	if err := (Overlay{Services: []Service{api}, Deleted: []string{"web"}}).Save(cfg.StateFile); err != nil {
+		t.Fatal(err)
+	}
+	r := &Runtime{}
+	for name, f := range map[string]func(Config) ([]netip.Addr, bool){"agent": r.NATVIPs, "one-shot": EffectiveNATVIPs} {
+		if got, ok := f(cfg); !ok || fmt.Sprint(got) != "[192.0.2.20]" {
+			t.Errorf("%s: %v %v, want [192.0.2.20] (the API's service in, the deleted one out)", name, got, ok)
+		}
+	}
+	clash := valid()
+	clash.Name = "clash" // on web's VIP: not a valid merge once web is back
+	if err := (Overlay{Services: []Service{clash}}).Save(cfg.StateFile); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := EffectiveNATVIPs(cfg); ok {
+		t.Error("a merge that does not validate: ok")
+	}
+}

@@ -345,6 +345,26 @@ func (r *Runtime) loadOverlay(cfg Config) error {
 	return nil
 }
 
+// NATVIPs are the snat and dnat VIPs of the services in effect for cfg (the API's merged in),
+// as the next Sync balances them; false when the merge is not valid (Sync keeps the last
+// good state then).
+func (r *Runtime) NATVIPs(cfg Config) ([]netip.Addr, bool) {
+	if !cfg.InUse() {
+		return nil, true
+	}
+	svcs, err := r.services(cfg)
+	return NATVIPs(svcs), err == nil
+}
+
+// EffectiveNATVIPs is NATVIPs for a one-shot apply (Apply).
+func EffectiveNATVIPs(cfg Config) ([]netip.Addr, bool) {
+	if !cfg.InUse() {
+		return nil, true
+	}
+	svcs, err := checkedEffective(cfg)
+	return NATVIPs(svcs), err == nil
+}
+
 // Effective returns the services in effect for cfg: the config's merged with the state
 // file's, validated together.
 func Effective(cfg Config) ([]Service, error) {
