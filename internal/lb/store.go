@@ -109,11 +109,37 @@ func (o Overlay) Save(path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append([]byte(stateHeader), b...), 0o600); err != nil {
+	// Durable before it is answered: written to a file of its own, synced, renamed over the
+	// old one, the directory synced (a crash leaves the old file or the new one, never an
+	// empty one, and an API change that was answered survives it).
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, filepath.Base(path)+".*.tmp")
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	defer os.Remove(f.Name()) // (gone once renamed)
+	_, err = f.Write(append([]byte(stateHeader), b...))
+	if err == nil {
+		err = f.Chmod(0o600)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return err
+	}
+	if d, err := os.Open(dir); err == nil {
+		err = d.Sync()
+		d.Close()
+		return err
+	}
+	return nil
 }
 
 // DecodeService decodes one service (YAML or JSON) strictly.
