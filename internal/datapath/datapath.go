@@ -213,10 +213,15 @@ func (r Result) Changed() bool {
 		(r.Sockmap != nil && r.Sockmap.Changed())
 }
 
-// Apply makes the kernel match the plan: each datapath in it applied, the others removed.
+// Apply makes the kernel match the plan: each datapath in it applied, then the others
+// removed, only once every one of the plan's went in (make before break: a switch whose new
+// datapath the kernel refuses, a flowtable transaction say, keeps the old one working and
+// says so; before, the old one was removed first and the node was left with neither, while
+// the error said nothing had changed).
 func (m *Managers) Apply(ctx context.Context, p Plan, caps probe.Result) (Result, error) {
 	var res Result
 	var errs []error
+	var remove []func(context.Context) error
 	if p.TC != nil {
 		d, err := tc.Render(*p.TC)
 		if err == nil {
@@ -226,7 +231,7 @@ func (m *Managers) Apply(ctx context.Context, p Plan, caps probe.Result) (Result
 		}
 		errs = append(errs, err)
 	} else if m.TC != nil {
-		errs = append(errs, m.TC.Remove(ctx))
+		remove = append(remove, m.TC.Remove)
 	}
 	if p.Sockmap != nil && m.Sockmap == nil {
 		errs = append(errs, errors.New("the plan has the sockmap datapath, but no manager for it"))
@@ -235,14 +240,23 @@ func (m *Managers) Apply(ctx context.Context, p Plan, caps probe.Result) (Result
 		res.Sockmap = &r
 		errs = append(errs, err)
 	} else if m.Sockmap != nil {
-		errs = append(errs, m.Sockmap.Remove(ctx))
+		remove = append(remove, m.Sockmap.Remove)
 	}
 	if p.Flowtable != nil {
 		r, err := m.Flowtable.Apply(ctx, flowtable.Render(*p.Flowtable, flowtable.Options{FlowtableCounter: caps.Has(probe.FlowtableCounter)}))
 		res.Flowtable = r
 		errs = append(errs, err)
 	} else if m.Flowtable != nil {
-		errs = append(errs, m.Flowtable.Remove(ctx))
+		remove = append(remove, m.Flowtable.Remove)
+	}
+	if err := errors.Join(errs...); err != nil {
+		if len(remove) > 0 {
+			err = fmt.Errorf("%w (the datapaths the plan no longer has were kept)", err)
+		}
+		return res, err
+	}
+	for _, rm := range remove {
+		errs = append(errs, rm(ctx))
 	}
 	return res, errors.Join(errs...)
 }
