@@ -100,29 +100,32 @@ func LoadOverlay(path string) (Overlay, error) {
 const stateHeader = "# hostaccel load balancer: services changed through the API (hostaccel lb ...).\n" +
 	"# Written by the agent; they override the config file's services of the same name.\n"
 
-// Save writes the state file atomically.
+// Save writes the state file atomically and durably: an API change is answered once it is
+// saved, so a crash after leaves the new file (never an empty one).
 func (o Overlay) Save(path string) error {
 	b, err := yaml.Marshal(o)
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	return replaceFile(path, append([]byte(stateHeader), b...), true)
+}
+
+// replaceFile replaces the file at path with b (mode 0600), creating its directory: b goes to
+// a file of its own, renamed over path, so a reader sees the old file or the new one. durable
+// also syncs the file before the rename and the directory after, so that a crash keeps the
+// new one.
+func replaceFile(path string, b []byte, durable bool) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	// Durable before it is answered: written to a file of its own, synced, renamed over the
-	// old one, the directory synced (a crash leaves the old file or the new one, never an
-	// empty one, and an API change that was answered survives it).
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, filepath.Base(path)+".*.tmp")
+	f, err := os.CreateTemp(dir, filepath.Base(path)+".*.tmp") // (mode 0600)
 	if err != nil {
 		return err
 	}
 	defer os.Remove(f.Name()) // (gone once renamed)
-	_, err = f.Write(append([]byte(stateHeader), b...))
-	if err == nil {
-		err = f.Chmod(0o600)
-	}
-	if err == nil {
+	_, err = f.Write(b)
+	if err == nil && durable {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
@@ -131,7 +134,7 @@ func (o Overlay) Save(path string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.Rename(f.Name(), path); err != nil {
+	if err := os.Rename(f.Name(), path); err != nil || !durable {
 		return err
 	}
 	if d, err := os.Open(dir); err == nil {
