@@ -22,7 +22,7 @@ type Inputs struct {
 	Strict bool
 	Caps   probe.Result
 	// LB applies the load balancer part: the agent's runtime (health checks, API) or a
-	// one-shot apply (lb.Apply). It returns a line for the user, or "".
+	// one-shot apply (lb.OneShot). It returns a line for the user, or "".
 	LB func(context.Context, lb.Config) (string, error)
 	// LBVIPs are the snat and dnat VIPs of the services in effect (the API's merged in), for
 	// the external-to-loadbalancer class; false: the config's (nil: the config's).

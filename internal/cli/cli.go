@@ -326,7 +326,8 @@ func applyCmd(g *globals) *cobra.Command {
 			} else {
 				caps = probeFor(ctx, cfg.Datapath)
 			}
-			o, err := agent.Apply(ctx, cfg, agent.Inputs{Links: links, Strict: true, Caps: caps, LB: lb.Apply, LBVIPs: lb.EffectiveNATVIPs, Mgrs: m})
+			oneShot := &lb.OneShot{} // the state file read once, for the VIPs and the transaction
+			o, err := agent.Apply(ctx, cfg, agent.Inputs{Links: links, Strict: true, Caps: caps, LB: oneShot.Apply, LBVIPs: oneShot.NATVIPs, Mgrs: m})
 			if errors.Is(err, datapath.ErrNoFlowtable) || errors.Is(err, datapath.ErrNoTC) || errors.Is(err, datapath.ErrNoSockmap) {
 				err = fmt.Errorf("%w\n(`hostaccel probe` lists what this kernel can do; the README's demo runs the flowtable in a VM on such hosts)", err)
 			}

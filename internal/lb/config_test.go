@@ -419,7 +419,7 @@ func TestNATVIPsOfTheServicesInEffect(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &Runtime{}
-	for name, f := range map[string]func(Config) ([]netip.Addr, bool){"agent": r.NATVIPs, "one-shot": EffectiveNATVIPs} {
+	for name, f := range map[string]func(Config) ([]netip.Addr, bool){"agent": r.NATVIPs, "one-shot": (&OneShot{}).NATVIPs} {
 		if got, ok := f(cfg); !ok || fmt.Sprint(got) != "[192.0.2.20]" {
 			t.Errorf("%s: %v %v, want [192.0.2.20] (the API's service in, the deleted one out)", name, got, ok)
 		}
@@ -429,7 +429,7 @@ func TestNATVIPsOfTheServicesInEffect(t *testing.T) {
 	if err := (Overlay{Services: []Service{clash}}).Save(cfg.StateFile); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := EffectiveNATVIPs(cfg); ok {
+	if _, ok := (&OneShot{}).NATVIPs(cfg); ok {
 		t.Error("a merge that does not validate: ok")
 	}
 }

@@ -356,12 +356,29 @@ func (r *Runtime) NATVIPs(cfg Config) ([]netip.Addr, bool) {
 	return NATVIPs(svcs), err == nil
 }
 
-// EffectiveNATVIPs is NATVIPs for a one-shot apply (Apply).
-func EffectiveNATVIPs(cfg Config) ([]netip.Addr, bool) {
+// OneShot is the load balancer part of one one-shot apply (`hostaccel apply`) of one config:
+// the services in effect (the state file merged in) are read once, for the datapaths' VIPs
+// (NATVIPs) and for the transaction (Apply).
+type OneShot struct {
+	read bool
+	svcs []Service
+	err  error
+}
+
+func (o *OneShot) effective(cfg Config) ([]Service, error) {
+	if !o.read {
+		o.svcs, o.err = checkedEffective(cfg)
+		o.read = true
+	}
+	return o.svcs, o.err
+}
+
+// NATVIPs is Runtime.NATVIPs for a one-shot apply.
+func (o *OneShot) NATVIPs(cfg Config) ([]netip.Addr, bool) {
 	if !cfg.InUse() {
 		return nil, true
 	}
-	svcs, err := checkedEffective(cfg)
+	svcs, err := o.effective(cfg)
 	return NATVIPs(svcs), err == nil
 }
 
@@ -673,7 +690,7 @@ func interfaces(svcs []Service) []string {
 // the state file's changes, every backend taken as healthy, in one transaction; an empty
 // section removes the load balancer's tables. It returns a line for the user. cfg has passed
 // Validate (config.Load checks it).
-func Apply(ctx context.Context, cfg Config) (string, error) {
+func (o *OneShot) Apply(ctx context.Context, cfg Config) (string, error) {
 	m, err := NewManager()
 	if err != nil {
 		return "", err
@@ -688,7 +705,7 @@ func Apply(ctx context.Context, cfg Config) (string, error) {
 		return fmt.Sprintf("removed the load balancer's tables: %v", refs), nil
 	}
 	m.Prefetch(ctx) // the generation and the cache file, read while the services are resolved
-	svcs, err := checkedEffective(cfg)
+	svcs, err := o.effective(cfg)
 	if err != nil {
 		return "", err
 	}
