@@ -57,23 +57,30 @@ func externalAddresses(svcs []*corev1.Service) []string {
 // kube-proxy's proxier of a family skips a Service without a ClusterIP of it).
 func serviceExternalAddresses(s *corev1.Service) []string {
 	var out []string
-	add := func(s string) {
-		if ip, ok := apiIP(s); ok {
-			out = append(out, ip.String())
-		}
-	}
 	for _, ip := range s.Spec.ExternalIPs {
-		add(ip)
-	}
-	if s.Spec.Type == corev1.ServiceTypeLoadBalancer {
-		for _, ing := range s.Status.LoadBalancer.Ingress {
-			if ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy {
-				continue
-			}
-			add(ing.IP)
+		if a, ok := apiIP(ip); ok {
+			out = append(out, a.String())
 		}
 	}
-	return sameFamilies(out, clusterIPsOf(s))
+	return sameFamilies(append(out, ingressAddresses(s)...), clusterIPsOf(s))
+}
+
+// ingressAddresses are s's load balancer ingress IPs (of every family; none unless s is of
+// type LoadBalancer).
+func ingressAddresses(s *corev1.Service) []string {
+	if s.Spec.Type != corev1.ServiceTypeLoadBalancer {
+		return nil
+	}
+	var out []string
+	for _, ing := range s.Status.LoadBalancer.Ingress {
+		if ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy {
+			continue
+		}
+		if a, ok := apiIP(ing.IP); ok {
+			out = append(out, a.String())
+		}
+	}
+	return out
 }
 
 // clusterIPsOf are s's ClusterIPs (none for a headless Service).
@@ -304,7 +311,7 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 		external := serviceExternalAddresses(s)
 		var externalIPs []string // apart: sourceRanges restrict the ingress IPs only
 		if s.Spec.Type == corev1.ServiceTypeLoadBalancer && len(s.Spec.LoadBalancerSourceRanges) > 0 {
-			ingress := serviceExternalAddresses(&corev1.Service{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ClusterIPs: clusterIPs}, Status: s.Status})
+			ingress := sameFamilies(ingressAddresses(s), clusterIPs)
 			for _, ip := range external {
 				if !slices.Contains(ingress, ip) {
 					externalIPs = append(externalIPs, ip)
