@@ -188,8 +188,9 @@ func (m *Manager) update(tx *knftables.Transaction, cur *nftjson.Table, r *Rules
 		}
 		want := map[string]bool{}
 		for _, e := range r.Elements[s.Name] {
-			want[canonical(e)] = true
-			if !have[canonical(e)] {
+			c := canonical(e)
+			want[c] = true
+			if !have[c] {
 				adds = append(adds, elem(s.Name, e))
 				res.ElementsAdded++
 				switch {
