@@ -172,7 +172,7 @@ func Load(path string) (*Config, error) {
 
 // Parse decodes YAML strictly and validates it.
 func Parse(b []byte) (*Config, error) {
-	var c Config
+	c := withDefaults()
 	if err := model.UnmarshalStrict(b, &c); err != nil {
 		return nil, err
 	}
@@ -192,7 +192,7 @@ func ParseJSON(b []byte) (*Config, error) {
 
 // decodeJSON decodes one config object strictly: no unknown fields, nothing after it.
 func decodeJSON(b []byte) (Config, error) {
-	var c Config
+	c := withDefaults()
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
@@ -221,6 +221,16 @@ func ParseJSONServices(rest []byte, svcs, was []lb.Service) (*Config, error) {
 	return c.finishChange(was)
 }
 
+// withDefaults is the config a decode starts from: the agent's periods are there unless the
+// input sets them, so that a period written as "0s" is the user's (a minimum sync interval
+// of none; a resync period the checks refuse), not taken for a missing one.
+func withDefaults() Config {
+	var c Config
+	c.Agent.ResyncPeriod.Duration = 30 * time.Second
+	c.Agent.MinSyncInterval.Duration = time.Second
+	return c
+}
+
 // finish fills in the defaults and validates.
 func (c Config) finish() (*Config, error) { return c.finishChange(nil) }
 
@@ -229,12 +239,6 @@ func (c Config) finish() (*Config, error) { return c.finishChange(nil) }
 func (c Config) finishChange(was []lb.Service) (*Config, error) {
 	if c.Datapath == "" {
 		c.Datapath = model.DatapathFlowtable
-	}
-	if c.Agent.ResyncPeriod.Duration == 0 {
-		c.Agent.ResyncPeriod.Duration = 30 * time.Second
-	}
-	if c.Agent.MinSyncInterval.Duration == 0 {
-		c.Agent.MinSyncInterval.Duration = time.Second
 	}
 	if err := c.validate(was); err != nil {
 		return nil, err

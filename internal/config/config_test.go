@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hostaccel/hostaccel/internal/model"
 )
@@ -32,7 +33,27 @@ func TestParseDefaults(t *testing.T) {
 	}
 }
 
-// Every bad input is rejected with an error naming the field and the value.
+// A period written as "0s" is the user's, in YAML and in JSON: no rate limit on event syncs,
+// and a resync period of 0 is refused. Both were taken for missing and set to the defaults.
+func TestZeroPeriodsAreTheUsers(t *testing.T) {
+	y, err := Parse([]byte(good + "agent: {minSyncInterval: 0s}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := ParseJSON([]byte(`{"node": {"gateways": ["gw"], "transports": ["eth0"], "localPodCIDRs": ["10.244.1.0/24"]}, "classes": {"pod-to-pod": true}, "agent": {"minSyncInterval": "0s"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*Config{y, j} {
+		if c.Agent.MinSyncInterval.Duration != 0 || c.Agent.ResyncPeriod.Duration != 30*time.Second {
+			t.Errorf("minSyncInterval: 0s gave %+v", c.Agent)
+		}
+	}
+	if _, err := Parse([]byte(good + "agent: {resyncPeriod: 0s}\n")); err == nil || !strings.Contains(err.Error(), "agent.resyncPeriod: 0s is shorter than 1s") {
+		t.Errorf("resyncPeriod: 0s: %v", err)
+	}
+}
+
 func TestParseErrors(t *testing.T) {
 	for _, tc := range []struct{ name, yaml, want string }{
 		{"unknown key", good + "bogus: 1\n", `unknown field "bogus"`},
