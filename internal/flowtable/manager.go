@@ -25,8 +25,13 @@ type Manager struct {
 	// datapath removes the table at every sync. nil: Remove always runs its transaction.
 	Exists func(context.Context) (bool, error)
 
+	// KnownDir: Apply keeps what it knows (last, lastDevices) in a file there for the next
+	// process (known.go). NewManager: DefaultKnownDir; "": no file.
+	KnownDir string
+
 	last        string   // fingerprint of the table right after our last successful apply
 	lastDevices []string // its flowtable's devices
+	written     string   // the fingerprint the file has ("": none written by this Manager)
 }
 
 // NewManager returns a Manager on the real nft binary, which it runs first when it has a
@@ -34,7 +39,7 @@ type Manager struct {
 // (datapath tc or none, nothing to remove) need not pay it.
 func NewManager() *Manager {
 	exists := func(ctx context.Context) (bool, error) { return nftlist.Has(ctx, Family, TableName) }
-	return &Manager{List: nftjson.NFT, Exists: exists}
+	return &Manager{List: nftjson.NFT, Exists: exists, KnownDir: DefaultKnownDir}
 }
 
 // nft returns m.NFT, made on first use.
@@ -77,6 +82,7 @@ func (m *Manager) Observe(ctx context.Context) (*nftjson.Table, error) {
 // narrows; the whole table is rebuilt when it is missing, has another spec, or was changed
 // by someone else since our last apply (drift).
 func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
+	m.recall()
 	cur, err := m.Observe(ctx)
 	if err != nil {
 		return Result{}, err
@@ -108,6 +114,7 @@ func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
 			// The transaction went in, unread: the next apply must not take it for someone
 			// else's change (a rebuild that flushes every offloaded flow).
 			m.last, m.lastDevices = "", nil
+			m.remember()
 		}
 		return res, err
 	}
@@ -123,6 +130,9 @@ func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
 	m.lastDevices = nil
 	if ft := after.Flowtables[FlowtableName]; ft != nil {
 		m.lastDevices = slices.Clone(ft.Devices)
+	}
+	if m.last != m.written {
+		m.remember()
 	}
 	return res, nil
 }
@@ -266,6 +276,7 @@ func (m *Manager) Remove(ctx context.Context) error {
 	if m.Exists != nil {
 		if ok, err := m.Exists(ctx); err == nil && !ok {
 			m.last = ""
+			m.remember()
 			return nil
 		}
 	}
@@ -277,5 +288,6 @@ func (m *Manager) Remove(ctx context.Context) error {
 	tx.Add(&knftables.Table{})
 	tx.Delete(&knftables.Table{})
 	m.last = ""
+	m.remember()
 	return nft.Run(ctx, tx)
 }

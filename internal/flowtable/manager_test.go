@@ -307,3 +307,38 @@ func TestCanonicalElements(t *testing.T) {
 		}
 	}
 }
+
+// A new process's Manager starts from what the last one left (its known file): a rule edited
+// in place with its comment kept is repaired, as the agent's own Manager repairs it. Before,
+// a new Manager compared the comments only and kept the edited rule.
+func TestFreshManagerRepairsAnEditedRule(t *testing.T) {
+	dir := t.TempDir()
+	m, f := NewFakeManager()
+	m.KnownDir = dir
+	s := state()
+	apply(t, m, s)
+	if res := apply(t, &Manager{NFT: f, List: FakeLister(f), KnownDir: dir}, s); res.Rebuilt || res.Drift != "" {
+		t.Fatalf("a new manager, nothing changed: %+v", res)
+	}
+	f.Lock()
+	f.Table.Chains[ChainName].Rules[3].Rule = "meta l4proto udp accept"
+	f.Unlock()
+	res := apply(t, &Manager{NFT: f, List: FakeLister(f), KnownDir: dir}, s)
+	if !res.Rebuilt || res.Drift != "drift: table changed outside hostaccel" {
+		t.Fatalf("edited rule, comment kept, not repaired by a new manager: %+v", res)
+	}
+	f.RLock()
+	got := f.Table.Chains[ChainName].Rules[3].Rule
+	f.RUnlock()
+	if strings.Contains(got, "udp accept") {
+		t.Fatalf("rule 3 is still %q", got)
+	}
+	// Removed: the next process starts from nothing (no drift to report).
+	m3 := &Manager{NFT: f, List: FakeLister(f), KnownDir: dir}
+	if err := m3.Remove(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if res := apply(t, &Manager{NFT: f, List: FakeLister(f), KnownDir: dir}, s); res.Reason != "table missing" || res.Drift != "" {
+		t.Fatalf("after Remove: %+v", res)
+	}
+}

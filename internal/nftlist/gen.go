@@ -149,3 +149,17 @@ func (g Generation) Next() Generation {
 	}
 	return g
 }
+
+// Namespace is the calling thread's network namespace and the boot, as a Generation without
+// an ID: cookie (0 when the kernel does not tell), inode, boot id. It opens no netfilter
+// socket (whose close waits for the kernel, GenReader).
+func Namespace() Generation {
+	g := Generation{Boot: BootID(), NetNSInode: ThreadNetNSInode()}
+	if fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err == nil {
+		if v, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, soNetNSCookie); err == nil {
+			g.NetNS = v
+		}
+		unix.Close(fd)
+	}
+	return g
+}

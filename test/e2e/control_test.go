@@ -84,6 +84,23 @@ table ip nat {
 		t.Errorf("second apply was not a no-op: %s", out)
 	}
 
+	// A rule edited in place, its comment kept: the next `apply` (a new process) repairs it
+	// (it used to compare the comments only and keep the rule).
+	r0 := status(t, tp.Node).Table.Chains[flowtable.ChainName].Rules[0]
+	if out, err := tp.Node.Exec("nft", "replace", "rule", "inet", "hostaccel", flowtable.ChainName, "handle", fmt.Sprint(r0.Handle),
+		"meta", "l4proto", "udp", "accept", "comment", `"`+r0.Comment+`"`); err != nil {
+		t.Fatal(err, out)
+	}
+	if out := mustHA(t, tp.Node.Name, "apply", "-f", cfg); !strings.Contains(out, "drift: table changed outside hostaccel") {
+		t.Errorf("apply after a rule edited in place: %s", out)
+	}
+	if rs := ruleset(t, tp.Node); strings.Contains(rs, "udp accept") {
+		t.Errorf("the edited rule is still there after the repair:\n%s", rs)
+	}
+	if out := mustHA(t, tp.Node.Name, "apply", "-f", cfg); !strings.Contains(out, "no change") {
+		t.Errorf("apply after the repair was not a no-op: %s", out)
+	}
+
 	applied := ruleset(t, tp.Node)
 	for _, bad := range []struct{ yaml, want string }{
 		{nodeConfig(tp, "classes: {pod-to-moon: true}\n"), `unknown class "pod-to-moon"`},

@@ -1,0 +1,85 @@
+package flowtable
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/hostaccel/hostaccel/internal/nftlist"
+)
+
+// A Manager knows the table as its last apply left it (its fingerprint), and takes any other
+// table for someone's change, which it repairs by a rebuild. A new process (a one-shot
+// `hostaccel apply`, an agent restarted) knew nothing, and compared only the rules' comments:
+// a rule edited in place with its comment kept stayed. So Apply writes the fingerprint to a
+// file per network namespace (KnownDir) and a new Manager starts from it. The fingerprint is
+// of the whole listing: unlike the load balancer's cache (lb/known.go) it needs no ruleset
+// generation to be trusted, only the namespace and the boot it was written in.
+
+// DefaultKnownDir holds the files (tmpfs: a reboot empties it, as it empties the ruleset).
+const DefaultKnownDir = "/run/hostaccel"
+
+const knownFormat = "hostaccel-flowtable-known/1"
+
+type knownFile struct {
+	Format      string   `json:"format"`
+	NetNS       uint64   `json:"netns"`
+	Boot        string   `json:"boot"`
+	Fingerprint string   `json:"fingerprint"`
+	Devices     []string `json:"devices"`
+}
+
+func (m *Manager) knownPath(ns nftlist.Generation) string {
+	return filepath.Join(m.KnownDir, fmt.Sprintf("flowtable-known-%d.json", ns.NetNSInode))
+}
+
+// recall starts a Manager that knows nothing from the file of its namespace, if it has one
+// written in this namespace and boot.
+func (m *Manager) recall() {
+	if m.KnownDir == "" || m.last != "" {
+		return
+	}
+	ns := nftlist.Namespace()
+	if ns.NetNS == 0 || ns.Boot == "" {
+		return
+	}
+	b, err := os.ReadFile(m.knownPath(ns))
+	if err != nil {
+		return
+	}
+	var f knownFile
+	if json.Unmarshal(b, &f) != nil || f.Format != knownFormat || f.NetNS != ns.NetNS || f.Boot != ns.Boot {
+		return
+	}
+	m.last, m.lastDevices, m.written = f.Fingerprint, f.Devices, f.Fingerprint
+}
+
+// remember writes what the Manager knows for the next process; with nothing known, it
+// removes the file. A cache: a file that cannot be written leaves the next process to compare
+// comments, as before.
+func (m *Manager) remember() {
+	if m.KnownDir == "" {
+		return
+	}
+	ns := nftlist.Namespace()
+	path := m.knownPath(ns)
+	m.written = ""
+	if m.last == "" || ns.NetNS == 0 || ns.Boot == "" {
+		_ = os.Remove(path)
+		return
+	}
+	b, err := json.Marshal(knownFile{Format: knownFormat, NetNS: ns.NetNS, Boot: ns.Boot, Fingerprint: m.last, Devices: m.lastDevices})
+	if err != nil {
+		return
+	}
+	if os.MkdirAll(m.KnownDir, 0o755) != nil {
+		return
+	}
+	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
+	if os.WriteFile(tmp, b, 0o600) != nil || os.Rename(tmp, path) != nil {
+		_ = os.Remove(tmp)
+		return
+	}
+	m.written = m.last
+}
