@@ -546,7 +546,9 @@ func statusCmd(g *globals) *cobra.Command {
 }
 
 func writeStatus(out io.Writer, st agent.Status) {
-	if st.Table == nil {
+	if err, bad := st.Errors["nftables"]; bad {
+		fmt.Fprintf(out, "table inet %s: unknown (error reading nftables: %s)\n", flowtable.TableName, err)
+	} else if st.Table == nil {
 		fmt.Fprintf(out, "table inet %s: not installed\n", flowtable.TableName)
 	} else {
 		fmt.Fprintf(out, "table inet %s: %s\n", flowtable.TableName, st.Table.Comment)
@@ -644,7 +646,11 @@ func writeStatus(out io.Writer, st agent.Status) {
 			fmt.Fprintf(out, "  draining: %d sockets of removed program sets (their messages take TCP; the maps go when they close)\n", m.Draining)
 		}
 	}
-	fmt.Fprintf(out, "\noffloaded connections (conntrack [OFFLOAD]): %d\n", len(st.Offloaded))
+	if err, bad := st.Errors["conntrack"]; bad {
+		fmt.Fprintf(out, "\noffloaded connections (conntrack [OFFLOAD]): unknown (error reading conntrack: %s)\n", err)
+	} else {
+		fmt.Fprintf(out, "\noffloaded connections (conntrack [OFFLOAD]): %d\n", len(st.Offloaded))
+	}
 	for _, f := range st.Offloaded {
 		fmt.Fprintf(out, "  %s\n", f)
 	}

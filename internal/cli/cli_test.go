@@ -117,3 +117,20 @@ func TestRenderExpandsGatewayPatterns(t *testing.T) {
 		t.Errorf("render of a gateway pattern:\n%s", s)
 	}
 }
+
+// A status whose nftables or conntrack reading failed says "unknown", not "not installed" or
+// "0" (the error was only at the bottom, after them).
+func TestStatusSaysUnknownOnReadErrors(t *testing.T) {
+	var b strings.Builder
+	writeStatus(&b, agent.Status{Errors: map[string]string{"nftables": "context deadline exceeded", "conntrack": "EBUSY"}})
+	out := b.String()
+	for _, want := range []string{"table inet hostaccel: unknown (error reading nftables: context deadline exceeded)",
+		"offloaded connections (conntrack [OFFLOAD]): unknown (error reading conntrack: EBUSY)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "not installed") || strings.Contains(out, "[OFFLOAD]): 0") {
+		t.Errorf("status states what it could not read:\n%s", out)
+	}
+}

@@ -52,35 +52,44 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
+// Collect exports the status. A service's packets are the sum of its chains' counters (one
+// per family), each of which restarts at zero apart: each is made monotonic before the sum (a
+// family's chain deleted was a reset of the sum, and the other family's packets were counted
+// again), and none is exported by a scrape whose reading of them failed.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st := c.status(ctx)
-	gauge := func(d *prometheus.Desc, v float64, l ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
-	}
-	counter := func(d *prometheus.Desc, v float64, l ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, l...)
-	}
-	for _, s := range st.Services {
-		for _, b := range s.Backends {
-			for _, state := range []HealthState{HealthUp, HealthDown, HealthUnknown} {
-				gauge(descHealth, b2f(b.Health.State == state), s.Name, b.Key, string(state))
-			}
-			gauge(descActive, b2f(b.Active), s.Name, b.Key)
-			counter(descTransitions, float64(b.Health.Transitions), s.Name, b.Key)
-			counter(descChecks, float64(b.Health.Checks), s.Name, b.Key)
-			counter(descFailures, float64(b.Health.Failures), s.Name, b.Key)
-			if !b.Health.LastCheck.IsZero() {
-				gauge(descLastCheck, float64(b.Health.LastCheck.UnixNano())/1e9, s.Name, b.Key)
-			}
+	c.counters.Scrape(func(sc *monotonic.Scrape) {
+		st := c.status(ctx)
+		gauge := func(d *prometheus.Desc, v float64, l ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
 		}
-		ch <- c.counters.Metric(descPackets, s.Packets, s.Name)
-	}
-	for kind, n := range map[string]uint64{"full": st.Reads.Full, "full_skipped": st.Reads.FullSkipped,
-		"chain_listed": st.Reads.ChainsListed, "chain_rehearsed": st.Reads.ChainsRehearsed} {
-		counter(descReads, float64(n), kind)
-	}
+		counter := func(d *prometheus.Desc, v float64, l ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, l...)
+		}
+		for _, s := range st.Services {
+			for _, b := range s.Backends {
+				for _, state := range []HealthState{HealthUp, HealthDown, HealthUnknown} {
+					gauge(descHealth, b2f(b.Health.State == state), s.Name, b.Key, string(state))
+				}
+				gauge(descActive, b2f(b.Active), s.Name, b.Key)
+				counter(descTransitions, float64(b.Health.Transitions), s.Name, b.Key)
+				counter(descChecks, float64(b.Health.Checks), s.Name, b.Key)
+				counter(descFailures, float64(b.Health.Failures), s.Name, b.Key)
+				if !b.Health.LastCheck.IsZero() {
+					gauge(descLastCheck, float64(b.Health.LastCheck.UnixNano())/1e9, s.Name, b.Key)
+				}
+			}
+			if st.countersFailed {
+				continue
+			}
+			counter(descPackets, sc.Sum(descPackets, s.packetParts, s.Name), s.Name)
+		}
+		for kind, n := range map[string]uint64{"full": st.Reads.Full, "full_skipped": st.Reads.FullSkipped,
+			"chain_listed": st.Reads.ChainsListed, "chain_rehearsed": st.Reads.ChainsRehearsed} {
+			counter(descReads, float64(n), kind)
+		}
+	})
 }
 
 func b2f(b bool) float64 {

@@ -20,6 +20,8 @@ type Status struct {
 	StateFile  string          `json:"stateFile,omitempty"`
 	Errors     []string        `json:"errors,omitempty"` // reading the kernel's counters
 	Reads      ReadCounts      `json:"reads"`            // of the kernel since the start (with counters)
+
+	countersFailed bool // the counters' reading failed: Packets are partial
 }
 
 // ServiceStatus is one service.
@@ -37,6 +39,8 @@ type ServiceStatus struct {
 	Packets  uint64          `json:"packets"`
 	Backends []BackendStatus `json:"backends"`
 	Service  Service         `json:"definition"`
+
+	packetParts map[string]uint64 // Packets by kernel counter ("table counter"), which restart apart
 }
 
 // BackendStatus is one backend.
@@ -84,7 +88,7 @@ func (r *Runtime) status(ctx context.Context, counters bool, only string) Status
 	if d == nil {
 		return st
 	}
-	packets := map[string]uint64{}
+	packets, parts := map[string]uint64{}, map[string]map[string]uint64{}
 	if counters && mgr != nil {
 		// The counters' names and comments as the last apply left them (under the manager's
 		// lock, briefly), then the kernel's numbers without it.
@@ -95,11 +99,16 @@ func (r *Runtime) status(ctx context.Context, counters bool, only string) Status
 		tables, err := mgr.ReadCounters(ctx, names)
 		if err != nil {
 			st.Errors = append(st.Errors, err.Error())
+			st.countersFailed = true
 		}
-		for _, cs := range tables {
-			for _, c := range cs {
+		for ref, cs := range tables {
+			for name, c := range cs {
 				if svc, what, ok := parseComment(c.Comment); ok && (what == whatNewConnections || what == whatPackets) {
 					packets[svc] += c.Packets
+					if parts[svc] == nil {
+						parts[svc] = map[string]uint64{}
+					}
+					parts[svc][ref.String()+" "+name] = c.Packets
 				}
 			}
 		}
@@ -110,7 +119,7 @@ func (r *Runtime) status(ctx context.Context, counters bool, only string) Status
 		}
 		s := ServiceStatus{Name: ss.Service.Name, Origin: "config", Topology: ss.Topology, Protocol: ss.Protocol,
 			Scheduler: ss.Sched, VIPs: ss.Service.VIPs, Ports: ss.Ports, Skipped: ss.Skipped, Packets: packets[ss.Service.Name],
-			Service: ss.Service}
+			Service: ss.Service, packetParts: parts[ss.Service.Name]}
 		if ov.index(ss.Service.Name) >= 0 {
 			s.Origin = "api"
 		}

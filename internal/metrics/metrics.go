@@ -84,7 +84,9 @@ var (
 		"Bytes of a traffic class that took the normal path through the forward chain.", []string{"class"}, nil)
 	offloaded = prometheus.NewDesc("hostaccel_offloaded_flows",
 		"Conntrack entries offloaded to the flowtable right now.", nil, nil)
-	installed = prometheus.NewDesc("hostaccel_table_installed", "1 when table inet hostaccel exists.", nil, nil)
+	installed  = prometheus.NewDesc("hostaccel_table_installed", "1 when table inet hostaccel exists (absent when nft could not be read: hostaccel_status_read_errors).", nil, nil)
+	readErrors = prometheus.NewDesc("hostaccel_status_read_errors",
+		"1 when the scrape could not read a part of the kernel's state (source: nftables, conntrack, tc, sockmap); that part's metrics are left out of the scrape.", []string{"source"}, nil)
 	tcPackets = prometheus.NewDesc("hostaccel_tc_redirected_packets_total",
 		"Packets the tc datapath redirected past the host stack.", []string{"class", "family"}, nil)
 	tcBytes = prometheus.NewDesc("hostaccel_tc_redirected_bytes_total",
@@ -121,58 +123,76 @@ type kernelCollector struct {
 }
 
 func (c *kernelCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{classPackets, classBytes, offloaded, installed, tcPackets, tcBytes, tcPassed, tcVia, tcHandedMarked, tcHandedAgings, smSockets, smDraining, smEntered, smEnterFailed, smMessages, smBytes, smBounded} {
+	for _, d := range []*prometheus.Desc{readErrors, classPackets, classBytes, offloaded, installed, tcPackets, tcBytes, tcPassed, tcVia, tcHandedMarked, tcHandedAgings, smSockets, smDraining, smEntered, smEnterFailed, smMessages, smBytes, smBounded} {
 		ch <- d
 	}
 }
 
-// counter sends v as a monotonic counter: when v falls (the table or the tc program was
-// replaced, its counters restarted at zero), the value before the reset is carried over.
-func (c *kernelCollector) counter(ch chan<- prometheus.Metric, desc *prometheus.Desc, v uint64, labels ...string) {
-	ch <- c.counters.Metric(desc, v, labels...)
-}
+// readSources are the parts of the kernel's state a scrape reads (agent.Status.Errors' keys).
+var readSources = []string{"nftables", "conntrack", "tc", "sockmap"}
 
+// Collect reads the kernel and exports it. A part that could not be read exports nothing of
+// what it would have said (a sockmap status read half way had zero counters, taken for a
+// reset and counted again at the next reading; a table that could not be listed was "not
+// installed"), and hostaccel_status_read_errors says which part failed.
 func (c *kernelCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st := c.gather(ctx)
-	for _, cs := range st.Classes {
-		c.counter(ch, classPackets, cs.Packets, string(cs.Class))
-		c.counter(ch, classBytes, cs.Bytes, string(cs.Class))
+	c.counters.Scrape(func(sc *monotonic.Scrape) {
+		st := c.gather(ctx)
+		failed := func(source string) bool { _, bad := st.Errors[source]; return bad }
+		counter := func(desc *prometheus.Desc, v uint64, labels ...string) { ch <- sc.Metric(desc, v, labels...) }
+		gauge := func(desc *prometheus.Desc, v float64, labels ...string) {
+			ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...)
+		}
+		for _, src := range readSources {
+			gauge(readErrors, b2f(failed(src)), src)
+		}
+		if !failed("nftables") {
+			for _, cs := range st.Classes {
+				counter(classPackets, cs.Packets, string(cs.Class))
+				counter(classBytes, cs.Bytes, string(cs.Class))
+			}
+			gauge(installed, b2f(st.Table != nil))
+		}
+		if t := st.TC; t != nil && !failed("tc") {
+			for _, cs := range t.Classes {
+				counter(tcPackets, cs.Packets, string(cs.Class), cs.Family)
+				counter(tcBytes, cs.Bytes, string(cs.Class), cs.Family)
+			}
+			for reason, n := range t.Passed {
+				counter(tcPassed, n.Packets, reason)
+			}
+			for via, n := range t.Via {
+				counter(tcVia, n.Packets, via)
+			}
+			if h := t.Handed; h != nil {
+				gauge(tcHandedMarked, float64(h.Marked))
+				counter(tcHandedAgings, uint64(h.Epoch-1))
+			}
+		}
+		if sm := st.Sockmap; sm != nil && !failed("sockmap") {
+			gauge(smSockets, float64(sm.Sockets))
+			gauge(smDraining, float64(sm.Draining))
+			for fam, n := range sm.Entered {
+				counter(smEntered, n, fam)
+			}
+			counter(smEnterFailed, sm.EnterFailed)
+			counter(smMessages, sm.Redirected.Count, "redirected")
+			counter(smMessages, sm.Passed.Count, "passed")
+			counter(smBytes, sm.Redirected.Bytes, "redirected")
+			counter(smBytes, sm.Passed.Bytes, "passed")
+			counter(smBounded, sm.Bounded.Count)
+		}
+		if !failed("conntrack") {
+			gauge(offloaded, float64(len(st.Offloaded)))
+		}
+	})
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
 	}
-	if t := st.TC; t != nil {
-		for _, cs := range t.Classes {
-			c.counter(ch, tcPackets, cs.Packets, string(cs.Class), cs.Family)
-			c.counter(ch, tcBytes, cs.Bytes, string(cs.Class), cs.Family)
-		}
-		for reason, n := range t.Passed {
-			c.counter(ch, tcPassed, n.Packets, reason)
-		}
-		for via, n := range t.Via {
-			c.counter(ch, tcVia, n.Packets, via)
-		}
-		if h := t.Handed; h != nil {
-			ch <- prometheus.MustNewConstMetric(tcHandedMarked, prometheus.GaugeValue, float64(h.Marked))
-			c.counter(ch, tcHandedAgings, uint64(h.Epoch-1))
-		}
-	}
-	if sm := st.Sockmap; sm != nil {
-		ch <- prometheus.MustNewConstMetric(smSockets, prometheus.GaugeValue, float64(sm.Sockets))
-		ch <- prometheus.MustNewConstMetric(smDraining, prometheus.GaugeValue, float64(sm.Draining))
-		for fam, n := range sm.Entered {
-			c.counter(ch, smEntered, n, fam)
-		}
-		c.counter(ch, smEnterFailed, sm.EnterFailed)
-		c.counter(ch, smMessages, sm.Redirected.Count, "redirected")
-		c.counter(ch, smMessages, sm.Passed.Count, "passed")
-		c.counter(ch, smBytes, sm.Redirected.Bytes, "redirected")
-		c.counter(ch, smBytes, sm.Passed.Bytes, "passed")
-		c.counter(ch, smBounded, sm.Bounded.Count)
-	}
-	ch <- prometheus.MustNewConstMetric(offloaded, prometheus.GaugeValue, float64(len(st.Offloaded)))
-	inst := 0.0
-	if st.Table != nil {
-		inst = 1
-	}
-	ch <- prometheus.MustNewConstMetric(installed, prometheus.GaugeValue, inst)
+	return 0
 }

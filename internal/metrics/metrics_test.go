@@ -11,6 +11,7 @@ import (
 	"github.com/hostaccel/hostaccel/internal/agent"
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/nftjson"
+	"github.com/hostaccel/hostaccel/internal/sockmap"
 	"github.com/hostaccel/hostaccel/internal/tc"
 )
 
@@ -119,4 +120,49 @@ hostaccel_tc_handed_marked ` + marked + "\n"
 	want("1", "2")
 	h.Epoch = 2
 	want("1", "3")
+}
+
+// A part of the kernel's state that a scrape could not read exports nothing of what it would
+// have said, and hostaccel_status_read_errors names it: a sockmap status read half way (zero
+// counters) was a reset, and the next good reading counted every message again; a table nft
+// could not list was "not installed", no conntrack dump 0 offloaded flows.
+func TestReadErrorsExportNothing(t *testing.T) {
+	n := 0
+	m := New(func(context.Context) agent.Status {
+		n++
+		st := agent.Status{Table: &nftjson.Table{}, Offloaded: []string{"a flow"},
+			Sockmap: &sockmap.Status{Entered: map[string]uint64{}, Redirected: sockmap.Counter{Count: 1000}}}
+		if n == 2 {
+			st = agent.Status{Sockmap: &sockmap.Status{Entered: map[string]uint64{}}, Errors: map[string]string{
+				"sockmap": "stats: EPERM", "nftables": "context deadline exceeded", "conntrack": "EBUSY"}}
+		}
+		return st
+	})
+	want := func(exp string, names ...string) {
+		t.Helper()
+		if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(exp), names...); err != nil {
+			t.Error(err)
+		}
+	}
+	m.Registry.Gather()
+	want(`
+# HELP hostaccel_status_read_errors 1 when the scrape could not read a part of the kernel's state (source: nftables, conntrack, tc, sockmap); that part's metrics are left out of the scrape.
+# TYPE hostaccel_status_read_errors gauge
+hostaccel_status_read_errors{source="conntrack"} 1
+hostaccel_status_read_errors{source="nftables"} 1
+hostaccel_status_read_errors{source="sockmap"} 1
+hostaccel_status_read_errors{source="tc"} 0
+`, "hostaccel_status_read_errors", "hostaccel_table_installed", "hostaccel_offloaded_flows", "hostaccel_sockmap_messages_total")
+	want(`
+# HELP hostaccel_sockmap_messages_total Messages (sendmsg, sendfile) of sockets in the map: redirected socket to socket, or passed to TCP.
+# TYPE hostaccel_sockmap_messages_total counter
+hostaccel_sockmap_messages_total{result="passed"} 0
+hostaccel_sockmap_messages_total{result="redirected"} 1000
+# HELP hostaccel_table_installed 1 when table inet hostaccel exists (absent when nft could not be read: hostaccel_status_read_errors).
+# TYPE hostaccel_table_installed gauge
+hostaccel_table_installed 1
+# HELP hostaccel_offloaded_flows Conntrack entries offloaded to the flowtable right now.
+# TYPE hostaccel_offloaded_flows gauge
+hostaccel_offloaded_flows 1
+`, "hostaccel_table_installed", "hostaccel_offloaded_flows", "hostaccel_sockmap_messages_total")
 }
