@@ -3,6 +3,7 @@ package probe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -64,7 +65,12 @@ func probeNFT(ctx context.Context) []Feature {
 	} else {
 		// knftables has no flowtable flags, but writes Priority verbatim after
 		// "hook ingress priority "; nft spells the counter flag "counter ;".
+		// A kernel before 5.5 ignores the flags attribute it does not know: the check passes
+		// and the flag is dropped, so the release must say 5.7 (where the counter came) too.
 		err = flowtable(knftables.FilterIngressPriority + " ; counter")
+		if err == nil && !releaseAtLeast(kernelRelease(), 5, 7) {
+			err = fmt.Errorf("Linux %s accepts the flag but has no flowtable counters", kernelRelease())
+		}
 		fs = append(fs, feature(FlowtableCounter, err, "needs Linux >= 5.7 and an nft that knows flowtable counters"))
 	}
 

@@ -149,6 +149,16 @@ func kernelRelease() string {
 	return unix.ByteSliceToString(u.Release[:])
 }
 
+// releaseAtLeast reports whether a kernel release ("6.1.0-26-cloud-amd64") is major.minor or
+// later; one it cannot read is taken as later (the probes decide).
+func releaseAtLeast(release string, major, minor int) bool {
+	var ma, mi int
+	if n, _ := fmt.Sscanf(release, "%d.%d", &ma, &mi); n != 2 {
+		return true
+	}
+	return ma > major || ma == major && mi >= minor
+}
+
 // feature turns the outcome of a probe into a Feature; hint says how to get a missing one.
 func feature(name string, err error, hint string) Feature {
 	if err == nil {

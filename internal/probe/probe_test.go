@@ -274,3 +274,14 @@ func TestKfuncsCache(t *testing.T) {
 		}
 	}
 }
+
+// The flowtable counter's flag passes nft --check on a kernel before 5.5, which ignores the
+// attribute: the release decides there.
+func TestReleaseAtLeast(t *testing.T) {
+	for rel, want := range map[string]bool{"6.1.0-26-cloud-amd64": true, "5.7.0": true, "5.6.19-foo": false,
+		"5.4.0-150-generic": false, "4.19.0": false, "10.0": true, "weird": true} {
+		if got := releaseAtLeast(rel, 5, 7); got != want {
+			t.Errorf("releaseAtLeast(%q, 5, 7) = %v, want %v", rel, got, want)
+		}
+	}
+}
