@@ -161,12 +161,12 @@ func (o *observed) netState(listRoutes func() ([]route, bool, error)) (netState,
 			n.addrs[name] = append(n.addrs[name], ip.Unmap())
 		}
 	}
-	routes, routeMTU, err := listRoutes()
+	routes, specificRoute, err := listRoutes()
 	if err != nil {
 		return n, err
 	}
 	n.routes = routes
-	n.destOnly, err = destinationRouting(routeMTU)
+	n.destOnly, err = destinationRouting(specificRoute)
 	return n, err
 }
 

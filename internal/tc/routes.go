@@ -69,28 +69,28 @@ func (ix routeIndex) egress(p netip.Prefix) uint32 {
 	return 0
 }
 
-// mainRoutes lists the main table's routes of both families, and whether one of them has
-// an MTU of its own. It reads the netlink dump for the destination, the device and the MTU
+// mainRoutes lists the main table's routes of both families, and whether one of them makes
+// the FIB's answers depend on more than the destination (specific, parseRoute). It reads the netlink dump for the destination, the device and the MTU
 // alone: the netlink library's decoding of every route took ~30 ms of an apply at 10,000
 // routes (TestMainRoutesAsTheLibrary compares the two).
 // A dump the kernel marks interrupted (the table changed under it) is read again, up to three
 // times.
 func mainRoutes() ([]route, bool, error) {
 	var out []route
-	mtu := false
+	specific := false
 	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
-		start, mtuBefore := len(out), mtu
+		start, specificBefore := len(out), specific
 		var err error
 		for try := 0; try < 3; try++ {
-			out, mtu = out[:start], mtuBefore
+			out, specific = out[:start], specificBefore
 			req := nl.NewNetlinkRequest(unix.RTM_GETROUTE, unix.NLM_F_DUMP)
 			req.AddData(&nl.RtMsg{RtMsg: unix.RtMsg{Family: fam}})
 			var perr error
 			err = req.ExecuteIter(unix.NETLINK_ROUTE, unix.RTM_NEWROUTE, func(m []byte) bool {
-				r, hasMTU, ok, e := parseRoute(m, fam)
+				r, sp, ok, e := parseRoute(m, fam)
 				if ok {
 					out = append(out, r)
-					mtu = mtu || hasMTU
+					specific = specific || sp
 				}
 				perr = e
 				return e == nil
@@ -104,12 +104,17 @@ func mainRoutes() ([]route, bool, error) {
 			return nil, false, fmt.Errorf("listing routes: %w", err)
 		}
 	}
-	return out, mtu, nil
+	return out, specific, nil
 }
 
 // parseRoute reads an RTM_NEWROUTE message of family fam: ok is false for a route of another
-// table or family, a cloned one, or a message too short.
-func parseRoute(m []byte, fam uint8) (r route, mtu, ok bool, err error) {
+// table or family, a cloned one, or a message too short. specific: the route makes the FIB's
+// answer for a destination depend on more than the destination, so that an answer kept per
+// destination could be wrong for another packet to it: an MTU of its own (the FIB checks
+// packets against it), a source prefix (IPv6 `from`) or a TOS selector, or more than one
+// next hop (the kernel spreads flows by a hash of each; a kept answer sent every flow the
+// way the last answer went, and moved them when it was renewed).
+func parseRoute(m []byte, fam uint8) (r route, specific, ok bool, err error) {
 	if len(m) < unix.SizeofRtMsg {
 		return r, false, false, nil
 	}
@@ -136,7 +141,7 @@ func parseRoute(m []byte, fam uint8) (r route, mtu, ok bool, err error) {
 		case unix.RTA_METRICS:
 			ad.Nested(func(nad *mnl.AttributeDecoder) error {
 				for nad.Next() {
-					mtu = mtu || nad.Type() == unix.RTAX_MTU && nad.Uint32() != 0
+					specific = specific || nad.Type() == unix.RTAX_MTU && nad.Uint32() != 0
 				}
 				return nil
 			})
@@ -177,7 +182,8 @@ func parseRoute(m []byte, fam uint8) (r route, mtu, ok bool, err error) {
 	if msg.Type == unix.RTN_UNICAST && single {
 		r.ifindex = oif
 	}
-	return r, mtu, true, nil
+	specific = specific || msg.Src_len != 0 || msg.Tos != 0 || nexthops > 1
+	return r, specific, true, nil
 }
 
 // ruleList lists the routing rules of a family (a variable: tests answer for kernels they
@@ -185,11 +191,11 @@ func parseRoute(m []byte, fam uint8) (r route, mtu, ok bool, err error) {
 var ruleList = netlink.RuleList
 
 // destinationRouting reports whether the FIB's answers here depend on the destination alone:
-// no routing rules but the kernel's own (local, main, default) and no route with an MTU of its
-// own in the main table (routeMTU, from mainRoutes). Only then may the program keep an answer
-// for a destination.
-func destinationRouting(routeMTU bool) (bool, error) {
-	if routeMTU {
+// no routing rules but the kernel's own (local, main, default) and no route in the main table
+// that depends on more (specificRoute, from mainRoutes: an MTU of its own, a source or TOS
+// selector, several next hops). Only then may the program keep an answer for a destination.
+func destinationRouting(specificRoute bool) (bool, error) {
+	if specificRoute {
 		return false, nil
 	}
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {

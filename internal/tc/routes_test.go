@@ -64,8 +64,8 @@ func TestMainRoutesAsTheLibrary(t *testing.T) {
 		order := func(a, b route) int { return strings.Compare(a.dst.String(), b.dst.String()) }
 		slices.SortFunc(got, order)
 		slices.SortFunc(want, order)
-		if !slices.Equal(got, want) || gotMTU != wantMTU || gotMTU != withMTU {
-			t.Errorf("mainRoutes: %v (mtu %v)\nlibrary:    %v (mtu %v)", got, gotMTU, want, wantMTU)
+		if !slices.Equal(got, want) || gotMTU != wantMTU {
+			t.Errorf("mainRoutes: %v (specific %v)\nlibrary:    %v (specific %v)", got, gotMTU, want, wantMTU)
 		}
 	}
 }
@@ -73,7 +73,7 @@ func TestMainRoutesAsTheLibrary(t *testing.T) {
 // libraryRoutes is mainRoutes by the netlink library's decoding.
 func libraryRoutes() ([]route, bool, error) {
 	var out []route
-	mtu := false
+	specific := false
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 		if err != nil {
@@ -81,10 +81,11 @@ func libraryRoutes() ([]route, bool, error) {
 		}
 		for _, r := range rs {
 			out = append(out, route{dst: prefixOf(r.Dst, fam), ifindex: routeDevice(r)})
-			mtu = mtu || r.MTU != 0
+			// (the library does not decode a route's source prefix: TestSpecificRoutes)
+			specific = specific || r.MTU != 0 || r.Tos != 0 || len(r.MultiPath) > 1
 		}
 	}
-	return out, mtu, nil
+	return out, specific, nil
 }
 
 // routeDevice is the single device a unicast route leaves through, or 0.
@@ -117,6 +118,48 @@ func prefixOf(n *net.IPNet, fam int) netip.Prefix {
 	}
 	bits, _ := n.Mask.Size()
 	return netip.PrefixFrom(a, bits)
+}
+
+// A route whose FIB answer depends on more than the destination makes the program keep no
+// answer per destination: an MTU of its own, a source prefix (IPv6 `from`: a next hop kept
+// for one source went to another whose route leaves elsewhere), a TOS selector, several next
+// hops (every flow went the way of the last answer).
+func TestSpecificRoutes(t *testing.T) {
+	testbed.RequireRoot(t)
+	for _, tc := range []struct {
+		route    string
+		specific bool
+	}{
+		{"10.1.0.0/16 via 192.0.2.2", false},
+		{"10.1.0.0/16 nexthop via 192.0.2.2", false},
+		{"fd00::/64 via 2001:db8::2", false},
+		{"10.1.0.0/16 via 192.0.2.2 mtu 1400", true},
+		{"fd00::/64 from 2001:db8:5::/64 via 2001:db8::2", true},
+		{"10.1.0.0/16 tos 0x10 via 192.0.2.2", true},
+		{"10.1.0.0/16 nexthop via 192.0.2.2 nexthop via 192.0.2.3", true},
+		{"fd00::/64 nexthop via 2001:db8::2 nexthop via 2001:db8::3", true},
+	} {
+		ns, err := testbed.NewNS("routes")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cmd := range []string{"link add ra type veth peer name ra-peer", "link set ra up",
+			"addr add 192.0.2.1/24 dev ra", "addr add 2001:db8::1/64 dev ra nodad", "route add " + tc.route} {
+			if out, err := ns.Exec(append([]string{"ip"}, strings.Fields(cmd)...)...); err != nil {
+				ns.Close()
+				t.Fatalf("ip %s: %v %s", cmd, err, out)
+			}
+		}
+		var got bool
+		err = ns.Do(func() (err error) { _, got, err = mainRoutes(); return err })
+		ns.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != tc.specific {
+			t.Errorf("route %s: specific %v, want %v", tc.route, got, tc.specific)
+		}
+	}
 }
 
 // A kernel without IPv6 policy routing (booted with ipv6.disable=1, or built without

@@ -25,13 +25,13 @@ import (
 // maps whole (FullEvery) lists the routes whatever the socket says: the periodic resync
 // repairs anything missed.
 type routeWatch struct {
-	mu     sync.Mutex
-	s      *nl.NetlinkSocket // nil: closed or failed
-	buf    []byte
-	valid  bool
-	routes []route // read-only once kept: Applies share it
-	mtu    bool
-	listed int // listings taken (tests)
+	mu       sync.Mutex
+	s        *nl.NetlinkSocket // nil: closed or failed
+	buf      []byte
+	valid    bool
+	routes   []route // read-only once kept: Applies share it
+	specific bool    // a route depends on more than the destination (parseRoute)
+	listed   int     // listings taken (tests)
 }
 
 // routeGroups are the multicast groups whose notifications void a listing.
@@ -103,14 +103,14 @@ func (w *routeWatch) list(fresh bool) ([]route, bool, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if changed := w.announced(); w.valid && !fresh && !changed {
-		return w.routes, w.mtu, nil
+		return w.routes, w.specific, nil
 	}
-	routes, mtu, err := mainRoutes()
+	routes, specific, err := mainRoutes()
 	w.listed++
 	if err != nil {
 		w.valid = false
 		return nil, false, err
 	}
-	w.routes, w.mtu, w.valid = routes, mtu, true
-	return routes, mtu, nil
+	w.routes, w.specific, w.valid = routes, specific, true
+	return routes, specific, nil
 }

@@ -1,0 +1,86 @@
+package tc
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/hostaccel/hostaccel/internal/model"
+	"github.com/hostaccel/hostaccel/internal/testbed"
+)
+
+// An IPv6 route of the main table with a source prefix (ip -6 route add DST from SRC ...)
+// makes the FIB's answer depend on the source: datagrams of two sources to one destination go
+// where the kernel alone sends them. The next hop the program kept for the first source was
+// used for the second too, whose route leaves by the other transport (5 of 5 to the wrong node).
+func TestSourceRoutesFollowed(t *testing.T) {
+	topo := testbed.NewTopoT(t, testbed.TopoOptions{ExtraTransport: true})
+	var local, peer []netip.Prefix
+	var nodes []netip.Addr
+	for _, a := range []testbed.Addrs{topo.V4, topo.V6} {
+		local = append(local, a.PodCIDR)
+		peer = append(peer, a.RemotePodCIDR)
+		nodes = append(nodes, a.Remote, a.Remote2)
+	}
+	d, err := Render(model.State{Datapath: model.DatapathTC, Gateways: []string{topo.GatewayName},
+		Transports: []string{topo.TransportName, topo.Transport2Name}, LocalPodCIDRs: local,
+		PeerPodCIDRs: peer, PeerNodeIPs: nodes, Classes: Supported})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, topo: topo, d: d, m: &Manager{}}
+	t.Cleanup(func() { e.do(func() error { return NewManager().Remove(context.Background()) }) })
+	a := topo.V6
+	second := netip.MustParseAddr("fd00:10:244:1::3")
+	for _, c := range [][]string{
+		{"pod", "ip", "-6", "addr", "add", second.String() + "/64", "dev", "eth0"},
+		{"node", "ip", "-6", "route", "add", a.RemotePodCIDR.String(), "from", second.String() + "/128", "via", a.Remote2.String(), "dev", topo.Transport2Name},
+		{"node", "ip", "-6", "route", "add", a.RemotePodCIDR.String(), "from", a.Pod.String() + "/128", "via", a.Remote.String(), "dev", topo.TransportName},
+		{"remote2", "ip", "-6", "addr", "add", a.RemotePod.String() + "/128", "dev", "lo"},
+	} {
+		ns := map[string]*testbed.NS{"pod": topo.Pod, "node": topo.Node, "remote2": topo.Remote2}[c[0]]
+		if out, err := ns.Exec(c[1:]...); err != nil {
+			t.Fatal(c, out, err)
+		}
+	}
+	run := func() (fromSecondAtRemote, fromSecondAtRemote2 int64) {
+		s1, err := topo.Remote.ListenUDP(netip.AddrPortFrom(a.RemotePod, 0).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s1.Close()
+		s2, err := topo.Remote2.ListenUDP(s1.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s2.Close()
+		for _, src := range []netip.Addr{a.Pod, second} {
+			c, err := topo.Pod.DialUDP(src.String(), s1.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			b1, b2 := s1.Packets(), s2.Packets()
+			for range 5 {
+				c.Write(make([]byte, 100))
+				time.Sleep(10 * time.Millisecond)
+			}
+			time.Sleep(50 * time.Millisecond)
+			c.Close()
+			t.Logf("from %s: at Remote %d, at Remote2 %d", src, s1.Packets()-b1, s2.Packets()-b2)
+			if src == second {
+				return s1.Packets() - b1, s2.Packets() - b2
+			}
+		}
+		return
+	}
+	e.apply()
+	r1, r2 := run()
+	t.Logf("with the tc datapath: datagrams from %s (routed via Remote2 by its source route) at Remote %d, at Remote2 %d", second, r1, r2)
+	e.do(func() error { return NewManager().Remove(context.Background()) })
+	k1, k2 := run()
+	t.Logf("without it: at Remote %d, at Remote2 %d", k1, k2)
+	if r1 != k1 || r2 != k2 {
+		t.Errorf("the tc datapath sent %s's packets another way than the kernel's source-specific route", second)
+	}
+}
