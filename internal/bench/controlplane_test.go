@@ -71,3 +71,23 @@ apiserver_longrunning_requests_other 9
 		t.Errorf("got %v, want %v", got, want)
 	}
 }
+
+// The load balancer's parts build services of 100 backends: a size above 100 that is no
+// multiple of 100 is refused (it was 300 backends in lb for 250, and lb-health timed out).
+func TestCPSizesFitTheServices(t *testing.T) {
+	for _, tc := range []struct {
+		parts []string
+		sizes []int
+		ok    bool
+	}{
+		{[]string{"lb"}, []int{100, 1000, 50}, true},
+		{[]string{"lb-health"}, []int{250}, false},
+		{[]string{"tc", "lb"}, []int{1050}, false},
+		{[]string{"tc", "flowtable"}, []int{250}, true},
+		{[]string{"tc"}, []int{0}, false},
+	} {
+		if err := (CPOptions{Parts: tc.parts, Sizes: tc.sizes}).Check(); (err == nil) != tc.ok {
+			t.Errorf("parts %v sizes %v: %v", tc.parts, tc.sizes, err)
+		}
+	}
+}

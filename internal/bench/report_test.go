@@ -298,3 +298,21 @@ func TestPoolBoots(t *testing.T) {
 		t.Errorf("report does not say the boots:\n%s", md.String())
 	}
 }
+
+// The same-node rows never bold the loopback in one Pod: it is the limit, as the direct link.
+func TestLoopbackLimitIsNeverBest(t *testing.T) {
+	r := &Run{Env: "host", Label: "host", Reps: 1, Duration: 5}
+	for _, n := range []string{VariantDefault, VariantSockmap, VariantLoopback} {
+		v, _ := Lookup(n)
+		r.Variants = append(r.Variants, VariantInfo{Name: n, Title: v.Title, Ran: true})
+	}
+	for n, x := range map[string]float64{VariantDefault: 100, VariantSockmap: 150, VariantLoopback: 200} {
+		r.Samples = append(r.Samples, Sample{Variant: n, Traffic: LocalPodToPod64, Test: TCPRR, Rep: 1, Value: x, Unit: Unit(TCPRR)})
+	}
+	r.summarize()
+	var b strings.Builder
+	netperfSection(&b, r)
+	if md := b.String(); strings.Contains(md, "**200.00**") || !strings.Contains(md, "**150.00**") {
+		t.Errorf("the limit (loopback) is bold, or the best datapath (sockmap) is not:\n%s", md)
+	}
+}

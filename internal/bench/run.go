@@ -143,6 +143,21 @@ type Run struct {
 // testHookBuilt is called once the netperf cluster runs (tests interrupt it then).
 var testHookBuilt func(*Bed)
 
+// splitVariants returns the variants of the cluster bed's netperf cells and those of its
+// pktgen rounds. pktgen runs on the cluster bed: a same-node variant (sockmap, loopback)
+// installs nothing there, and measured the default path under its own name.
+func splitVariants(variants []Variant) (netperf, pktgen []Variant) {
+	for _, v := range variants {
+		if !v.LocalOnly && !v.PktgenOnly {
+			netperf = append(netperf, v)
+		}
+		if !v.LocalOnly {
+			pktgen = append(pktgen, v)
+		}
+	}
+	return netperf, pktgen
+}
+
 // RunHere measures the variants this kernel supports, in this kernel. env labels the run.
 func RunHere(ctx context.Context, o Options, env string, prog *Progress) (*Run, error) {
 	if err := o.Validate(); err != nil {
@@ -202,11 +217,8 @@ func RunHere(ctx context.Context, o Options, env string, prog *Progress) (*Run, 
 			cluster = append(cluster, t)
 		}
 	}
-	var clusterVariants []Variant
+	clusterVariants, pktgenVariants := splitVariants(variants)
 	for _, v := range variants {
-		if !v.LocalOnly && !v.PktgenOnly {
-			clusterVariants = append(clusterVariants, v)
-		}
 		switch {
 		case v.Direct && len(cluster) > 0:
 			total += len(o.Tests) * o.Reps
@@ -216,7 +228,7 @@ func RunHere(ctx context.Context, o Options, env string, prog *Progress) (*Run, 
 	}
 	total += len(o.Tests) * len(local) * len(localVariants(variants)) * o.Reps
 	if o.Pktgen && pktgenErr == nil {
-		total += len(variants) * o.Reps * len(o.PktgenDirections)
+		total += len(pktgenVariants) * o.Reps * len(o.PktgenDirections)
 	}
 	prog.Add(total)
 
@@ -233,9 +245,9 @@ func RunHere(ctx context.Context, o Options, env string, prog *Progress) (*Run, 
 			errs = append(errs, err)
 		}
 	}
-	if o.Pktgen && pktgenErr == nil && len(variants) > 0 && ctx.Err() == nil {
+	if o.Pktgen && pktgenErr == nil && len(pktgenVariants) > 0 && ctx.Err() == nil {
 		r.PktgenSize = o.PktgenSize
-		if err := r.pktgen(ctx, o, variants, caps, prog); err != nil {
+		if err := r.pktgen(ctx, o, pktgenVariants, caps, prog); err != nil {
 			errs = append(errs, err)
 		}
 	}

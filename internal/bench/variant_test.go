@@ -145,3 +145,30 @@ func TestCommandLine(t *testing.T) {
 		t.Errorf("got %s, want %s", got, want)
 	}
 }
+
+// pktgen runs on the cluster bed, where a same-node variant (sockmap, loopback) installs
+// nothing: it gets no pktgen rounds (its rows were the default path's numbers under its name,
+// with a target verdict). The cluster's netperf cells leave out the pktgen-only ones too.
+func TestSameNodeVariantsRunNoPktgen(t *testing.T) {
+	var vs []Variant
+	for _, n := range []string{VariantDefault, VariantDirect, VariantSockmap, VariantLoopback, VariantFloor} {
+		v, ok := Lookup(n)
+		if !ok {
+			t.Fatalf("no variant %s", n)
+		}
+		vs = append(vs, v)
+	}
+	names := func(vs []Variant) (s []string) {
+		for _, v := range vs {
+			s = append(s, v.Name)
+		}
+		return s
+	}
+	np, pg := splitVariants(vs)
+	if got := strings.Join(names(np), ","); got != "default,direct" {
+		t.Errorf("netperf on the cluster bed: %s", got)
+	}
+	if got := strings.Join(names(pg), ","); got != "default,direct,tc-floor" {
+		t.Errorf("pktgen: %s", got)
+	}
+}

@@ -184,6 +184,9 @@ Records the seconds and the peak memory of every sample; writes
 			if o.Reps < 1 || len(o.Sizes) == 0 {
 				return fmt.Errorf("--reps and --sizes: at least one")
 			}
+			if err := o.Check(); err != nil {
+				return err
+			}
 			if o.Bin == "" {
 				exe, err := os.Executable()
 				if err != nil {
