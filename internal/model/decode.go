@@ -61,14 +61,22 @@ func plumbingCut(msg string) string {
 	return msg
 }
 
-// decodeFresh decodes JSON strictly into v, a pointer to a zero value, and reports whether
-// it could; when not, v is left as it was.
+// decodeFresh decodes JSON strictly into v, a pointer, over what v holds (as the YAML library
+// decodes: a caller's defaults stay where the input has no key), and reports whether it could;
+// when not, v is left as it was. A v that is not zero is copied first, by JSON, so that a
+// failed decode changes nothing of it; one that does not copy that way takes the library's.
 func decodeFresh(j []byte, v any) bool {
 	rv := reflect.ValueOf(v)
-	if rv.Kind() != reflect.Pointer || rv.IsNil() || !rv.Elem().IsZero() {
+	if rv.Kind() != reflect.Pointer || rv.IsNil() {
 		return false
 	}
 	fresh := reflect.New(rv.Elem().Type())
+	if !rv.Elem().IsZero() {
+		b, err := json.Marshal(v)
+		if err != nil || json.Unmarshal(b, fresh.Interface()) != nil || !reflect.DeepEqual(fresh.Elem().Interface(), rv.Elem().Interface()) {
+			return false
+		}
+	}
 	d := json.NewDecoder(bytes.NewReader(j))
 	d.DisallowUnknownFields()
 	if d.Decode(fresh.Interface()) != nil {
