@@ -52,10 +52,9 @@ func haveTCX() bool { return probe.HaveTCX() == nil }
 
 // detach takes the attachments off their devices and deletes the clsact qdiscs we created
 // that are left empty (clearing the flag in keep's ifaces map). It returns the devices it
-// detached from.
-func (o *observed) detach(atts []attachment, keep *progSet) ([]string, error) {
+// detached from, and those whose flag it cleared in keep.
+func (o *observed) detach(atts []attachment, keep *progSet) (names []string, cleared []uint32, err error) {
 	flags := o.flags()
-	var names []string
 	var errs []error
 	for _, a := range atts {
 		idx := a.link.Attrs().Index
@@ -84,11 +83,15 @@ func (o *observed) detach(atts []attachment, keep *progSet) ([]string, error) {
 			var e fastpathIface
 			if keep.maps.Ifaces.Lookup(uint32(idx), &e) == nil {
 				e.Flags &^= flagOwnClsact
-				errs = append(errs, keep.putIface(uint32(idx), e))
+				if err := keep.putIface(uint32(idx), e); err != nil {
+					errs = append(errs, err)
+				} else {
+					cleared = append(cleared, uint32(idx))
+				}
 			}
 		}
 	}
-	return names, errors.Join(errs...)
+	return names, cleared, errors.Join(errs...)
 }
 
 // attachProgram is attach (a variable: tests make an attach fail).

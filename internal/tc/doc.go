@@ -80,9 +80,13 @@
 // keeps pkt_type HOST, which is all kernels before 6.15 need), else with bpf_redirect to the
 // device's egress. An unresolved neighbour goes out with bpf_redirect_neigh to the FIB's next
 // hop (the neighbour code resolves it, queueing meanwhile). The FIB checks the MTU of packets
-// sent as they are; GSO packets are checked by segment (bpf_check_mtu). A packet too big, no
-// route, or a route through a device that is not ours passes, so the stack sends the ICMP
-// error or does whatever it would have done. Nothing is ever dropped.
+// sent as they are (IPv6 against the device's IPv6 MTU, which kept answers check too); GSO
+// packets are checked by segment (bpf_check_mtu), and IPv6 ones out of a device whose IPv6 MTU
+// is below its MTU pass. A packet too big, no route, or a route through a device that is not
+// ours passes, so the stack sends the ICMP error or does whatever it would have done. The
+// program drops a packet in two cases only: a NAT-carried packet whose rewrite failed half
+// way (it cannot be handed on), and a redirect to a device deleted since the last sync (the
+// kernel drops it, until the agent's sync on the link event).
 //
 // # Kept decisions
 //

@@ -54,6 +54,7 @@ type fastpathIface struct {
 	Role  uint32
 	Flags uint32
 	Mtu   uint32
+	Mtu6  uint32
 }
 
 type fastpathLpm4 struct {

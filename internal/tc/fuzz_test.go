@@ -71,7 +71,7 @@ func FuzzProgram(f *testing.F) {
 			want = RoleTransport
 		}
 		if want != role { // as the agent does: the device's role, then a new generation
-			p.must(p.set.putIface(lo, fastpathIface{Role: uint32(want), Mtu: 1500}))
+			p.must(p.set.putIface(lo, fastpathIface{Role: uint32(want), Mtu: 1500, Mtu6: 1500}))
 			p.bump()
 			role = want
 		}

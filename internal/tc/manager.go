@@ -222,7 +222,7 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	w, missing := want(d, n)
 	res.Missing = missing
 	if len(w.ifaces) == 0 {
-		res.Detached, err = o.detach(o.atts, nil)
+		res.Detached, _, err = o.detach(o.atts, nil)
 		m.last = nil
 		return res, err
 	}
@@ -317,12 +317,13 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 		}
 	}
 	if err := m.narrow(set, cur, w, fresh, &res); err != nil {
-		m.fullRead = time.Time{} // half written: the next Apply reads the maps whole
-		dropClsacts(added)       // their ownership may not be in the map: the next Apply adds them again
-		m.unadopt(adopted)       // nor may theirs: the next Apply adopts them again
+		m.fullRead, m.last = time.Time{}, nil // half written: the next Apply reads the maps whole, afresh
+		dropClsacts(added)                    // their ownership may not be in the map: the next Apply adds them again
+		m.unadopt(adopted)                    // nor may theirs: the next Apply adopts them again
 		return res, err
 	}
-	errs := []error{m.attachAll(o, set, mode, w, d, &res)}
+	cleared, err := m.attachAll(o, set, mode, w, d, &res)
+	errs := []error{err}
 	if window {
 		time.Sleep(handedSettle)
 		flows, err := conntrack.ListNATed(ctx)
@@ -343,14 +344,21 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	}
 	slices.Sort(res.Missing)
 	if err := errors.Join(errs...); err != nil {
-		// m.last stays, and the next apply reads the maps whole: it sees what this one wrote
-		m.fullRead = time.Time{}
+		// The next apply reads the maps whole and starts afresh: compared with the last
+		// apply's, what this one wrote was reported as someone else's change (drift).
+		m.fullRead, m.last = time.Time{}, nil
 		return res, err
 	}
 	// The maps now hold w: every difference was written without error (only Apply writes
 	// these maps), so they are not read back.
 	after := w
 	after.settings = policy(after.settings)
+	for _, idx := range cleared { // detach deleted the qdiscs: the map no longer says ours
+		if e, ok := after.ifaces[idx]; ok {
+			e.Flags &^= flagOwnClsact
+			after.ifaces[idx] = e
+		}
+	}
 	m.last = &applied{attached: map[string]int{}, maps: after}
 	for name, l := range o.links {
 		if _, ok := w.ifaces[uint32(l.Attrs().Index)]; ok && !slices.Contains(res.Missing, name) {
@@ -419,7 +427,7 @@ func (m *Manager) Remove(ctx context.Context) error {
 		return err
 	}
 	m.last = nil
-	_, err = o.detach(o.atts, nil)
+	_, _, err = o.detach(o.atts, nil)
 	return err
 }
 
@@ -585,9 +593,11 @@ func (m *Manager) widen(set *progSet, cur, w contents, res *Result) error {
 
 // attachAll attaches set where it is missing (a device that fails does not stop the others),
 // then takes our other attachments off: older programs, the other mode, devices no longer
-// desired.
-func (m *Manager) attachAll(o *observed, set *progSet, mode Mode, w contents, d *Desired, res *Result) error {
+// desired. It returns the devices whose clsact qdisc went with the last of them, their
+// ownership cleared in set's ifaces map.
+func (m *Manager) attachAll(o *observed, set *progSet, mode Mode, w contents, d *Desired, res *Result) ([]uint32, error) {
 	var stale []attachment
+	var failedOwned []uint32
 	var errs []error
 	for _, name := range sortedNames(o.links) {
 		l := o.links[name]
@@ -608,6 +618,9 @@ func (m *Manager) attachAll(o *observed, set *progSet, mode Mode, w contents, d 
 			// No program here, so no end of its Pods is remembered: not a redirect target
 			// either (the next Apply reads the maps whole and enters it again).
 			errs = append(errs, set.deleteIface(uint32(l.Attrs().Index)))
+			if w.ifaces[uint32(l.Attrs().Index)].Flags&flagOwnClsact != 0 {
+				failedOwned = append(failedOwned, uint32(l.Attrs().Index))
+			}
 			// The programs of other sets come off the device (its packets take the stack
 			// until an attach succeeds): their maps are no longer written, and a peer CIDR
 			// removed or an exclusion added since would not reach them.
@@ -632,13 +645,17 @@ func (m *Manager) attachAll(o *observed, set *progSet, mode Mode, w contents, d 
 			}
 		}
 	}
-	detached, err := o.detach(stale, set)
+	detached, cleared, err := o.detach(stale, set)
 	for _, n := range detached {
 		if _, wanted := d.Devices[n]; !wanted && !slices.Contains(res.Detached, n) {
 			res.Detached = append(res.Detached, n)
 		}
 	}
-	return errors.Join(append(errs, err)...)
+	// A device whose attach failed left the ifaces map with the record that we added its
+	// clsact qdisc: the qdisc goes now if it is empty (the next Apply adds it again), else no
+	// later Remove would have known it was ours.
+	dropClsacts(failedOwned)
+	return cleared, errors.Join(append(errs, err)...)
 }
 
 func countPut[K comparable, V any](res *Result, cur map[K]V, k K) {

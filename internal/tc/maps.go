@@ -17,6 +17,7 @@ const (
 	// ifaces flags
 	flagOwnClsact = 1 << 0 // agent bookkeeping: hostaccel created the device's clsact qdisc
 	flagPeer      = 1 << 1 // a veth whose peer is in another netns: bpf_redirect_peer
+	flagMTU6Lower = 1 << 2 // its IPv6 MTU is below its MTU: IPv6 GSO packets take the stack
 
 	// addrs flags: the roles of an address
 	addrLocalPod = 1 << 0
@@ -119,6 +120,8 @@ type netState struct {
 	keep     map[uint32]uint32
 	destOnly bool
 	addrs    map[string][]netip.Addr // each device's addresses (want uses the gateways')
+	// ipv6MTU reads a device's IPv6 MTU (ok false: none, IPv6 is off there); nil: none read.
+	ipv6MTU func(dev string) (mtu uint32, ok bool)
 }
 
 // device is a link as want needs it.
@@ -152,7 +155,16 @@ func want(d *Desired, n netState) (contents, []string) {
 		if l.peer && usePeer {
 			f |= flagPeer
 		}
-		c.ifaces[l.index] = fastpathIface{Role: uint32(role), Flags: f, Mtu: l.mtu}
+		// The FIB checks IPv6 packets against the device's IPv6 MTU (an admin's, a router
+		// advertisement's), which may be below its MTU: kept answers check them against it.
+		mtu6 := l.mtu
+		if n.ipv6MTU != nil {
+			if m, ok := n.ipv6MTU(name); ok && m < mtu6 {
+				mtu6 = m
+				f |= flagMTU6Lower
+			}
+		}
+		c.ifaces[l.index] = fastpathIface{Role: uint32(role), Flags: f, Mtu: l.mtu, Mtu6: mtu6}
 	}
 	slices.Sort(missing)
 	routes := indexRoutes(n.routes)

@@ -65,11 +65,17 @@ func TestWant(t *testing.T) {
 	// are not entered.
 	addrs := map[string][]netip.Addr{"antrea-gw0": {netip.MustParseAddr("10.244.1.1"), netip.MustParseAddr("fd00:10:244:1::1")},
 		"eth0": {netip.MustParseAddr("172.18.0.2")}}
-	c, missing := want(d, netState{links: links, routes: routes, keep: map[uint32]uint32{7: flagOwnClsact, 42: flagOwnClsact}, destOnly: true, addrs: addrs})
+	// eth0's IPv6 MTU (a router advertisement's) is below its MTU; the gateway's above it.
+	ipv6MTU := func(dev string) (uint32, bool) {
+		m, ok := map[string]uint32{"eth0": 1280, "antrea-gw0": 1500}[dev]
+		return m, ok
+	}
+	c, missing := want(d, netState{links: links, routes: routes, keep: map[uint32]uint32{7: flagOwnClsact, 42: flagOwnClsact}, destOnly: true, addrs: addrs, ipv6MTU: ipv6MTU})
 	if !slices.Equal(missing, []string{"eth1"}) {
 		t.Errorf("missing = %v, want [eth1]", missing)
 	}
-	wantIfaces := map[uint32]fastpathIface{5: {Role: uint32(RoleGateway), Flags: flagPeer, Mtu: 1450}, 7: {Role: uint32(RoleTransport), Flags: flagOwnClsact, Mtu: 1500}}
+	wantIfaces := map[uint32]fastpathIface{5: {Role: uint32(RoleGateway), Flags: flagPeer, Mtu: 1450, Mtu6: 1450},
+		7: {Role: uint32(RoleTransport), Flags: flagOwnClsact | flagMTU6Lower, Mtu: 1500, Mtu6: 1280}}
 	if !reflect.DeepEqual(c.ifaces, wantIfaces) {
 		t.Errorf("ifaces = %v, want %v", c.ifaces, wantIfaces)
 	}

@@ -1,9 +1,14 @@
 package tc
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -115,21 +120,30 @@ func (o *observed) on(ifindex int) []attachment {
 	return out
 }
 
-// flags returns the ifaces flags every attached set holds, by ifindex.
+// flags returns the ifaces flags every attached set holds, by ifindex: of every build, also
+// one that lacks maps of this one or has a shorter iface (fields are only appended, so the
+// flags keep their offset). Only usable sets were read: after an upgrade, the ownership of the
+// clsact qdiscs the older build had created was lost, and they stayed after cleanup.
 func (o *observed) flags() map[uint32]uint32 {
 	f := map[uint32]uint32{}
 	for _, s := range o.sets {
-		if s == nil || !s.usable() {
+		if s == nil || s.maps.Ifaces == nil || int(s.maps.Ifaces.ValueSize()) < ifaceFlagsEnd {
 			continue
 		}
 		var idx uint32
-		var e fastpathIface
-		for it := s.maps.Ifaces.Iterate(); it.Next(&idx, &e); {
-			f[idx] |= e.Flags
+		var v []byte
+		for it := s.maps.Ifaces.Iterate(); it.Next(&idx, &v); {
+			f[idx] |= binary.LittleEndian.Uint32(v[ifaceFlagsAt:])
 		}
 	}
 	return f
 }
+
+// ifaceFlagsAt is the offset of iface.flags in every build; ifaceFlagsEnd where it ends.
+const (
+	ifaceFlagsAt  = int(unsafe.Offsetof(fastpathIface{}.Flags))
+	ifaceFlagsEnd = ifaceFlagsAt + 4
+)
 
 // usePeer is off only in tests of the bpf_redirect path.
 var usePeer = true
@@ -141,9 +155,21 @@ func PeerElsewhere(l netlink.Link) bool {
 	return veth && l.Attrs().NetNsID >= 0
 }
 
+// readIPv6MTU reads net.ipv6.conf.DEV.mtu of the calling thread's network namespace (a
+// router advertisement's MTU lands there too). The kernel announces no change of it: the
+// agent's periodic resync finds one.
+func readIPv6MTU(dev string) (uint32, bool) {
+	b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + dev + "/mtu")
+	if err != nil {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 32)
+	return uint32(v), err == nil
+}
+
 // netState reads what want needs from the namespace.
 func (o *observed) netState(listRoutes func() ([]route, bool, error)) (netState, error) {
-	n := netState{links: map[string]device{}, keep: o.flags(), addrs: map[string][]netip.Addr{}}
+	n := netState{links: map[string]device{}, keep: o.flags(), addrs: map[string][]netip.Addr{}, ipv6MTU: readIPv6MTU}
 	for name, l := range o.links {
 		n.links[name] = device{index: uint32(l.Attrs().Index), mtu: uint32(l.Attrs().MTU), peer: PeerElsewhere(l)}
 	}

@@ -115,7 +115,7 @@ func newProgEnv(t testing.TB) *progEnv {
 	t.Cleanup(set.Close)
 	p := &progEnv{t: t, set: set, routes: map[netip.Addr]uint32{},
 		cfg: fastpathSettings{NatCheck: natCheckTowardPods | natCheckFromPods, Flags: settingsNexthopCache, Generation: 7, TickNs: tickNS(), HandedEpoch: handedFirstEpoch, HandedSince: handedFirstEpoch}}
-	p.must(set.putIface(lo, fastpathIface{Role: uint32(RoleGateway), Mtu: 1500}))
+	p.must(set.putIface(lo, fastpathIface{Role: uint32(RoleGateway), Mtu: 1500, Mtu6: 1500}))
 	for _, pr := range []netip.Prefix{localPod, localPod6} {
 		p.must(set.putAddr(pr, fastpathAddr{Flags: addrLocalPod}))
 	}
@@ -308,7 +308,7 @@ func TestProgramDecisions(t *testing.T) {
 	p.must(p.set.deleteIface(lo))
 	p.bump()
 	pass("NotOurDevice", frame(pod, remote, 64), "")
-	p.must(p.set.putIface(lo, fastpathIface{Role: uint32(RoleGateway), Mtu: 1500}))
+	p.must(p.set.putIface(lo, fastpathIface{Role: uint32(RoleGateway), Mtu: 1500, Mtu6: 1500}))
 	p.bump()
 
 	// A Pod's packet to an address of no class (a ClusterIP) goes to the stack, and its client
@@ -676,7 +676,7 @@ func BenchmarkProgram(b *testing.B) {
 	pod, remote := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.2.2")
 	p.route(remote, flagPeer)
 	p.route(pod, flagPeer)
-	p.must(p.set.putIface(lo, fastpathIface{Role: uint32(RoleGateway), Mtu: 1500}))
+	p.must(p.set.putIface(lo, fastpathIface{Role: uint32(RoleGateway), Mtu: 1500, Mtu6: 1500}))
 	run := func(b *testing.B, prog *ebpf.Program, f []byte, want uint32) {
 		const per = 200 // the runs share the frame: each one decrements its TTL
 		var ns uint64
@@ -700,7 +700,7 @@ func BenchmarkProgram(b *testing.B) {
 		{"to-service", frame(pod, netip.MustParseAddr("10.96.0.10"), 255), RoleGateway, actUnspec},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			p.must(p.set.putIface(lo, fastpathIface{Role: uint32(c.role), Mtu: 1500}))
+			p.must(p.set.putIface(lo, fastpathIface{Role: uint32(c.role), Mtu: 1500, Mtu6: 1500}))
 			run(b, p.set.prog, c.f, c.want)
 		})
 	}
@@ -708,7 +708,7 @@ func BenchmarkProgram(b *testing.B) {
 	// long-running node before the marks were aged (every end handed to the stack marked one,
 	// and none was ever cleared).
 	b.Run("to-local-pod-marks-full", func(b *testing.B) {
-		p.must(p.set.putIface(lo, fastpathIface{Role: uint32(RoleTransport), Mtu: 1500}))
+		p.must(p.set.putIface(lo, fastpathIface{Role: uint32(RoleTransport), Mtu: 1500, Mtu6: 1500}))
 		keys, marks := make([]uint32, handedMarks), make([]uint64, handedMarks)
 		for i := range keys {
 			keys[i], marks[i] = uint32(i), uint64(p.cfg.HandedEpoch)
@@ -804,7 +804,7 @@ func TestNarrowVoidsWhatWasDecidedDuringIt(t *testing.T) {
 	oneCPU(t)
 	pod, remote := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.2.2")
 	cur := contents{
-		ifaces: map[uint32]fastpathIface{lo: {Role: uint32(RoleGateway), Mtu: 1500}},
+		ifaces: map[uint32]fastpathIface{lo: {Role: uint32(RoleGateway), Mtu: 1500, Mtu6: 1500}},
 		addrs: map[netip.Prefix]fastpathAddr{
 			localPod: {Flags: addrLocalPod}, localPod6: {Flags: addrLocalPod},
 			peerPod: {Flags: addrPeerPod}, peerPod6: {Flags: addrPeerPod},

@@ -44,6 +44,10 @@ enum iface_flag {
 	 * moved straight to the peer's ingress with bpf_redirect_peer, skipping the per-CPU
 	 * backlog a veth transmit goes through. */
 	IFACE_PEER = 1 << 1,
+	/* Its IPv6 MTU (mtu6: net.ipv6.conf.DEV.mtu, a router advertisement's) is below its MTU:
+	 * IPv6 packets are checked against mtu6, and IPv6 GSO packets, whose segments only the
+	 * device's MTU can be checked against here, go to the stack, which sends them in mtu6. */
+	IFACE_MTU6_LOWER = 1 << 2,
 };
 
 /* addr.flags: the roles of an address. The agent stores each prefix with the roles of every
@@ -99,6 +103,7 @@ struct iface {
 	__u32 role;
 	__u32 flags; /* enum iface_flag */
 	__u32 mtu;   /* the device's MTU (the next-hop cache checks packets against it) */
+	__u32 mtu6;  /* its IPv6 MTU: min(mtu, net.ipv6.conf.DEV.mtu) */
 };
 
 struct lpm4 {
@@ -267,6 +272,7 @@ struct {
  * clock a program reads (bpf_ktime_get_coarse_ns costs a tenth of the packet's way here). */
 #define SLOT_PEER 1        /* bpf_redirect_peer into a Pod's namespace */
 #define SLOT_NAT_CHECKED 2 /* nat_checked: a packet to an end handed to the stack goes the pair's way */
+#define SLOT_GSO_STACK 4   /* IFACE_MTU6_LOWER: GSO packets go the full way */
 
 struct slot_way {
 	__u64 until;      /* bpf_jiffies64(): used while below */
@@ -773,7 +779,7 @@ static __always_inline bool usable(struct __sk_buff *skb, struct settings *cfg, 
 {
 	if (nh->generation != cfg->generation)
 		return false;
-	return skb->gso_size ? fits(skb, nh->ifindex) : tot_len <= nh->mtu;
+	return skb->gso_size ? !(nh->flags & IFACE_MTU6_LOWER) && fits(skb, nh->ifindex) : tot_len <= nh->mtu;
 }
 
 /* cached returns the kept FIB answer for the packet, or NULL: none, too old, or the packet
@@ -792,14 +798,20 @@ static __always_inline struct nexthop *cached(struct __sk_buff *skb, struct sett
 
 /* answer fills nh with the FIB's answer (the MACs only ever from it), but for when it expires,
  * as of generation gen: the packet's, read before its lookups (an answer found while the agent
- * bumped the generation is of the older one, and void). */
+ * bumped the generation is of the older one, and void). An IPv6 answer keeps the device's
+ * IPv6 MTU, which the FIB checked the packet against. */
 static __always_inline void answer(struct nexthop *nh, __u32 gen, struct bpf_fib_lookup *fib,
 				   struct iface *out)
 {
 	nh->generation = gen;
 	nh->ifindex = fib->ifindex;
-	nh->flags = out->flags;
-	nh->mtu = out->mtu;
+	if (fib->family == AF_INET6) {
+		nh->flags = out->flags;
+		nh->mtu = out->mtu6;
+	} else {
+		nh->flags = out->flags & ~IFACE_MTU6_LOWER;
+		nh->mtu = out->mtu;
+	}
 	__builtin_memcpy(nh->smac, fib->smac, ETH_ALEN);
 	__builtin_memcpy(nh->dmac, fib->dmac, ETH_ALEN);
 }
@@ -835,6 +847,11 @@ static __always_inline struct iface *route(struct __sk_buff *skb, struct bpf_fib
 	/* The FIB checked the length of packets sent as they are, not GSO ones, and nothing
 	 * when it refused. */
 	if ((skb->gso_size || rc == BPF_FIB_LKUP_RET_FWD_DISABLED) && !fits(skb, fib->ifindex)) {
+		count(STAT_FRAG_NEEDED, skb);
+		return NULL;
+	}
+	if (fib->family == AF_INET6 && (out->flags & IFACE_MTU6_LOWER) &&
+	    (skb->gso_size || (rc == BPF_FIB_LKUP_RET_FWD_DISABLED && fib->tot_len > out->mtu6))) {
 		count(STAT_FRAG_NEEDED, skb);
 		return NULL;
 	}
@@ -1384,7 +1401,7 @@ static __always_inline bool slot_way(struct slot_way *w, struct settings *cfg, s
 	w->ifindex = p->nh.ifindex;
 	w->mtu = p->nh.mtu;
 	w->stat = STAT_EXPRESS_CLASS + p->class * 2 + f->v6;
-	w->flags = 0;
+	w->flags = p->nh.flags & IFACE_MTU6_LOWER ? SLOT_GSO_STACK : 0;
 	if (p->nh.flags & IFACE_PEER) {
 		w->stat += NUM_CLASSES * 2;
 		w->flags |= SLOT_PEER;
@@ -1519,10 +1536,10 @@ static __always_inline bool nat_way(struct slot_way *w, struct settings *cfg, st
 	w->ifindex = n->nh.ifindex;
 	w->mtu = n->nh.mtu;
 	w->stat = STAT_NAT_EXPRESS;
-	w->flags = 0;
+	w->flags = n->nh.flags & IFACE_MTU6_LOWER ? SLOT_GSO_STACK : 0;
 	if (n->nh.flags & IFACE_PEER) {
 		w->stat++;
-		w->flags = SLOT_PEER;
+		w->flags |= SLOT_PEER;
 	}
 	__builtin_memcpy(w->dmac, n->nh.dmac, ETH_ALEN);
 	__builtin_memcpy(w->smac, n->nh.smac, ETH_ALEN);
@@ -1792,7 +1809,7 @@ static __always_inline bool slot_holds(struct __sk_buff *skb, struct settings *c
 {
 	if (w->generation != *(volatile __u32 *)&cfg->generation || bpf_jiffies64() >= w->until)
 		return false;
-	return len - 1 < w->mtu || (skb->gso_size && fits(skb, w->ifindex));
+	return len - 1 < w->mtu || (skb->gso_size && !(w->flags & SLOT_GSO_STACK) && fits(skb, w->ifindex));
 }
 
 /* handed4 reports whether the IPv4 end addr:port/proto has a mark of the current epochs in

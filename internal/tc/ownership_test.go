@@ -1,0 +1,153 @@
+package tc
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/vishvananda/netlink"
+)
+
+func hasClsactNamed(e *env, name string) bool {
+	var ok bool
+	e.do(func() (err error) {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		ok, err = hasClsact(l)
+		return err
+	})
+	return ok
+}
+
+// An Apply whose attach fails on a device where it has just added the clsact qdisc deletes the
+// device's ifaces entry, the record that hostaccel owns the qdisc: the qdisc goes with it (the
+// next Apply adds it again). It stayed, and no later Remove (cleanup) knew it was ours.
+func TestAttachFailureKeepsNoClsact(t *testing.T) {
+	e := newEnv(t, ModeClsBPF)
+	gw := e.topo.GatewayName
+	if hasClsactNamed(e, gw) {
+		t.Fatal("gw has a clsact before any apply")
+	}
+	attachProgram = func(mode Mode, l netlink.Link, set *progSet, mine []attachment, sets map[ebpf.ProgramID]*progSet) (attachment, error) {
+		if l.Attrs().Name == gw {
+			return attachment{}, errors.New("injected attach failure")
+		}
+		return attach(mode, l, set, mine, sets)
+	}
+	t.Cleanup(func() { attachProgram = attach })
+	var err error
+	e.do(func() error { _, err = e.m.Apply(context.Background(), e.d); return nil })
+	if err == nil {
+		t.Fatal("want the first apply to fail")
+	}
+	if hasClsactNamed(e, gw) {
+		t.Errorf("after the failed attach: %s keeps the clsact qdisc hostaccel added for it", gw)
+	}
+	attachProgram = attach
+	e.apply()
+	e.do(func() error { return NewManager().Remove(context.Background()) })
+	if hasClsactNamed(e, gw) {
+		t.Errorf("after Remove: %s keeps the clsact qdisc hostaccel added (its ownership was lost with the failed attach)", gw)
+	}
+}
+
+// After an Apply that failed, the next starts afresh: it compared the maps with the apply
+// before the failed one, and reported the failed one's own writes as drift.
+func TestFailedApplyIsNoDrift(t *testing.T) {
+	e := newEnv(t, "")
+	e.apply()
+	e.do(func() error {
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "hax0"}, PeerName: "hax1"})
+	})
+	e.d.Devices["hax0"] = RoleGateway
+	e.d.PeerPod = append(e.d.PeerPod, netip.MustParsePrefix("10.244.9.0/24"))
+	attachProgram = func(mode Mode, l netlink.Link, set *progSet, mine []attachment, sets map[ebpf.ProgramID]*progSet) (attachment, error) {
+		if l.Attrs().Name == "hax0" {
+			return attachment{}, errors.New("injected attach failure")
+		}
+		return attach(mode, l, set, mine, sets)
+	}
+	t.Cleanup(func() { attachProgram = attach })
+	var err error
+	e.do(func() error { _, err = e.m.Apply(context.Background(), e.d); return nil })
+	if err == nil {
+		t.Fatal("want the second apply to fail")
+	}
+	attachProgram = attach
+	res := e.apply()
+	if len(res.Drift) > 0 {
+		t.Errorf("apply after a failed apply of our own reports drift %q: nobody else changed anything", res.Drift)
+	}
+}
+
+// A switch from cls_bpf to tcx deletes the clsact qdisc hostaccel owned and clears the flag in
+// the map, and the Manager's memory of the maps with it: it kept the flag, and the next whole
+// reading reported drift.
+func TestModeSwitchIsNoDrift(t *testing.T) {
+	needMode(t, ModeTCX)
+	e := newEnv(t, ModeClsBPF)
+	e.apply()
+	e.mode = ModeTCX
+	if res := e.apply(); len(res.Drift) > 0 {
+		t.Errorf("switch: drift %q", res.Drift)
+	}
+	if res := e.apply(); len(res.Drift) > 0 {
+		t.Errorf("apply after the mode switch, nothing changed by anyone: drift %q", res.Drift)
+	}
+}
+
+// An older build of the program (here: one that lacks the maps this build has and has a
+// shorter iface, as every build before the last map or field was added) recorded in its
+// ifaces map that hostaccel created gw's clsact qdisc. The new build's Apply replaces that
+// program, and takes the ownership over: cleanup deletes the qdisc. Flags were read from sets
+// of this build's maps only, and the qdisc stayed.
+func TestUpgradeKeepsClsactOwnership(t *testing.T) {
+	e := newEnv(t, ModeClsBPF)
+	gw := e.topo.GatewayName
+	e.do(func() error {
+		l, err := netlink.LinkByName(gw)
+		if err != nil {
+			return err
+		}
+		idx := l.Attrs().Index
+		if _, err := ensureClsact(idx); err != nil {
+			return err
+		}
+		removeMemlock()
+		m, err := ebpf.NewMap(&ebpf.MapSpec{Name: "ifaces", Type: ebpf.Hash, KeySize: 4, ValueSize: 12, MaxEntries: 16})
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		old := make([]byte, 12) // role, flags, mtu
+		binary.LittleEndian.PutUint32(old[0:], uint32(RoleGateway))
+		binary.LittleEndian.PutUint32(old[4:], flagOwnClsact)
+		binary.LittleEndian.PutUint32(old[8:], 1500)
+		if err := m.Put(uint32(idx), old); err != nil {
+			return err
+		}
+		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: progName, Type: ebpf.SchedCLS, License: "GPL", Instructions: asm.Instructions{
+			asm.LoadMapPtr(asm.R1, m.FD()),
+			asm.Mov.Imm(asm.R0, -1),
+			asm.Return(),
+		}})
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		return netlink.FilterReplace(clsFilter(idx, p))
+	})
+	if res := e.apply(); !res.Loaded {
+		t.Fatalf("apply over the older build: %+v", res)
+	}
+	e.do(func() error { return NewManager().Remove(context.Background()) })
+	if hasClsactNamed(e, gw) {
+		t.Errorf("after the upgrade and Remove: %s keeps the clsact qdisc the older build recorded as hostaccel's", gw)
+	}
+}
