@@ -35,31 +35,55 @@ func NFT(ctx context.Context, family, table string) ([]byte, error) {
 		}
 		return nil, fmt.Errorf("nft list table %s %s: %v: %s", family, table, err, strings.TrimSpace(stderr.String()))
 	}
-	// nft 1.0.6 leaves table comments out of its JSON; read it from the text listing.
-	text, err := exec.CommandContext(ctx, "nft", "--terse", "list", "table", family, table).Output()
+	// nft 1.0.6 leaves table comments out of its JSON; read it from the text listing. A
+	// listing without it would be another table (its spec, which the comment holds, changed:
+	// a rebuild that flushes every offloaded flow), so a failure is one.
+	var terr bytes.Buffer
+	cmd = exec.CommandContext(ctx, "nft", "--terse", "list", "table", family, table)
+	cmd.Stderr = &terr
+	text, err := cmd.Output()
 	if err != nil {
-		return out, nil
+		return nil, fmt.Errorf("nft --terse list table %s %s: %v: %s", family, table, err, strings.TrimSpace(terr.String()))
 	}
 	return withTableComment(out, text)
 }
 
-var textTableComment = regexp.MustCompile(`^table \S+ \S+ \{\n\s*comment "((?:[^"\\]|\\.)*)"`)
+// textTableComment finds the table's comment in a text listing: among the lines that open
+// the table (flags come before it).
+var textTableComment = regexp.MustCompile(`^table \S+ \S+ \{\n(?:\s*flags [^\n]*\n)?\s*comment "((?:[^"\\]|\\.)*)"`)
 
 // withTableComment puts the table comment from a text listing into JSON output that lacks it.
+// Only the table's object is written again: the others stay as nft wrote them (decoded and
+// written again, their keys sorted and numbers made floats, the same rules fingerprinted
+// apart from a listing that had the comment).
 func withTableComment(js, text []byte) ([]byte, error) {
 	m := textTableComment.FindSubmatch(text)
 	if m == nil {
 		return js, nil
 	}
-	var doc struct {
-		Nftables []map[string]map[string]any `json:"nftables"`
-	}
+	var doc map[string][]map[string]json.RawMessage
 	if err := json.Unmarshal(js, &doc); err != nil {
 		return nil, fmt.Errorf("parse nft json: %w", err)
 	}
-	for _, o := range doc.Nftables {
-		if t, ok := o["table"]; ok && t["comment"] == nil {
-			t["comment"] = string(m[1])
+	for _, o := range doc["nftables"] {
+		raw, ok := o["table"]
+		if !ok {
+			continue
+		}
+		var t map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &t); err != nil {
+			return nil, fmt.Errorf("parse nft json table: %w", err)
+		}
+		if _, has := t["comment"]; has {
+			continue
+		}
+		c, err := json.Marshal(string(m[1]))
+		if err != nil {
+			return nil, err
+		}
+		t["comment"] = c
+		if o["table"], err = json.Marshal(t); err != nil {
+			return nil, err
 		}
 	}
 	return json.Marshal(doc)
@@ -70,6 +94,7 @@ type Table struct {
 	Family     string                `json:"family"`
 	Name       string                `json:"name"`
 	Comment    string                `json:"comment,omitempty"`
+	Flags      []string              `json:"flags,omitempty"` // dormant, owner, persist
 	Flowtables map[string]*Flowtable `json:"flowtables,omitempty"`
 	Sets       map[string]*Set       `json:"sets,omitempty"`
 	Chains     map[string]*Chain     `json:"chains,omitempty"`
@@ -87,9 +112,12 @@ type Set struct {
 }
 
 type Chain struct {
-	Hook  string  `json:"hook,omitempty"`
-	Prio  int     `json:"prio,omitempty"`
-	Rules []*Rule `json:"rules"`
+	Type    string   `json:"type,omitempty"`
+	Hook    string   `json:"hook,omitempty"`
+	Prio    int      `json:"prio,omitempty"`
+	Policy  string   `json:"policy,omitempty"`
+	Devices []string `json:"devices,omitempty"`
+	Rules   []*Rule  `json:"rules"`
 }
 
 // Rule is one rule; Expr is its JSON with counter values zeroed, so that it identifies
@@ -142,9 +170,12 @@ func ParseObjects(objs []map[string]json.RawMessage) (*Table, error) {
 			case "table":
 				// Only these: the other fields of Table are ours, not nft's (a listing that
 				// had them, e.g. "sets": null, would otherwise replace the maps).
-				var tt struct{ Family, Name, Comment string }
+				var tt struct {
+					Family, Name, Comment string
+					Flags                 json.RawMessage
+				}
 				if err = json.Unmarshal(raw, &tt); err == nil {
-					t.Family, t.Name, t.Comment = tt.Family, tt.Name, tt.Comment
+					t.Family, t.Name, t.Comment, t.Flags = tt.Family, tt.Name, tt.Comment, stringOrList(tt.Flags)
 				}
 			case "flowtable":
 				var f struct {
@@ -172,12 +203,15 @@ func ParseObjects(objs []map[string]json.RawMessage) (*Table, error) {
 				}
 			case "chain":
 				var c struct {
-					Name string `json:"name"`
-					Hook string `json:"hook"`
-					Prio int    `json:"prio"`
+					Name   string          `json:"name"`
+					Type   string          `json:"type"`
+					Hook   string          `json:"hook"`
+					Prio   int             `json:"prio"`
+					Policy string          `json:"policy"`
+					Dev    json.RawMessage `json:"dev"`
 				}
 				if err = json.Unmarshal(raw, &c); err == nil {
-					t.Chains[c.Name] = &Chain{Hook: c.Hook, Prio: c.Prio, Rules: []*Rule{}}
+					t.Chains[c.Name] = &Chain{Type: c.Type, Hook: c.Hook, Prio: c.Prio, Policy: c.Policy, Devices: stringOrList(c.Dev), Rules: []*Rule{}}
 				}
 			case "rule":
 				var r jsonRule
@@ -209,7 +243,14 @@ func ParseObjects(objs []map[string]json.RawMessage) (*Table, error) {
 				exprs = append(exprs, `{"counter":{}}`)
 				continue
 			}
-			exprs = append(exprs, string(e))
+			// compact: the same rule is the same string however the listing was spaced
+			// (withTableComment writes the objects again, compacted)
+			var c bytes.Buffer
+			if json.Compact(&c, e) != nil {
+				c.Reset()
+				c.Write(e)
+			}
+			exprs = append(exprs, c.String())
 		}
 		rule.Expr = strings.Join(exprs, ",")
 		c.Rules = append(c.Rules, rule)
@@ -218,10 +259,12 @@ func ParseObjects(objs []map[string]json.RawMessage) (*Table, error) {
 }
 
 // Fingerprint identifies the table's structure and contents, without counter values and
-// handles: equal fingerprints mean nobody changed the table.
+// handles: equal fingerprints mean nobody changed the table. (A base chain's policy and the
+// table's flags count: a forward chain whose policy became drop, or a table made dormant,
+// stops forwarding with every rule as it was.)
 func (t *Table) Fingerprint() string {
 	h := sha256.New()
-	fmt.Fprintf(h, "table %s %s %q\n", t.Family, t.Name, t.Comment)
+	fmt.Fprintf(h, "table %s %s %q %v\n", t.Family, t.Name, t.Comment, t.Flags)
 	for _, n := range sortedKeys(t.Flowtables) {
 		fmt.Fprintf(h, "flowtable %s %v %v\n", n, t.Flowtables[n].Devices, t.Flowtables[n].Flags)
 	}
@@ -231,7 +274,7 @@ func (t *Table) Fingerprint() string {
 	}
 	for _, n := range sortedKeys(t.Chains) {
 		c := t.Chains[n]
-		fmt.Fprintf(h, "chain %s %s %d\n", n, c.Hook, c.Prio)
+		fmt.Fprintf(h, "chain %s %s %s %d %s %v\n", n, c.Type, c.Hook, c.Prio, c.Policy, c.Devices)
 		for _, r := range c.Rules {
 			fmt.Fprintf(h, "rule %q %s\n", r.Comment, r.Expr)
 		}
@@ -269,9 +312,9 @@ func element(raw json.RawMessage) string {
 	if json.Unmarshal(raw, &s) == nil {
 		return s
 	}
-	var n float64
+	var n json.Number // as written: a float printed 3000000 as 3e+06
 	if json.Unmarshal(raw, &n) == nil {
-		return fmt.Sprint(n)
+		return n.String()
 	}
 	var obj struct {
 		Prefix *struct {

@@ -1,6 +1,7 @@
 package nftjson
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -99,4 +100,75 @@ func TestParseTableObjectFields(t *testing.T) {
 		t.Errorf("table: %+v", tab)
 	}
 	tab.Fingerprint()
+}
+
+// Captured from nft 1.0.6 in a scratch namespace: the same table before and after
+// `nft chain inet t c '{ policy drop; }'` (which blackholes every forwarded packet the
+// chain does not accept).
+const listedAccept = `{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"table": {"family": "inet", "name": "t", "handle": 2, "comment": "hello"}}, {"chain": {"family": "inet", "table": "t", "name": "c", "handle": 1, "type": "filter", "hook": "forward", "prio": 0, "policy": "accept"}}, {"rule": {"family": "inet", "table": "t", "chain": "c", "handle": 4, "comment": "r1", "expr": [{"counter": {"packets": 0, "bytes": 0}}]}}]}`
+const listedDrop = `{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"table": {"family": "inet", "name": "t", "handle": 2, "comment": "hello"}}, {"chain": {"family": "inet", "table": "t", "name": "c", "handle": 1, "type": "filter", "hook": "forward", "prio": 0, "policy": "drop"}}, {"rule": {"family": "inet", "table": "t", "chain": "c", "handle": 4, "comment": "r1", "expr": [{"counter": {"packets": 0, "bytes": 0}}]}}]}`
+
+// `nft add table inet t '{ flags dormant; }'`: the whole table stops working (nft >= 1.0.7
+// writes the flags in its JSON; 1.0.6 writes garbage there).
+const listedDormant = `{"nftables": [{"metainfo": {"version": "1.1.1", "release_name": "x", "json_schema_version": 1}}, {"table": {"family": "inet", "name": "t", "handle": 2, "comment": "hello", "flags": ["dormant"]}}, {"chain": {"family": "inet", "table": "t", "name": "c", "handle": 1, "type": "filter", "hook": "forward", "prio": 0, "policy": "accept"}}, {"rule": {"family": "inet", "table": "t", "chain": "c", "handle": 4, "comment": "r1", "expr": [{"counter": {"packets": 0, "bytes": 0}}]}}]}`
+
+// A base chain's policy and the table's flags are in the fingerprint: a forward chain whose
+// policy became drop, or a table made dormant, stops forwarding with every rule as it was,
+// and was no drift.
+func TestFingerprintSeesPolicyAndDormant(t *testing.T) {
+	fp := func(s string) string {
+		tab, err := Parse([]byte(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tab.Fingerprint()
+	}
+	base := fp(listedAccept)
+	if fp(listedDrop) == base {
+		t.Error("a base chain's policy changed from accept to drop: same fingerprint (drift not seen)")
+	}
+	if fp(listedDormant) == base {
+		t.Error("the table was made dormant: same fingerprint (drift not seen)")
+	}
+}
+
+// A number element is as nft wrote it (a float64 printed 3000000 as "3e+06").
+func TestElementLargeNumber(t *testing.T) {
+	tab, err := Parse([]byte(`{"nftables": [{"table": {"family": "inet", "name": "t"}}, {"set": {"family": "inet", "name": "m", "table": "t", "type": "mark", "handle": 3, "elem": [5, 3000000]}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tab.Sets["m"].Elements; got[0] != "3000000" && got[1] != "3000000" {
+		t.Errorf("elements %q, nft lists 5 and 3000000", got)
+	}
+}
+
+// The same table has one fingerprint whether its comment came from the text listing (the
+// JSON written again) or not: the rules' expressions were spaced apart by the two ways.
+func TestSameTableSameFingerprint(t *testing.T) {
+	js := []byte(`{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"table": {"family": "inet", "name": "t", "handle": 3}}, {"chain": {"family": "inet", "table": "t", "name": "c", "handle": 1, "type": "filter", "hook": "forward", "prio": 10, "policy": "accept"}}, {"rule": {"family": "inet", "table": "t", "chain": "c", "handle": 2, "comment": "r1", "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"prefix": {"addr": "10.0.0.0", "len": 8}}}}, {"counter": {"packets": 0, "bytes": 0}}, {"accept": null}]}}]}`)
+	text := []byte("table inet t {\n\tcomment \"hello\"\n\tchain c {\n\t\ttype filter hook forward priority filter + 10; policy accept;\n\t\tip saddr 10.0.0.0/8 counter packets 0 bytes 0 accept comment \"r1\"\n\t}\n}\n")
+	withText, err := withTableComment(js, text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := Parse(withText)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Parse(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Comment != "hello" || b.Comment != "" {
+		t.Fatalf("comments %q and %q, want hello and none", a.Comment, b.Comment)
+	}
+	b.Comment = a.Comment
+	if a.Fingerprint() != b.Fingerprint() {
+		t.Errorf("same table, two fingerprints:\n%s\n%s", a.Chains["c"].Rules[0].Expr, b.Chains["c"].Rules[0].Expr)
+	}
+	// flags come before the comment in the text listing of a dormant table
+	if got, _ := withTableComment(js, []byte("table inet t {\n\tflags dormant\n\tcomment \"hello\"\n}\n")); !bytes.Contains(got, []byte(`"comment":"hello"`)) {
+		t.Errorf("comment after flags not found: %s", got)
+	}
 }
