@@ -11,7 +11,15 @@ HA=$(readlink -f "${1:-./hostaccel}")
 DATAPATH=${DATAPATH:-flowtable}
 P=hademo
 ns() { local n=$1; shift; ip netns exec "$P-$n" "$@"; }
-cleanup() { for n in pod node remote; do ip netns del "$P-$n" 2>/dev/null || true; done; }
+# (the namespaces' processes first: an iperf3 server left by a run that failed would answer
+# the next run's "already running" and serve nothing)
+cleanup() {
+	for n in pod node remote; do
+		ip netns pids "$P-$n" 2>/dev/null | xargs -r kill 2>/dev/null || true
+		ip netns del "$P-$n" 2>/dev/null || true
+	done
+	rm -f /run/hademo-iperf4.pid /run/hademo-iperf6.pid
+}
 trap cleanup EXIT
 cleanup
 
@@ -58,15 +66,19 @@ ns remote iperf3 -s -D -B fd00:10:244:2::2 -p 5202 -I /run/hademo-iperf6.pid
 sleep 1
 echo "== traffic: iperf3 TCP v4, TCP v6 and UDP v4 from the Pod to the remote Pod (6 s each, in parallel)"
 ns pod iperf3 -c 10.244.2.2 -p 5201 -t 6 -f m >/tmp/hademo-tcp4 2>&1 &
+C4=$!
 ns pod iperf3 -c fd00:10:244:2::2 -p 5202 -t 6 -f m >/tmp/hademo-tcp6 2>&1 &
+C6=$!
 # The demo shows what it claims: the status it prints, taken while the transfer runs, shows
-# both TCP connections offloaded (flowtable) or redirected by the program (tc); it fails if no
-# status within 4 s does.
+# both TCP connections offloaded (flowtable) or redirected by the program (tc), IPv4 and IPv6;
+# it fails if no status within 4 s does.
 accelerated() {
 	if [ "$DATAPATH" = tc ]; then
-		grep -A6 'redirected past the host stack' <<<"$1" | grep -qE '^  pod-to-pod +ipv4 +[1-9]'
+		grep -A6 'redirected past the host stack' <<<"$1" | grep -qE '^  pod-to-pod +ipv4 +[1-9]' &&
+			grep -A6 'redirected past the host stack' <<<"$1" | grep -qE '^  pod-to-pod +ipv6 +[1-9]'
 	else
-		[ "$(grep -c '^  tcp .*\[OFFLOAD\]' <<<"$1")" -ge 2 ]
+		grep -q '^  tcp .*src=10\.244\.1\.2 .*\[OFFLOAD\]' <<<"$1" &&
+			grep -q '^  tcp .*src=fd00:10:244:1::2 .*\[OFFLOAD\]' <<<"$1"
 	fi
 }
 for _ in $(seq 40); do
@@ -77,21 +89,38 @@ done
 accelerated "$st" || { echo "the transfer was not accelerated within 4 s:"; echo "$st"; exit 1; }
 echo "== hostaccel status (during the transfer)"
 echo "$st"
-wait
+for c in $C4 $C6; do wait "$c" || { echo "an iperf3 client failed:"; cat /tmp/hademo-tcp4 /tmp/hademo-tcp6; exit 1; }; done
+for f in /tmp/hademo-tcp4 /tmp/hademo-tcp6; do
+	grep -q receiver "$f" || { echo "$f: no receiver line"; cat "$f"; exit 1; }
+done
 grep -h receiver /tmp/hademo-tcp4 /tmp/hademo-tcp6 | sed 's/^/iperf3: /'
 ns pod iperf3 -c 10.244.2.2 -p 5201 -u -b 50M -t 3 -f m >/tmp/hademo-udp 2>&1 &
+CU=$!
 sleep 1.5
 if [ "$DATAPATH" = tc ]; then
-	wait; grep -h -A1 "Lost/Total" /tmp/hademo-udp | tail -1 | sed 's/^/iperf3 udp: /'
-	echo "== hostaccel status (tc counters after TCP v4, TCP v6 and UDP)"; ns node "$HA" status | sed -n '/tc datapath/,/handed/p'
+	wait "$CU" || { echo "the UDP client failed:"; cat /tmp/hademo-udp; exit 1; }
+	grep -h receiver /tmp/hademo-udp | sed 's/^/iperf3 udp: /'
+	echo "== hostaccel status (tc counters after TCP v4, TCP v6 and UDP)"; ns node "$HA" status | sed -n '/tc datapath/,/^  handed to the stack/p'
 else
 	echo "== offloaded UDP flow (conntrack, during the UDP run)"
 	for _ in $(seq 15); do ns node "$HA" status -o json | grep -q '"udp[^"]*OFFLOAD' && break; sleep 0.1; done
 	ns node "$HA" status -o json | grep -o '"udp[^"]*OFFLOAD[^"]*"' || { echo "the UDP flow was not offloaded"; exit 1; }
-	wait
+	wait "$CU" || { echo "the UDP client failed:"; cat /tmp/hademo-udp; exit 1; }
 fi
+# the datagrams arrived: the receiver's line says fewer lost than sent (the sender's says 0 lost)
+lost=$(grep -h receiver /tmp/hademo-udp | grep -oE '[0-9]+/[0-9]+ \(' | head -1)
+[ -n "$lost" ] && [ "${lost%%/*}" -lt "$(echo "${lost#*/}" | tr -dc 0-9)" ] || { echo "no UDP datagram arrived:"; cat /tmp/hademo-udp; exit 1; }
 kill "$(cat /run/hademo-iperf4.pid)" "$(cat /run/hademo-iperf6.pid)" 2>/dev/null || true
 echo "== hostaccel cleanup"; ns node "$HA" cleanup
-ns node nft list ruleset | grep -q hostaccel && { echo "cleanup left rules behind"; exit 1; }
-ns node tc filter show dev eth0 ingress | grep -q hostaccel && { echo "cleanup left a tc filter behind"; exit 1; }
+# (the listings are taken first: grep -q ends at its first match, and the listing's write to
+# the closed pipe failed the pipeline under pipefail, so the check never fired)
+rules=$(ns node nft list ruleset)
+grep -q hostaccel <<<"$rules" && { echo "cleanup left rules behind"; exit 1; }
+for dev in gw eth0; do
+	filters=$(ns node tc filter show dev "$dev" ingress)
+	grep -q hostaccel <<<"$filters" && { echo "cleanup left a tc filter on $dev behind"; exit 1; }
+done
+# tcx attachments are not tc filters: the status says what is attached
+left=$(ns node "$HA" status -o json)
+grep -q '"tc":' <<<"$left" && { echo "cleanup left the tc program attached"; echo "$left"; exit 1; }
 echo "demo: OK"

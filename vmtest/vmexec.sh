@@ -9,7 +9,9 @@
 #      VMEXEC_FILES="p1 p2"      more host files/dirs to copy into /vmtest (also first in PATH)
 #      VMEXEC_MIRROR="../../x"   host files/dirs (relative to the package dir) copied to the same
 #                                absolute path in the guest, e.g. fixtures outside testdata/
-#      VMEXEC_OPTS="-i -m 2G"    more run-in-vm.sh options (default timeout: -t 900)
+#      VMEXEC_OPTS="-i -m 2G"    more run-in-vm.sh options (default timeout: -t 900, or go test's
+#                                -timeout and a minute, so that the test binary's own timeout
+#                                fires first and says where it hung)
 #      VMEXEC_LOG=FILE           keep the whole console (kernel messages included)
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: vmexec.sh TEST_BINARY [ARGS...]" >&2; exit 2; }
@@ -17,7 +19,18 @@ HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 bin=$1
 shift
 
-args=(-q -t 900 -e HOSTACCEL_IN_VM=1 -C "$PWD" -f "$bin")
+limit=900
+for a in "$@"; do
+	case $a in -test.timeout=*)
+		d=${a#-test.timeout=} s=0 # a Go duration: 40m0s, 1h0m0s, 900s
+		[[ $d =~ ([0-9]+)h ]] && s=$((s + BASH_REMATCH[1] * 3600))
+		[[ $d =~ ([0-9]+)m([0-9]|$) ]] && s=$((s + BASH_REMATCH[1] * 60))
+		[[ $d =~ [0-9]ms$ ]] || { [[ $d =~ ([0-9]+)(\.[0-9]+)?s$ ]] && s=$((s + BASH_REMATCH[1])); }
+		[ "$s" -gt 0 ] && limit=$((s + 60))
+		;;
+	esac
+done
+args=(-q -t "$limit" -e HOSTACCEL_IN_VM=1 -C "$PWD" -f "$bin")
 [ -d testdata ] && args+=(-f "$PWD/testdata:$PWD/testdata")
 read -ra xs <<<"${VMEXEC_FILES:-}"
 for f in "${xs[@]}"; do args+=(-f "$f"); done

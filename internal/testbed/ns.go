@@ -58,6 +58,20 @@ func RequireRoot(t testing.TB) {
 	t.Skip("root required")
 }
 
+// Skip skips t for reason, or fails it where the environment variable require is 1: the test
+// suite's way of saying that this machine must run it (scripts/test.sh sets them).
+func Skip(t testing.TB, require, reason string) {
+	t.Helper()
+	if os.Getenv(require) == "1" {
+		t.Fatalf("%s (%s=1)", reason, require)
+	}
+	t.Skip(reason)
+}
+
+// RequireTC is the variable that makes the tc datapath's tests fail, not skip, on a kernel
+// that cannot run it.
+const RequireTC = "HOSTACCEL_REQUIRE_TC"
+
 // NS is a named network namespace (as by "ip netns add"). Close deletes it
 // together with everything inside, and closes servers started by its Listen
 // methods.

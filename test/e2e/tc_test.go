@@ -21,7 +21,7 @@ import (
 func needTC(t *testing.T) {
 	t.Helper()
 	if !(caps.Has(probe.TCX) || caps.Has(probe.ClsBPF)) || !caps.Has(probe.RedirectNeigh) {
-		t.Skip("this kernel cannot run the tc datapath")
+		testbed.Skip(t, testbed.RequireTC, "this kernel cannot run the tc datapath")
 	}
 }
 

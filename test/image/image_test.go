@@ -446,7 +446,7 @@ func TestImageTC(t *testing.T) {
 	img := requireImage(t)
 	caps := probe.Run(t.Context())
 	if !(caps.Has(probe.TCX) || caps.Has(probe.ClsBPF)) || !caps.Has(probe.RedirectNeigh) {
-		t.Skip("this kernel cannot run the tc datapath")
+		testbed.Skip(t, testbed.RequireTC, "this kernel cannot run the tc datapath")
 	}
 	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
 	for _, k := range []string{"net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"} {

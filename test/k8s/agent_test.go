@@ -34,10 +34,10 @@ func TestAgentKubernetes(t *testing.T) {
 	testbed.RequireRoot(t)
 	bin := os.Getenv("HOSTACCEL_BIN")
 	if bin == "" {
-		t.Skip("HOSTACCEL_BIN not set (the hostaccel binary to run)")
+		testbed.Skip(t, testenv.EnvRequire, "HOSTACCEL_BIN not set (the hostaccel binary to run)")
 	}
 	if out, _ := exec.Command(bin, "agent", "--help").CombinedOutput(); !strings.Contains(string(out), "--kubernetes ") {
-		t.Skipf("%s has no `agent --kubernetes` (not wired into the agent yet)", bin)
+		testbed.Skip(t, testenv.EnvRequire, bin+" has no `agent --kubernetes`")
 	}
 	ctx := context.Background()
 	ns, err := testbed.NewNS("k8s")

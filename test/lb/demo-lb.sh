@@ -13,6 +13,9 @@ P=halb
 ns() { local n=$1; shift; ip netns exec "$P-$n" "$@"; }
 LB() { ns lb "$HA" lb --socket /run/hostaccel/lb-demo.sock "$@"; }
 get() { ns cl curl -s --max-time 2 "http://$1/" || echo "(failed)"; }
+# The demo checks what it shows: a line that is not what it should be ends it.
+fail() { echo "demo: $*" >&2; exit 1; }
+count() { tr ' ' '\n' <<<"$2" | grep -cx "$1" || true; } # count WORD LINE
 cleanup() {
 	[ -n "${AGENT:-}" ] && kill "$AGENT" 2>/dev/null && wait "$AGENT" 2>/dev/null
 	for n in cl lb b1 b2 b3; do ip netns pids "$P-$n" 2>/dev/null | xargs -r kill 2>/dev/null || true; ip netns del "$P-$n" 2>/dev/null || true; done
@@ -46,23 +49,31 @@ sleep 1.2 # first health checks
 echo "== the load balancer's NAT table (nft list table inet hostaccel-lb, in its namespace)"
 ns lb nft list table inet hostaccel-lb
 echo "== 6 requests to web (dnat, rr): an exact rotation"
-for _ in 1 2 3 4 5 6; do get 10.100.0.10; done | paste -sd' '
+r=$(for _ in 1 2 3 4 5 6; do get 10.100.0.10; done | paste -sd' '); echo "$r"
+for b in b1 b2 b3; do [ "$(count $b "$r")" = 2 ] || fail "rotation: $b answered $(count $b "$r") of 6, want 2"; done
 echo "== 600 requests to weighted (snat, weights 1:2:3)"
-for _ in $(seq 600); do get 10.100.0.10:8080; done | sort | uniq -c
+r=$(for _ in $(seq 600); do get 10.100.0.10:8080; done | paste -sd' ')
+tr ' ' '\n' <<<"$r" | sort | uniq -c
+n1=$(count b1 "$r") n2=$(count b2 "$r") n3=$(count b3 "$r")
+[ $((n1 + n2 + n3)) = 600 ] && [ "$n1" -gt 0 ] && [ "$n1" -lt "$n2" ] && [ "$n2" -lt "$n3" ] || fail "weights 1:2:3: b1 $n1, b2 $n2, b3 $n3 of 600"
 echo "== b3 killed: out of the maps after fall (2) x interval (500ms)"
 kill "$HTTPD3"; sleep 1.5
-for _ in 1 2 3 4; do get 10.100.0.10; done | paste -sd' '
+r=$(for _ in 1 2 3 4; do get 10.100.0.10; done | paste -sd' '); echo "$r"
+[ "$(count b3 "$r")" = 0 ] && [ "$(count '(failed)' "$r")" = 0 ] || fail "b3 killed: $r"
 LB status
 echo "== b3 back, b1 drained (hostaccel lb backend drain web 10.1.1.2:80)"
 serve 3; sleep 1.5
 LB backend drain web 10.1.1.2:80 >/dev/null
-for _ in 1 2 3 4; do get 10.100.0.10; done | paste -sd' '
+r=$(for _ in 1 2 3 4; do get 10.100.0.10; done | paste -sd' '); echo "$r"
+[ "$(count b1 "$r")" = 0 ] && [ "$(count '(failed)' "$r")" = 0 ] && [ "$(count b3 "$r")" -gt 0 ] || fail "b3 back, b1 drained: $r"
 echo "== a service added through the API (kept in the state file: a restart keeps it)"
 LB add api --vip 10.100.0.20 --port 80 --topology snat --backend 10.1.2.2:80 --backend 10.1.3.2:80 --check tcp
-get 10.100.0.20
+r=$(get 10.100.0.20); echo "$r"
+[ "$r" = b2 ] || [ "$r" = b3 ] || fail "the service added through the API answered $r"
 LB list
 echo "== hostaccel cleanup"
 kill "$AGENT"; wait "$AGENT" 2>/dev/null || true; AGENT=
 ns lb "$HA" cleanup
-ns lb nft list ruleset | grep -q hostaccel-lb && { echo "cleanup left the load balancer's tables"; exit 1; }
+rules=$(ns lb nft list ruleset) # (taken first: grep -q closing the pipe early failed the pipeline)
+grep -q hostaccel-lb <<<"$rules" && fail "cleanup left the load balancer's tables"
 echo "demo: OK"

@@ -117,7 +117,7 @@ func newNode(t *testing.T) *node {
 		t.Skip("runs on the host (scripts/test.sh); the VM runs the flowtable's churn only")
 	}
 	if !(caps.Has(probe.TCX) || caps.Has(probe.ClsBPF)) || !caps.Has(probe.RedirectNeigh) {
-		t.Skip("this kernel cannot run the tc datapath")
+		testbed.Skip(t, testbed.RequireTC, "this kernel cannot run the tc datapath")
 	}
 	return setupNode(t)
 }
