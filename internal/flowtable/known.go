@@ -59,13 +59,14 @@ func (m *Manager) recall() {
 // removes the file. A cache: a file that cannot be written leaves the next process to compare
 // comments, as before.
 func (m *Manager) remember() {
-	if m.KnownDir == "" {
-		return
+	if m.KnownDir == "" || m.last == "" && m.cleared {
+		return // (an agent without the flowtable removes the table at every sync)
 	}
 	ns := nftlist.Namespace()
 	path := m.knownPath(ns)
-	m.written = ""
+	m.written, m.cleared = "", false
 	if m.last == "" || ns.NetNS == 0 || ns.Boot == "" {
+		m.cleared = m.last == ""
 		_ = os.Remove(path)
 		return
 	}

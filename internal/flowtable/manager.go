@@ -32,6 +32,7 @@ type Manager struct {
 	last        string   // fingerprint of the table right after our last successful apply
 	lastDevices []string // its flowtable's devices
 	written     string   // the fingerprint the file has ("": none written by this Manager)
+	cleared     bool     // the file was removed, and nothing known since
 }
 
 // NewManager returns a Manager on the real nft binary, which it runs first when it has a
