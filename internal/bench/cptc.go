@@ -47,7 +47,7 @@ func (r *cpRun) tcAgent(ctx context.Context) error {
 
 	up := r.rep.cell(r.part, r.n, "agent start until every peer CIDR is in the program's map")
 	var addrs *ebpf.Map
-	if err := r.awaitAgent(up, agent, start, 20*time.Millisecond, "the agent did not load the program", func() bool {
+	if _, err := r.awaitAgent(up, agent, start, 20*time.Millisecond, "the agent did not load the program", func() bool {
 		addrs, err = r.tcAddrs(ctx)
 		return addrs != nil || err != nil
 	}); err != nil {
@@ -58,12 +58,13 @@ func (r *cpRun) tcAgent(ctx context.Context) error {
 	}
 	defer addrs.Close()
 	last := peerCIDR(r.n - 1)
-	if err := r.awaitAgent(up, agent, start, 5*time.Millisecond, last.String()+" not in the map", func() bool {
+	seen, err := r.awaitAgent(up, agent, start, 5*time.Millisecond, last.String()+" not in the map", func() bool {
 		return hasPrefix(addrs, last)
-	}); err != nil {
+	})
+	if err != nil {
 		return err
 	}
-	up.Seconds = append(up.Seconds, time.Since(start).Seconds())
+	up.Seconds = append(up.Seconds, seen.Sub(start).Seconds())
 
 	file := r.rep.cell(r.part, r.n, "one CIDR replaced: config file rewritten until the program's map has it")
 	const rewrites = 24
