@@ -53,6 +53,12 @@ func Table(fake *knftables.Fake, add func(*knftables.Transaction), elems []*knft
 			return "", fmt.Errorf("no such set %q", o.name)
 		case o.isMap && t.Maps[o.name] == nil:
 			return "", fmt.Errorf("no such map %q", o.name)
+		// checked here too: a later element of the same key replaces this one before the
+		// Fake sees it (which refuses both)
+		case o.isMap && len(e.Value) == 0:
+			return "", fmt.Errorf("map %q: no map value specified for map element %v", o.name, e.Key)
+		case !o.isMap && len(e.Value) > 0:
+			return "", fmt.Errorf("set %q: map value specified for set element %v", o.name, e.Key)
 		}
 		if len(e.Value) == 1 {
 			if w := strings.Split(e.Value[0], " "); len(w) == 2 && (w[0] == "goto" || w[0] == "jump") && t.Chains[w[1]] == nil {

@@ -82,3 +82,28 @@ func TestTableRefusesWhatTheFakeRefuses(t *testing.T) {
 		}
 	}
 }
+
+// An invalid element (a map element without a value, a set element with one) that a later
+// element of the same key replaces: the Fake refuses the transaction, and so does Table (it
+// dumped it as if it were fine).
+func TestTableRefusesAnInvalidElementReplacedLater(t *testing.T) {
+	for _, elems := range [][]*knftables.Element{{
+		{Map: "mm", Key: []string{"10.0.0.1"}},
+		{Map: "mm", Key: []string{"10.0.0.1"}, Value: []string{"192.0.2.1"}},
+	}, {
+		{Set: "zz", Key: []string{"10.0.0.1"}, Value: []string{"192.0.2.1"}},
+		{Set: "zz", Key: []string{"10.0.0.1"}},
+	}} {
+		fake := knftables.NewFake(knftables.InetFamily, "t")
+		tx := fake.NewTransaction()
+		structure(tx)
+		for _, e := range elems {
+			tx.Add(e)
+		}
+		ferr := fake.Run(context.Background(), tx)
+		_, err := Table(knftables.NewFake(knftables.InetFamily, "t"), structure, elems)
+		if ferr == nil || err == nil {
+			t.Errorf("%v: Fake: %v; Table: %v (want both to refuse)", elems[0], ferr, err)
+		}
+	}
+}
