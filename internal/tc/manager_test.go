@@ -1411,18 +1411,7 @@ func TestPreparedClsact(t *testing.T) {
 	role := e.d.Devices[gw]
 	delete(e.d.Devices, gw)
 	e.apply()
-	clsact := func(e *env, name string) bool {
-		var ok bool
-		e.do(func() (err error) {
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				return err
-			}
-			ok, err = hasClsact(l)
-			return err
-		})
-		return ok
-	}
+	clsact := hasClsactNamed
 	e.do(func() error {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "stray0"}, PeerName: "stray1"}); err != nil {
 			return err

@@ -12,6 +12,25 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
+// applyFailingAttachOn applies e with every attach to device name failing, and wants the
+// apply to fail.
+func applyFailingAttachOn(t *testing.T, e *env, name string) {
+	t.Helper()
+	attachProgram = func(mode Mode, l netlink.Link, set *progSet, mine []attachment, sets map[ebpf.ProgramID]*progSet) (attachment, error) {
+		if l.Attrs().Name == name {
+			return attachment{}, errors.New("injected attach failure")
+		}
+		return attach(mode, l, set, mine, sets)
+	}
+	defer func() { attachProgram = attach }()
+	var err error
+	e.do(func() error { _, err = e.m.Apply(context.Background(), e.d); return nil })
+	if err == nil {
+		t.Fatalf("an apply whose attach to %s fails: no error", name)
+	}
+}
+
+// hasClsactNamed reports whether e's node has a clsact qdisc on device name.
 func hasClsactNamed(e *env, name string) bool {
 	var ok bool
 	e.do(func() (err error) {
@@ -34,22 +53,10 @@ func TestAttachFailureKeepsNoClsact(t *testing.T) {
 	if hasClsactNamed(e, gw) {
 		t.Fatal("gw has a clsact before any apply")
 	}
-	attachProgram = func(mode Mode, l netlink.Link, set *progSet, mine []attachment, sets map[ebpf.ProgramID]*progSet) (attachment, error) {
-		if l.Attrs().Name == gw {
-			return attachment{}, errors.New("injected attach failure")
-		}
-		return attach(mode, l, set, mine, sets)
-	}
-	t.Cleanup(func() { attachProgram = attach })
-	var err error
-	e.do(func() error { _, err = e.m.Apply(context.Background(), e.d); return nil })
-	if err == nil {
-		t.Fatal("want the first apply to fail")
-	}
+	applyFailingAttachOn(t, e, gw)
 	if hasClsactNamed(e, gw) {
 		t.Errorf("after the failed attach: %s keeps the clsact qdisc hostaccel added for it", gw)
 	}
-	attachProgram = attach
 	e.apply()
 	e.do(func() error { return NewManager().Remove(context.Background()) })
 	if hasClsactNamed(e, gw) {
@@ -67,19 +74,7 @@ func TestFailedApplyIsNoDrift(t *testing.T) {
 	})
 	e.d.Devices["hax0"] = RoleGateway
 	e.d.PeerPod = append(e.d.PeerPod, netip.MustParsePrefix("10.244.9.0/24"))
-	attachProgram = func(mode Mode, l netlink.Link, set *progSet, mine []attachment, sets map[ebpf.ProgramID]*progSet) (attachment, error) {
-		if l.Attrs().Name == "hax0" {
-			return attachment{}, errors.New("injected attach failure")
-		}
-		return attach(mode, l, set, mine, sets)
-	}
-	t.Cleanup(func() { attachProgram = attach })
-	var err error
-	e.do(func() error { _, err = e.m.Apply(context.Background(), e.d); return nil })
-	if err == nil {
-		t.Fatal("want the second apply to fail")
-	}
-	attachProgram = attach
+	applyFailingAttachOn(t, e, "hax0")
 	res := e.apply()
 	if len(res.Drift) > 0 {
 		t.Errorf("apply after a failed apply of our own reports drift %q: nobody else changed anything", res.Drift)
