@@ -266,7 +266,9 @@ func managers() (*datapath.Managers, error) {
 	if err := probe.CheckPrivilege(probe.PartNFT); err != nil { // every datapath changes the kernel's network state
 		return nil, err
 	}
-	return &datapath.Managers{Flowtable: flowtable.NewManager(), TC: tc.NewManager(), Sockmap: sockmap.NewManager()}, nil
+	ft := flowtable.NewManager()
+	ft.KnownDir = flowtable.DefaultKnownDir // the next process starts from what this one left
+	return &datapath.Managers{Flowtable: ft, TC: tc.NewManager(), Sockmap: sockmap.NewManager()}, nil
 }
 
 // addLockFlag adds --lock-file to a command that changes the kernel.

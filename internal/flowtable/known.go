@@ -20,7 +20,9 @@ import (
 // DefaultKnownDir holds the files (tmpfs: a reboot empties it, as it empties the ruleset).
 const DefaultKnownDir = "/run/hostaccel"
 
-const knownFormat = "hostaccel-flowtable-known/1"
+// knownFormat names the file's layout and the fingerprint's (nftjson.Table.Fingerprint): a
+// file of another is ignored.
+const knownFormat = "hostaccel-flowtable-known/2"
 
 type knownFile struct {
 	Format      string   `json:"format"`
@@ -64,23 +66,19 @@ func (m *Manager) remember() {
 	}
 	ns := nftlist.Namespace()
 	path := m.knownPath(ns)
-	m.written, m.cleared = "", false
+	// Tried once per fingerprint: where the file cannot be (no namespace cookie before Linux
+	// 5.14, /run read-only), the next syncs do not try again.
+	m.written, m.cleared = m.last, m.last == ""
 	if m.last == "" || ns.NetNS == 0 || ns.Boot == "" {
-		m.cleared = m.last == ""
 		_ = os.Remove(path)
 		return
 	}
 	b, err := json.Marshal(knownFile{Format: knownFormat, NetNS: ns.NetNS, Boot: ns.Boot, Fingerprint: m.last, Devices: m.lastDevices})
-	if err != nil {
-		return
-	}
-	if os.MkdirAll(m.KnownDir, 0o755) != nil {
+	if err != nil || os.MkdirAll(m.KnownDir, 0o755) != nil {
 		return
 	}
 	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
 	if os.WriteFile(tmp, b, 0o600) != nil || os.Rename(tmp, path) != nil {
 		_ = os.Remove(tmp)
-		return
 	}
-	m.written = m.last
 }

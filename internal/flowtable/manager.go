@@ -26,12 +26,12 @@ type Manager struct {
 	Exists func(context.Context) (bool, error)
 
 	// KnownDir: Apply keeps what it knows (last, lastDevices) in a file there for the next
-	// process (known.go). NewManager: DefaultKnownDir; "": no file.
+	// process (known.go); "": no file (tests, benches: their namespaces are thrown away).
 	KnownDir string
 
 	last        string   // fingerprint of the table right after our last successful apply
 	lastDevices []string // its flowtable's devices
-	written     string   // the fingerprint the file has ("": none written by this Manager)
+	written     string   // the fingerprint last written to the file (or tried)
 	cleared     bool     // the file was removed, and nothing known since
 }
 
@@ -40,7 +40,7 @@ type Manager struct {
 // (datapath tc or none, nothing to remove) need not pay it.
 func NewManager() *Manager {
 	exists := func(ctx context.Context) (bool, error) { return nftlist.Has(ctx, Family, TableName) }
-	return &Manager{List: nftjson.NFT, Exists: exists, KnownDir: DefaultKnownDir}
+	return &Manager{List: nftjson.NFT, Exists: exists}
 }
 
 // nft returns m.NFT, made on first use.
