@@ -77,16 +77,28 @@ func withTableComment(js, text []byte) ([]byte, error) {
 		if _, has := t["comment"]; has {
 			continue
 		}
-		c, err := json.Marshal(string(m[1]))
+		c, err := marshal(string(m[1]))
 		if err != nil {
 			return nil, err
 		}
 		t["comment"] = c
-		if o["table"], err = json.Marshal(t); err != nil {
+		if o["table"], err = marshal(t); err != nil {
 			return nil, err
 		}
 	}
-	return json.Marshal(doc)
+	return marshal(doc)
+}
+
+// marshal is json.Marshal without its HTML escapes: a rule's `ct packets > 10` stays as nft
+// wrote it ("\u003e" fingerprinted apart from the same rule listed without the comment).
+func marshal(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 // Table is one table's contents.

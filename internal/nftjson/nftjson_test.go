@@ -172,3 +172,27 @@ func TestSameTableSameFingerprint(t *testing.T) {
 		t.Errorf("comment after flags not found: %s", got)
 	}
 }
+
+// TestSameTableSameFingerprint with an operator encoding/json escapes as HTML ("ct packets > 10",
+// the packetThreshold rule; "&" of a bitwise match): the table written again keeps ">" (it was
+// "\u003e", and the rule had two fingerprints).
+func TestSameFingerprintWithHTMLCharacters(t *testing.T) {
+	js := []byte(`{"nftables": [{"table": {"family": "inet", "name": "t", "handle": 3}}, {"chain": {"family": "inet", "table": "t", "name": "c", "handle": 1, "type": "filter", "hook": "forward", "prio": 10, "policy": "accept"}}, {"rule": {"family": "inet", "table": "t", "chain": "c", "handle": 2, "comment": "r1", "expr": [{"match": {"op": ">", "left": {"ct": {"key": "packets"}}, "right": 10}}, {"accept": null}]}}]}`)
+	text := []byte("table inet t {\n\tcomment \"hello\"\n}\n")
+	withText, err := withTableComment(js, text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := Parse(withText)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Parse(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Comment = a.Comment
+	if a.Fingerprint() != b.Fingerprint() {
+		t.Errorf("same table, two fingerprints:\n%s\n%s", a.Chains["c"].Rules[0].Expr, b.Chains["c"].Rules[0].Expr)
+	}
+}
