@@ -57,10 +57,13 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 // family's chain deleted was a reset of the sum, and the other family's packets were counted
 // again), and none is exported by a scrape whose reading of them failed.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	c.counters.Scrape(func(sc *monotonic.Scrape) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // from the turn
+		defer cancel()
 		st := c.status(ctx)
+		if st.countersFailed {
+			sc.Partial()
+		}
 		gauge := func(d *prometheus.Desc, v float64, l ...string) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
 		}

@@ -136,11 +136,15 @@ var readSources = []string{"nftables", "conntrack", "tc", "sockmap"}
 // reset and counted again at the next reading; a table that could not be listed was "not
 // installed"), and hostaccel_status_read_errors says which part failed.
 func (c *kernelCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	c.counters.Scrape(func(sc *monotonic.Scrape) {
+		// (the deadline counts from the turn: a scrape that waited for another keeps its 5 s)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		st := c.gather(ctx)
 		failed := func(source string) bool { _, bad := st.Errors[source]; return bad }
+		if len(st.Errors) > 0 {
+			sc.Partial()
+		}
 		counter := func(desc *prometheus.Desc, v uint64, labels ...string) { ch <- sc.Metric(desc, v, labels...) }
 		gauge := func(desc *prometheus.Desc, v float64, labels ...string) {
 			ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...)

@@ -10,8 +10,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Forget is how many scrapes in a row may miss a series before it is forgotten (a Service
-// deleted, a class turned off): Counters stays the size of what exists.
+// Forget is how many scrapes in a row that read everything may miss a series before it is
+// forgotten (a Service deleted, a class turned off): Counters stays the size of what exists.
+// A scrape that could not read a part (Scrape.Partial) ages nothing: what the part's series
+// carried over must not go while it is unread.
 const Forget = 3
 
 // Counters remembers, for each series, the last value seen and what resets have taken away.
@@ -19,7 +21,7 @@ const Forget = 3
 type Counters struct {
 	mu     sync.Mutex
 	series map[series]*state
-	scrape uint64
+	scrape uint64 // scrapes that read everything
 }
 
 type series struct {
@@ -45,7 +47,15 @@ func (c *Counters) Scrape(read func(*Scrape)) {
 		c.series = map[series]*state{}
 	}
 	c.scrape++
-	read(&Scrape{c: c})
+	sc := &Scrape{c: c}
+	read(sc)
+	if sc.partial {
+		c.scrape-- // as if it had not been: it proves no series gone
+		for _, s := range c.series {
+			s.seen = min(s.seen, c.scrape)
+		}
+		return
+	}
 	for k, s := range c.series {
 		if c.scrape-s.seen >= Forget {
 			delete(c.series, k)
@@ -54,7 +64,14 @@ func (c *Counters) Scrape(read func(*Scrape)) {
 }
 
 // Scrape records the readings of one scrape (Counters.Scrape).
-type Scrape struct{ c *Counters }
+type Scrape struct {
+	c       *Counters
+	partial bool
+}
+
+// Partial says that this scrape could not read a part of what it exports: no series is
+// forgotten for being missed by it.
+func (s *Scrape) Partial() { s.partial = true }
 
 // Value is v as the counter of desc with labels exports it: when v falls below the last value
 // seen (the kernel's counter restarted at zero), that value is carried over into this and
