@@ -172,7 +172,7 @@ func Load(path string) (*Config, error) {
 
 // Parse decodes YAML strictly and validates it.
 func Parse(b []byte) (*Config, error) {
-	c := withDefaults()
+	c := Defaults()
 	if err := model.UnmarshalStrict(b, &c); err != nil {
 		return nil, err
 	}
@@ -192,7 +192,7 @@ func ParseJSON(b []byte) (*Config, error) {
 
 // decodeJSON decodes one config object strictly: no unknown fields, nothing after it.
 func decodeJSON(b []byte) (Config, error) {
-	c := withDefaults()
+	c := Defaults()
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
@@ -221,10 +221,10 @@ func ParseJSONServices(rest []byte, svcs, was []lb.Service) (*Config, error) {
 	return c.finishChange(was)
 }
 
-// withDefaults is the config a decode starts from: the agent's periods are there unless the
+// Defaults is the config a decode starts from: the agent's periods are there unless the
 // input sets them, so that a period written as "0s" is the user's (a minimum sync interval
 // of none; a resync period the checks refuse), not taken for a missing one.
-func withDefaults() Config {
+func Defaults() Config {
 	var c Config
 	c.Agent.ResyncPeriod.Duration = 30 * time.Second
 	c.Agent.MinSyncInterval.Duration = time.Second

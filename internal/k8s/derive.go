@@ -3,6 +3,7 @@ package k8s
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -62,7 +63,7 @@ type Summary struct {
 // decoded strictly but not validated: node-specific fields that a valid file needs (local Pod
 // CIDRs) come from the API, and the merged result is validated as a whole.
 func ParseBase(b []byte) (*config.Config, error) {
-	var c config.Config
+	c := config.Defaults() // a period the ConfigMap writes as "0s" is its own
 	if err := model.UnmarshalStrict(b, &c); err != nil {
 		return nil, err
 	}
@@ -264,7 +265,8 @@ func canonical(s string) string {
 
 func clone(c *config.Config) (*config.Config, error) {
 	if c == nil {
-		return &config.Config{}, nil
+		d := config.Defaults()
+		return &d, nil
 	}
 	b, err := json.Marshal(c)
 	if err != nil {
@@ -290,13 +292,30 @@ func marshalConfig(c *config.Config) ([]byte, error) {
 // YAML is the derived config as a YAML file.
 func (d *Derived) YAML() ([]byte, error) { return yaml.JSONToYAML(d.JSON) }
 
+// pruneConfig is prune of a whole config, but for the agent's periods: "0s" there is what the
+// ConfigMap says (no minimum sync interval; a resync period config.Parse refuses), not an
+// empty value (the base starts from config.Defaults). Pruned, it was the default again.
+func pruneConfig(v any) any {
+	var agent map[string]any
+	if top, ok := v.(map[string]any); ok {
+		if a, ok := top["agent"].(map[string]any); ok {
+			agent = maps.Clone(a)
+		}
+	}
+	v, _ = prune(v)
+	if top, ok := v.(map[string]any); ok && len(agent) > 0 {
+		top["agent"] = agent
+	}
+	return v
+}
+
 // dropNulls removes null and empty values from a JSON object, recursively.
 func dropNulls(b []byte) []byte {
 	var v any
 	if json.Unmarshal(b, &v) != nil {
 		return b
 	}
-	v, _ = prune(v)
+	v = pruneConfig(v)
 	out, err := json.Marshal(v)
 	if err != nil {
 		return b

@@ -299,7 +299,7 @@ func (dr *deriver) finish(c *config.Config, derived []*svcMemo) (*config.Config,
 	if json.Unmarshal(b, &v) != nil {
 		return nil, nil, false
 	}
-	v, _ = prune(v)
+	v = pruneConfig(v)
 	top, ok := v.(map[string]any)
 	if !ok {
 		return nil, nil, false

@@ -852,3 +852,18 @@ func twoNodes() []*corev1.Node {
 	return []*corev1.Node{node("self", []string{"10.244.0.0/24", "fd00:244::/64"}, "172.18.0.2", "2001:db8:18::2"),
 		node("n1", []string{"10.244.1.0/24", "fd00:244:1::/64"}, "172.18.0.3", "2001:db8:18::3")}
 }
+
+// A ConfigMap's "0s" periods are its own, as a config file's (the derivation dropped them: the defaults).
+func TestZeroPeriodsOfTheConfigMap(t *testing.T) {
+	snap := Snapshot{Nodes: []*corev1.Node{node("n2", []string{"10.244.2.0/24"}, "172.18.0.4")}}
+	d, err := Derive(mustBase(t, baseYAML+"agent: {minSyncInterval: 0s}\n"), snap, Params{NodeName: "n2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.Config.Agent.MinSyncInterval.Duration; got != 0 {
+		t.Errorf("minSyncInterval: 0s in the ConfigMap gave %s", got)
+	}
+	if _, err := Derive(mustBase(t, baseYAML+"agent: {resyncPeriod: 0s}\n"), snap, Params{NodeName: "n2"}); err == nil {
+		t.Errorf("resyncPeriod: 0s in the ConfigMap was accepted (config.Parse refuses it)")
+	}
+}

@@ -592,7 +592,8 @@ func (s *Source) snapshot() (Snapshot, error) {
 // use (the derivation is rejected, so the agent keeps the last good derived config).
 func (s *Source) loadBase() (*config.Config, error) {
 	if s.opts.BaseConfigPath == "" {
-		return &config.Config{}, nil
+		c := config.Defaults()
+		return &c, nil
 	}
 	b, err := config.ReadFile(s.opts.BaseConfigPath)
 	if err != nil {
