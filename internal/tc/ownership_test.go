@@ -45,17 +45,20 @@ func hasClsactNamed(e *env, name string) bool {
 }
 
 // An Apply whose attach fails on a device where it has just added the clsact qdisc deletes the
-// device's ifaces entry, the record that hostaccel owns the qdisc: the qdisc goes with it (the
-// next Apply adds it again). It stayed, and no later Remove (cleanup) knew it was ours.
-func TestAttachFailureKeepsNoClsact(t *testing.T) {
+// device's ifaces entry, the record that hostaccel owns the qdisc: the Manager keeps the
+// ownership for the Apply that attaches there, so that a later Remove (cleanup) deletes the
+// qdisc. It was lost, and the qdisc stayed; and a failing attach keeps the qdisc where it is
+// (one deleted at once was added again at every retry).
+func TestAttachFailureKeepsClsactOwnership(t *testing.T) {
 	e := newEnv(t, ModeClsBPF)
 	gw := e.topo.GatewayName
 	if hasClsactNamed(e, gw) {
 		t.Fatal("gw has a clsact before any apply")
 	}
 	applyFailingAttachOn(t, e, gw)
-	if hasClsactNamed(e, gw) {
-		t.Errorf("after the failed attach: %s keeps the clsact qdisc hostaccel added for it", gw)
+	applyFailingAttachOn(t, e, gw)
+	if !hasClsactNamed(e, gw) {
+		t.Errorf("after two failed attaches: %s lost the clsact qdisc (deleted and added again at each)", gw)
 	}
 	e.apply()
 	e.do(func() error { return NewManager().Remove(context.Background()) })
