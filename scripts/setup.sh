@@ -49,7 +49,7 @@ fi
 # by the Go checksum database); bookworm's golang-go is 1.19, too old for that, so without a
 # newer one this installs go.mod's release from go.dev into /usr/local/go, checked against the
 # SHA-256 go.dev publishes for it.
-export PATH=$PATH:/usr/local/go/bin
+export PATH=/usr/local/go/bin:$PATH # (before bookworm's /usr/bin/go, 1.19, once installed)
 want_go=$(awk '/^go /{print $2; exit}' "$ROOT/go.mod")
 go_ok() {
 	local v
