@@ -25,6 +25,7 @@ const (
 	addrPeerNode = 1 << 2
 	addrExclude  = 1 << 3
 	addrNode     = 1 << 4 // an address of this node on a gateway
+	addrPairOnly = 1 << 5 // a route that depends on the source decides some of it: answers kept per pair
 
 	// settings.flags
 	settingsNexthopCache = 1 << 0
@@ -172,12 +173,16 @@ func want(d *Desired, n netState) (contents, []string) {
 	c.addrs = make(map[netip.Prefix]fastpathAddr, len(flat)) // (plus the gateways' own addresses, below)
 	for _, fp := range flat {
 		var e uint32
+		flags := fp.flags
 		if fp.flags&(addrLocalPod|addrPeerPod|addrPeerNode) != 0 {
 			if e = routes.egress(fp.p); c.ifaces[e] == (fastpathIface{}) {
 				e = 0 // not one of our devices
 			}
+			if routes.pairOnly(fp.p) {
+				flags |= addrPairOnly
+			}
 		}
-		c.addrs[fp.p] = fastpathAddr{Flags: fp.flags, Egress: e}
+		c.addrs[fp.p] = fastpathAddr{Flags: flags, Egress: e}
 	}
 	// The node's own addresses on its gateways lie inside the local Pod CIDRs: they get a
 	// host entry with addrNode on top of the roles of the prefixes around them, so that the

@@ -17,13 +17,13 @@ import (
 
 func TestEgress(t *testing.T) {
 	routes := []route{
-		{netip.MustParsePrefix("0.0.0.0/0"), 9},
-		{netip.MustParsePrefix("10.244.1.0/24"), 5},
-		{netip.MustParsePrefix("10.244.0.0/16"), 7},
-		{netip.MustParsePrefix("10.244.3.0/24"), 0}, // blackhole
-		{netip.MustParsePrefix("10.244.2.128/25"), 8},
-		{netip.MustParsePrefix("::/0"), 9},
-		{netip.MustParsePrefix("fd00:10:244:2::/64"), 7},
+		{dst: netip.MustParsePrefix("0.0.0.0/0"), ifindex: 9},
+		{dst: netip.MustParsePrefix("10.244.1.0/24"), ifindex: 5},
+		{dst: netip.MustParsePrefix("10.244.0.0/16"), ifindex: 7},
+		{dst: netip.MustParsePrefix("10.244.3.0/24"), ifindex: 0}, // blackhole
+		{dst: netip.MustParsePrefix("10.244.2.128/25"), ifindex: 8},
+		{dst: netip.MustParsePrefix("::/0"), ifindex: 9},
+		{dst: netip.MustParsePrefix("fd00:10:244:2::/64"), ifindex: 7},
 	}
 	for p, want := range map[string]uint32{
 		"10.244.1.0/24":      5,
@@ -52,14 +52,14 @@ func TestWant(t *testing.T) {
 	d.PeerPod = append(d.PeerPod, netip.MustParsePrefix("10.99.0.0/16"))
 	links := map[string]device{"antrea-gw0": {5, 1450, true}, "eth0": {7, 1500, false}, "lo": {1, 65536, false}, "wlan0": {9, 1500, false}}
 	routes := []route{
-		{netip.MustParsePrefix("0.0.0.0/0"), 9}, // not one of ours: no fallback route
-		{netip.MustParsePrefix("10.244.1.0/24"), 5},
-		{netip.MustParsePrefix("10.244.0.0/23"), 7},
-		{netip.MustParsePrefix("10.244.2.0/24"), 7},
-		{netip.MustParsePrefix("172.18.0.0/24"), 7},
-		{netip.MustParsePrefix("fd00:10:244:1::/64"), 5},
-		{netip.MustParsePrefix("fd00:10:244:2::/64"), 7},
-		{netip.MustParsePrefix("fd00:172:18::/64"), 7},
+		{dst: netip.MustParsePrefix("0.0.0.0/0"), ifindex: 9}, // not one of ours: no fallback route
+		{dst: netip.MustParsePrefix("10.244.1.0/24"), ifindex: 5},
+		{dst: netip.MustParsePrefix("10.244.0.0/23"), ifindex: 7},
+		{dst: netip.MustParsePrefix("10.244.2.0/24"), ifindex: 7},
+		{dst: netip.MustParsePrefix("172.18.0.0/24"), ifindex: 7},
+		{dst: netip.MustParsePrefix("fd00:10:244:1::/64"), ifindex: 5},
+		{dst: netip.MustParsePrefix("fd00:10:244:2::/64"), ifindex: 7},
+		{dst: netip.MustParsePrefix("fd00:172:18::/64"), ifindex: 7},
 	}
 	// The gateway's own addresses (inside the local Pod CIDRs) are the node's; the transport's
 	// are not entered.
@@ -180,9 +180,9 @@ func TestEgressIndexIsTheLinearScan(t *testing.T) {
 	}
 	var routes []route
 	for i := range 300 {
-		routes = append(routes, route{randPrefix(), uint32(i % 7)})
+		routes = append(routes, route{dst: randPrefix(), ifindex: uint32(i % 7)})
 	}
-	routes = append(routes, route{netip.MustParsePrefix("0.0.0.0/0"), 9}, route{netip.MustParsePrefix("fd00::/8"), 3})
+	routes = append(routes, route{dst: netip.MustParsePrefix("0.0.0.0/0"), ifindex: 9}, route{dst: netip.MustParsePrefix("fd00::/8"), ifindex: 3})
 	ix := indexRoutes(routes)
 	for range 2000 {
 		p := randPrefix()
@@ -205,7 +205,7 @@ func TestOneChangedCIDRIsTwoMapOperations(t *testing.T) {
 	d := &Desired{Devices: map[string]Role{"gw": RoleGateway, "eth0": RoleTransport}, LocalPod: []netip.Prefix{netip.MustParsePrefix("10.255.0.0/24")}}
 	var routes []route
 	for i := range 10001 {
-		routes = append(routes, route{peer(i), 7})
+		routes = append(routes, route{dst: peer(i), ifindex: 7})
 	}
 	for i := range 10000 {
 		d.PeerPod = append(d.PeerPod, peer(i))

@@ -18,6 +18,10 @@ import (
 type route struct {
 	dst     netip.Prefix
 	ifindex uint32 // 0: not a unicast route through a single device
+	// pairOnly: its answer depends on the source too (several next hops, a source prefix):
+	// the program keeps answers for the addresses it decides per pair of addresses only
+	// (addrPairOnly), not per destination for every source.
+	pairOnly bool
 }
 
 // egress returns the device of the most specific route that covers all of p (0: none).
@@ -28,17 +32,22 @@ func egress(p netip.Prefix, routes []route) uint32 { return indexRoutes(routes).
 // routeIndex finds the most specific route of a prefix in as many lookups as there are
 // distinct route lengths, not routes: a node has a route per peer (thousands).
 type routeIndex struct {
-	byDst map[netip.Prefix]uint32 // the first route of each destination
-	bits  [2][]int                // per family (0: IPv4), the route lengths, longest first
+	byDst map[netip.Prefix]route // the first route of each destination
+	bits  [2][]int               // per family (0: IPv4), the route lengths, longest first
+	// pairs are the destinations of the pairOnly routes, by address (few, as a rule)
+	pairs []netip.Prefix
 }
 
 func indexRoutes(routes []route) routeIndex {
-	ix := routeIndex{byDst: make(map[netip.Prefix]uint32, len(routes))}
+	ix := routeIndex{byDst: make(map[netip.Prefix]route, len(routes))}
 	for _, r := range routes {
 		if _, ok := ix.byDst[r.dst]; ok {
 			continue
 		}
-		ix.byDst[r.dst] = r.ifindex
+		ix.byDst[r.dst] = r
+		if r.pairOnly {
+			ix.pairs = append(ix.pairs, r.dst)
+		}
 		f := 0
 		if !r.dst.Addr().Is4() {
 			f = 1
@@ -50,10 +59,12 @@ func indexRoutes(routes []route) routeIndex {
 	for f := range ix.bits {
 		slices.SortFunc(ix.bits[f], func(a, b int) int { return b - a })
 	}
+	slices.SortFunc(ix.pairs, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
 	return ix
 }
 
-func (ix routeIndex) egress(p netip.Prefix) uint32 {
+// covering returns the most specific route that covers all of p (ok false: none).
+func (ix routeIndex) covering(p netip.Prefix) (route, bool) {
 	f := 0
 	if !p.Addr().Is4() {
 		f = 1
@@ -62,11 +73,32 @@ func (ix routeIndex) egress(p netip.Prefix) uint32 {
 		if b > p.Bits() {
 			continue
 		}
-		if idx, ok := ix.byDst[netip.PrefixFrom(p.Addr(), b).Masked()]; ok {
-			return idx
+		if r, ok := ix.byDst[netip.PrefixFrom(p.Addr(), b).Masked()]; ok {
+			return r, true
 		}
 	}
-	return 0
+	return route{}, false
+}
+
+func (ix routeIndex) egress(p netip.Prefix) uint32 {
+	r, _ := ix.covering(p)
+	return r.ifindex
+}
+
+// pairOnly reports whether a pairOnly route decides some address of p: the route that covers
+// all of p, or one inside it.
+func (ix routeIndex) pairOnly(p netip.Prefix) bool {
+	if r, ok := ix.covering(p); ok && r.pairOnly {
+		return true
+	}
+	p = p.Masked()
+	i, _ := slices.BinarySearchFunc(ix.pairs, p.Addr(), func(q netip.Prefix, a netip.Addr) int { return q.Addr().Compare(a) })
+	for ; i < len(ix.pairs) && p.Contains(ix.pairs[i].Addr()); i++ {
+		if ix.pairs[i].Bits() > p.Bits() {
+			return true
+		}
+	}
+	return false
 }
 
 // mainRoutes lists the main table's routes of both families, and whether one of them makes
@@ -109,11 +141,12 @@ func mainRoutes() ([]route, bool, error) {
 
 // parseRoute reads an RTM_NEWROUTE message of family fam: ok is false for a route of another
 // table or family, a cloned one, or a message too short. specific: the route makes the FIB's
-// answer for a destination depend on more than the destination, so that an answer kept per
-// destination could be wrong for another packet to it: an MTU of its own (the FIB checks
-// packets against it), a source prefix (IPv6 `from`) or a TOS selector, or more than one
-// next hop (the kernel spreads flows by a hash of each; a kept answer sent every flow the
-// way the last answer went, and moved them when it was renewed).
+// answer depend on more than a packet's addresses, so that no answer may be kept: an MTU of
+// its own (the FIB checks packets against it) or a TOS selector. A route whose answer
+// depends on the source as well (a source prefix, IPv6 `from`; more than one next hop, which
+// the kernel picks by a hash of the addresses) is r.pairOnly: answers are kept per pair of
+// addresses for what it decides (an answer kept per destination sent every source the way
+// the last answer went: another node's, for a `from` route).
 func parseRoute(m []byte, fam uint8) (r route, specific, ok bool, err error) {
 	if len(m) < unix.SizeofRtMsg {
 		return r, false, false, nil
@@ -182,7 +215,8 @@ func parseRoute(m []byte, fam uint8) (r route, specific, ok bool, err error) {
 	if msg.Type == unix.RTN_UNICAST && single {
 		r.ifindex = oif
 	}
-	specific = specific || msg.Src_len != 0 || msg.Tos != 0 || nexthops > 1
+	specific = specific || msg.Tos != 0
+	r.pairOnly = msg.Src_len != 0 || nexthops > 1
 	return r, specific, true, nil
 }
 
@@ -192,8 +226,9 @@ var ruleList = netlink.RuleList
 
 // destinationRouting reports whether the FIB's answers here depend on the destination alone:
 // no routing rules but the kernel's own (local, main, default) and no route in the main table
-// that depends on more (specificRoute, from mainRoutes: an MTU of its own, a source or TOS
-// selector, several next hops). Only then may the program keep an answer for a destination.
+// that depends on more than the addresses (specificRoute, from mainRoutes: an MTU of its own,
+// a TOS selector). Only then may the program keep answers (routes whose answer depends on the
+// source too make it keep them per pair of addresses for what they decide: pairOnly).
 func destinationRouting(specificRoute bool) (bool, error) {
 	if specificRoute {
 		return false, nil

@@ -80,9 +80,9 @@ func libraryRoutes() ([]route, bool, error) {
 			return nil, false, err
 		}
 		for _, r := range rs {
-			out = append(out, route{dst: prefixOf(r.Dst, fam), ifindex: routeDevice(r)})
 			// (the library does not decode a route's source prefix: TestSpecificRoutes)
-			specific = specific || r.MTU != 0 || r.Tos != 0 || len(r.MultiPath) > 1
+			out = append(out, route{dst: prefixOf(r.Dst, fam), ifindex: routeDevice(r), pairOnly: len(r.MultiPath) > 1})
+			specific = specific || r.MTU != 0 || r.Tos != 0
 		}
 	}
 	return out, specific, nil
@@ -120,24 +120,25 @@ func prefixOf(n *net.IPNet, fam int) netip.Prefix {
 	return netip.PrefixFrom(a, bits)
 }
 
-// A route whose FIB answer depends on more than the destination makes the program keep no
-// answer per destination: an MTU of its own, a source prefix (IPv6 `from`: a next hop kept
-// for one source went to another whose route leaves elsewhere), a TOS selector, several next
-// hops (every flow went the way of the last answer).
+// A route whose FIB answer depends on more than a packet's addresses (an MTU of its own, a
+// TOS selector) makes the program keep no answer; one whose answer depends on the source too
+// (a source prefix, IPv6 `from`; several next hops) is pairOnly: answers for what it decides
+// are kept per pair of addresses. (Kept per destination, a next hop kept for one source went
+// to another whose route leaves elsewhere, and every flow went the way of the last answer.)
 func TestSpecificRoutes(t *testing.T) {
 	testbed.RequireRoot(t)
 	for _, tc := range []struct {
-		route    string
-		specific bool
+		route              string
+		specific, pairOnly bool
 	}{
-		{"10.1.0.0/16 via 192.0.2.2", false},
-		{"10.1.0.0/16 nexthop via 192.0.2.2", false},
-		{"fd00::/64 via 2001:db8::2", false},
-		{"10.1.0.0/16 via 192.0.2.2 mtu 1400", true},
-		{"fd00::/64 from 2001:db8:5::/64 via 2001:db8::2", true},
-		{"10.1.0.0/16 tos 0x10 via 192.0.2.2", true},
-		{"10.1.0.0/16 nexthop via 192.0.2.2 nexthop via 192.0.2.3", true},
-		{"fd00::/64 nexthop via 2001:db8::2 nexthop via 2001:db8::3", true},
+		{"10.1.0.0/16 via 192.0.2.2", false, false},
+		{"10.1.0.0/16 nexthop via 192.0.2.2", false, false},
+		{"fd00::/64 via 2001:db8::2", false, false},
+		{"10.1.0.0/16 via 192.0.2.2 mtu 1400", true, false},
+		{"10.1.0.0/16 tos 0x10 via 192.0.2.2", true, false},
+		{"fd00::/64 from 2001:db8:5::/64 via 2001:db8::2", false, true},
+		{"10.1.0.0/16 nexthop via 192.0.2.2 nexthop via 192.0.2.3", false, true},
+		{"fd00::/64 nexthop via 2001:db8::2 nexthop via 2001:db8::3", false, true},
 	} {
 		ns, err := testbed.NewNS("routes")
 		if err != nil {
@@ -151,13 +152,45 @@ func TestSpecificRoutes(t *testing.T) {
 			}
 		}
 		var got bool
-		err = ns.Do(func() (err error) { _, got, err = mainRoutes(); return err })
+		var routes []route
+		err = ns.Do(func() (err error) { routes, got, err = mainRoutes(); return err })
 		ns.Close()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got != tc.specific {
-			t.Errorf("route %s: specific %v, want %v", tc.route, got, tc.specific)
+		dst := netip.MustParsePrefix(strings.Fields(tc.route)[0])
+		i := slices.IndexFunc(routes, func(r route) bool { return r.dst == dst })
+		if got != tc.specific || i < 0 || routes[i].pairOnly != tc.pairOnly {
+			t.Errorf("route %s: specific %v, route %+v; want specific %v, pairOnly %v", tc.route, got, routes, tc.specific, tc.pairOnly)
+		}
+	}
+}
+
+// A prefix is pairOnly when a pairOnly route decides some address of it: the one route that
+// covers all of it, or one inside it; not one shadowed by a more specific route.
+func TestPairOnlyPrefixes(t *testing.T) {
+	p := netip.MustParsePrefix
+	ix := indexRoutes([]route{
+		{dst: p("0.0.0.0/0"), ifindex: 9, pairOnly: true}, // an ECMP default route
+		{dst: p("10.244.0.0/16"), ifindex: 7},
+		{dst: p("10.244.5.0/24"), ifindex: 7, pairOnly: true},
+		{dst: p("10.244.6.128/25"), ifindex: 7, pairOnly: true},
+		{dst: p("fd00:10:244::/48"), ifindex: 7},
+		{dst: p("fd00:10:244:2::/64"), ifindex: 7, pairOnly: true},
+	})
+	for s, want := range map[string]bool{
+		"10.244.1.0/24":      false, // under 10.244.0.0/16, which shadows the default route
+		"10.244.5.0/24":      true,
+		"10.244.5.7/32":      true,
+		"10.244.6.0/24":      true, // a pairOnly route inside it
+		"10.244.7.0/24":      false,
+		"192.0.2.0/24":       true, // the default route decides it
+		"fd00:10:244:1::/64": false,
+		"fd00:10:244:2::/64": true,
+		"fd00:10:244::/48":   true, // a pairOnly route inside it
+	} {
+		if got := ix.pairOnly(p(s)); got != want {
+			t.Errorf("pairOnly(%s) = %v, want %v", s, got, want)
 		}
 	}
 }

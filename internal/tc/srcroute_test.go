@@ -14,6 +14,7 @@ import (
 // makes the FIB's answer depend on the source: datagrams of two sources to one destination go
 // where the kernel alone sends them. The next hop the program kept for the first source was
 // used for the second too, whose route leaves by the other transport (5 of 5 to the wrong node).
+// Answers are kept per pair of addresses for such a destination, never per destination.
 func TestSourceRoutesFollowed(t *testing.T) {
 	topo := testbed.NewTopoT(t, testbed.TopoOptions{ExtraTransport: true})
 	var local, peer []netip.Prefix
@@ -77,6 +78,11 @@ func TestSourceRoutesFollowed(t *testing.T) {
 	e.apply()
 	r1, r2 := run()
 	t.Logf("with the tc datapath: datagrams from %s (routed via Remote2 by its source route) at Remote %d, at Remote2 %d", second, r1, r2)
+	// The answers are kept per pair of addresses still: the datagrams after each pair's first
+	// take the express lane (the route made the node keep none at all before).
+	if st := e.status(); st.Via[ViaExpress].Packets == 0 {
+		t.Errorf("no datagram took the express lane: %+v", st.Via)
+	}
 	e.do(func() error { return NewManager().Remove(context.Background()) })
 	k1, k2 := run()
 	t.Logf("without it: at Remote %d, at Remote2 %d", k1, k2)

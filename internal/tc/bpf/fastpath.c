@@ -60,6 +60,10 @@ enum addr_flag {
 	/* an address of this node on a gateway (inside a local Pod CIDR): packets to it are the
 	 * node's (masqueraded replies, the node's own connections), never a Pod's */
 	ADDR_NODE = 1 << 4,
+	/* a route that decides (part of) it depends on more than the destination (several next
+	 * hops, a source prefix): the FIB's answer is kept per pair of addresses (the answer for
+	 * that pair), never per destination for every source */
+	ADDR_PAIR_ONLY = 1 << 5,
 };
 
 enum class {
@@ -1478,7 +1482,8 @@ static __always_inline void keep(struct __sk_buff *skb, struct settings *cfg, st
 	if (!(cfg->flags & SETTINGS_NEXTHOP_CACHE))
 		return;
 	answer(&nh, f->gen, fib, out);
-	bpf_map_update_elem(&nexthops, k, &nh, BPF_ANY);
+	if (!(dflags & ADDR_PAIR_ONLY))
+		bpf_map_update_elem(&nexthops, k, &nh, BPF_ANY);
 	keep_pair(skb, cfg, f, class, dflags, &nh);
 }
 
@@ -1646,7 +1651,7 @@ static __always_inline int forward(struct __sk_buff *skb, struct settings *cfg, 
 			nh = NULL;
 	} else {
 		__builtin_memcpy(k.addr, f->dst.addr, 16);
-		nh = cached(skb, cfg, &k, fib->tot_len);
+		nh = dflags & ADDR_PAIR_ONLY ? NULL : cached(skb, cfg, &k, fib->tot_len);
 	}
 	if (nh) {
 		if (class == CARRY && translate(skb, f, n))
