@@ -169,8 +169,7 @@ func readIPv6MTU(dev string) (uint32, bool) {
 
 // netState reads what want needs from the namespace.
 func (o *observed) netState(listRoutes func() ([]route, bool, error)) (netState, error) {
-	n := netState{links: map[string]device{}, keep: o.flags(), addrs: map[string][]netip.Addr{}, ipv6MTU: readIPv6MTU}
-	// (an Apply's look reads them through its Manager's ipv6MTUs)
+	n := netState{links: map[string]device{}, keep: o.flags(), addrs: map[string][]netip.Addr{}}
 	for name, l := range o.links {
 		n.links[name] = device{index: uint32(l.Attrs().Index), mtu: uint32(l.Attrs().MTU), peer: PeerElsewhere(l)}
 	}
