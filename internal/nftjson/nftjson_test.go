@@ -143,23 +143,29 @@ func TestElementLargeNumber(t *testing.T) {
 	}
 }
 
+// bothWays parses a listing with its table comment put in from the text listing (a), as NFT
+// does, and without (b).
+func bothWays(t *testing.T, js, text []byte) (a, b *Table) {
+	t.Helper()
+	withText, err := withTableComment(js, text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, err = Parse(withText); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = Parse(js); err != nil {
+		t.Fatal(err)
+	}
+	return a, b
+}
+
 // The same table has one fingerprint whether its comment came from the text listing (the
 // JSON written again) or not: the rules' expressions were spaced apart by the two ways.
 func TestSameTableSameFingerprint(t *testing.T) {
 	js := []byte(`{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"table": {"family": "inet", "name": "t", "handle": 3}}, {"chain": {"family": "inet", "table": "t", "name": "c", "handle": 1, "type": "filter", "hook": "forward", "prio": 10, "policy": "accept"}}, {"rule": {"family": "inet", "table": "t", "chain": "c", "handle": 2, "comment": "r1", "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"prefix": {"addr": "10.0.0.0", "len": 8}}}}, {"counter": {"packets": 0, "bytes": 0}}, {"accept": null}]}}]}`)
 	text := []byte("table inet t {\n\tcomment \"hello\"\n\tchain c {\n\t\ttype filter hook forward priority filter + 10; policy accept;\n\t\tip saddr 10.0.0.0/8 counter packets 0 bytes 0 accept comment \"r1\"\n\t}\n}\n")
-	withText, err := withTableComment(js, text)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := Parse(withText)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := Parse(js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b := bothWays(t, js, text)
 	if a.Comment != "hello" || b.Comment != "" {
 		t.Fatalf("comments %q and %q, want hello and none", a.Comment, b.Comment)
 	}
@@ -179,18 +185,7 @@ func TestSameTableSameFingerprint(t *testing.T) {
 func TestSameFingerprintWithHTMLCharacters(t *testing.T) {
 	js := []byte(`{"nftables": [{"table": {"family": "inet", "name": "t", "handle": 3}}, {"chain": {"family": "inet", "table": "t", "name": "c", "handle": 1, "type": "filter", "hook": "forward", "prio": 10, "policy": "accept"}}, {"rule": {"family": "inet", "table": "t", "chain": "c", "handle": 2, "comment": "r1", "expr": [{"match": {"op": ">", "left": {"ct": {"key": "packets"}}, "right": 10}}, {"accept": null}]}}]}`)
 	text := []byte("table inet t {\n\tcomment \"hello\"\n}\n")
-	withText, err := withTableComment(js, text)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := Parse(withText)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := Parse(js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b := bothWays(t, js, text)
 	b.Comment = a.Comment
 	if a.Fingerprint() != b.Fingerprint() {
 		t.Errorf("same table, two fingerprints:\n%s\n%s", a.Chains["c"].Rules[0].Expr, b.Chains["c"].Rules[0].Expr)
