@@ -632,14 +632,8 @@ func (r *cpRun) warmUp(ctx context.Context, client *lb.Client, services int) err
 		if err := client.Do(ctx, http.MethodPatch, lb.BackendPath(fmt.Sprintf("s%d", svc), addr+":8080"), map[string]any{"state": st}, nil); err != nil {
 			return fmt.Errorf("warm-up %s: %w", st, err)
 		}
-		for t0 := time.Now(); ; time.Sleep(20 * time.Millisecond) {
-			out, err := r.sh(ctx, true, "", "nft", "list", "map", "inet", "hostaccel-lb", m)
-			if err == nil && strings.Contains(out, addr+" . ") == (st == lb.StateUp) {
-				break
-			}
-			if time.Since(t0) > 30*time.Second {
-				return fmt.Errorf("warm-up %s: the map did not follow in 30s", st)
-			}
+		if math.IsNaN(r.untilMap(ctx, m, addr, st == lb.StateUp)) {
+			return fmt.Errorf("warm-up %s: the map did not follow in 30s", st)
 		}
 	}
 	return nil
