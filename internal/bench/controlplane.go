@@ -96,7 +96,9 @@ func (o CPOptions) Check() error {
 	return nil
 }
 
-// ControlPlane measures o. It needs root (network namespaces).
+// ControlPlane measures o. It needs root (network namespaces). A run (a part at a size) that
+// failed is in the report (its cells' errors; the steps after the failure have no sample) and
+// makes the error (the command then exits with it, once it wrote the report).
 func ControlPlane(ctx context.Context, o CPOptions, prog *Progress) (*CPReport, error) {
 	rep := &CPReport{Command: o.Command, Commit: gitCommit(), Started: time.Now(), Machine: CollectMachine()}
 	dir, err := os.MkdirTemp("", "hostaccel-cp-")
@@ -105,6 +107,7 @@ func ControlPlane(ctx context.Context, o CPOptions, prog *Progress) (*CPReport, 
 	}
 	defer os.RemoveAll(dir)
 	prog.Add(o.Reps * len(o.Sizes) * len(o.Parts))
+	var failed []string
 	for rep_ := 0; rep_ < o.Reps; rep_++ {
 		for _, n := range o.Sizes {
 			for i := range o.Parts {
@@ -119,12 +122,16 @@ func ControlPlane(ctx context.Context, o CPOptions, prog *Progress) (*CPReport, 
 				res := fmt.Sprintf("rep %d/%d: %s, %d objects: %s", rep_+1, o.Reps, part, n, strings.Join(r.said, ", "))
 				if err != nil {
 					res += ": " + firstLines(err.Error(), 1)
+					failed = append(failed, fmt.Sprintf("%s at %d (rep %d): %s", part, n, rep_+1, firstLines(err.Error(), 1)))
 				}
 				prog.Done(res)
 			}
 		}
 	}
 	rep.Finished = time.Now()
+	if len(failed) > 0 {
+		return rep, fmt.Errorf("%d of %d runs failed: %s", len(failed), o.Reps*len(o.Sizes)*len(o.Parts), strings.Join(failed, "; "))
+	}
 	return rep, nil
 }
 

@@ -1,11 +1,15 @@
 package bench
 
 import (
+	"context"
 	"encoding/json"
+	"io"
 	"maps"
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
 // A failed sample is no JSON number (null) and reads as failed in the table; medians and
@@ -89,5 +93,15 @@ func TestCPSizesFitTheServices(t *testing.T) {
 		if err := (CPOptions{Parts: tc.parts, Sizes: tc.sizes}).Check(); (err == nil) != tc.ok {
 			t.Errorf("parts %v sizes %v: %v", tc.parts, tc.sizes, err)
 		}
+	}
+}
+
+// A run that fails makes ControlPlane's error (the command exited 0 with the failure only in
+// the report's cells).
+func TestControlPlaneSaysARunFailed(t *testing.T) {
+	testbed.RequireRoot(t)
+	rep, err := ControlPlane(context.Background(), CPOptions{Parts: []string{"no-such-part"}, Sizes: []int{1}, Reps: 1}, &Progress{W: io.Discard})
+	if err == nil || !strings.Contains(err.Error(), `1 of 1 runs failed: no-such-part at 1 (rep 1): unknown part "no-such-part"`) || rep == nil {
+		t.Errorf("ControlPlane of a part that fails: %v", err)
 	}
 }
