@@ -301,6 +301,7 @@ func (a *Agent) Run(ctx context.Context) error {
 func (a *Agent) shutdown() error {
 	if !a.opts.CleanupOnExit {
 		a.LB().Stop()
+		a.mgrs.Close()
 		a.opts.Log.Info("stopping; rules stay in place (use --cleanup-on-exit or `hostaccel cleanup` to remove them)")
 		return nil
 	}

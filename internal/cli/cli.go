@@ -308,6 +308,9 @@ func applyCmd(g *globals) *cobra.Command {
 				defer l.Release()
 				m, lerr = managers()
 			}
+			if lerr == nil {
+				defer m.Close() // (under the lock: deferred after its Release)
+			}
 			if lerr == nil && peeked == model.DatapathTC {
 				m.TC.Prefetch() // Apply takes it, or Remove drops it where the plan has no tc
 			}

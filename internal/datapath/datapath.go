@@ -261,6 +261,15 @@ func (m *Managers) Apply(ctx context.Context, p Plan, caps probe.Result) (Result
 	return res, errors.Join(errs...)
 }
 
+// Close ends the managers' use and leaves their datapaths in place (a one-shot apply exiting,
+// the agent stopping without removing them): what only their memory holds, the tc
+// datapath's clsact qdiscs that no attach took, goes with them.
+func (m *Managers) Close() {
+	if m.TC != nil {
+		m.TC.Close()
+	}
+}
+
 // Remove removes every datapath's kernel state.
 func (m *Managers) Remove(ctx context.Context) error {
 	var errs []error

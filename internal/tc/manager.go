@@ -457,6 +457,21 @@ func (m *Manager) Remove(ctx context.Context) error {
 	return err
 }
 
+// Close ends the Manager's use without removing the datapath (a one-shot `apply` exiting,
+// the agent stopping without --cleanup-on-exit): what only its memory holds goes with it. The
+// clsact qdiscs it added that no Apply adopted (Prepare's, or those of devices whose attach
+// failed) are deleted where nothing is on them: no later process would know they are
+// hostaccel's, and `cleanup` would leave them. A Prepare after Close adds nothing.
+func (m *Manager) Close() {
+	if v := m.takePrefetched(); v != nil {
+		v.close()
+	}
+	m.prepMu.Lock()
+	defer m.prepMu.Unlock()
+	dropClsacts(slices.Collect(maps.Keys(m.prepared)))
+	m.prepared, m.removed = nil, true
+}
+
 // Prepare readies device ifindex for an attach the next Apply may make: without tcx it adds
 // the device's clsact qdisc now. Linux drops what a device transmits while a qdisc is added
 // (README, tc datapath); the agent calls Prepare on the link event of a new device a gateway

@@ -67,6 +67,29 @@ func TestAttachFailureKeepsClsactOwnership(t *testing.T) {
 	}
 }
 
+// A one-shot apply whose attach failed on a device where it added the clsact qdisc exits
+// without an Apply to adopt the qdisc or a Remove to delete it: Close deletes it (it stayed,
+// and no later cleanup knew it was hostaccel's). The qdiscs of devices the program is
+// attached to stay: Close leaves the datapath in place.
+func TestCloseDropsUnadoptedClsacts(t *testing.T) {
+	e := newEnv(t, ModeClsBPF)
+	gw := e.topo.GatewayName
+	applyFailingAttachOn(t, e, gw)
+	e.do(func() error { e.m.Close(); return nil })
+	if hasClsactNamed(e, gw) {
+		t.Errorf("after a failed attach and Close: %s keeps the clsact qdisc hostaccel added", gw)
+	}
+	e.m = NewManager()
+	e.apply()
+	e.m.Close()
+	if !hasClsactNamed(e, gw) {
+		t.Errorf("after an apply and Close: %s lost the clsact qdisc its program is attached to", gw)
+	}
+	if st := e.status(); len(st.Devices) == 0 {
+		t.Errorf("after an apply and Close: status has no device: %+v", st)
+	}
+}
+
 // After an Apply that failed, the next starts afresh: it compared the maps with the apply
 // before the failed one, and reported the failed one's own writes as drift.
 func TestFailedApplyIsNoDrift(t *testing.T) {
