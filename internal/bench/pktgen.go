@@ -38,13 +38,14 @@ var (
 // ParsePktgen reads /proc/net/pktgen/<dev> after a run.
 func ParsePktgen(s string) (PktgenResult, error) {
 	var r PktgenResult
-	m := pgResult.FindStringSubmatch(s)
-	if m == nil {
+	loc := pgResult.FindStringSubmatchIndex(s)
+	if loc == nil {
 		if a := pgResAny.FindStringSubmatch(s); a != nil {
 			return r, fmt.Errorf("pktgen: %s", a[1])
 		}
 		return r, errors.New("pktgen: no result")
 	}
+	m := pgResult.FindStringSubmatch(s)
 	r.USec, _ = strconv.ParseUint(m[1], 10, 64)
 	r.Size, _ = strconv.Atoi(m[3])
 	if c := pgSofar.FindStringSubmatch(s); c != nil {
@@ -53,7 +54,7 @@ func ParsePktgen(s string) (PktgenResult, error) {
 	} else {
 		r.Sent, _ = strconv.ParseUint(m[2], 10, 64)
 	}
-	if p := pgPPS.FindStringSubmatch(s[len(m[0]):]); p != nil {
+	if p := pgPPS.FindStringSubmatch(s[loc[1]:]); p != nil { // the rate after the result, not a device named x1pps
 		r.PPS, _ = strconv.ParseFloat(p[1], 64)
 	}
 	return r, nil

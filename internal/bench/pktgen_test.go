@@ -24,6 +24,11 @@ func TestParsePktgen(t *testing.T) {
 	if err != nil || r.Sent != 199990 || r.Errors != 10 {
 		t.Errorf("with errors: %+v %v", r, err)
 	}
+	// The rate is read after the result: a device named like a rate is no rate.
+	r, err = ParsePktgen(strings.ReplaceAll(string(out), "eth0", "v7pps"))
+	if err != nil || r.PPS != 237271 {
+		t.Errorf("device v7pps: %+v %v", r, err)
+	}
 	if _, err := ParsePktgen("Params: count 1\nResult: Idle\n"); err == nil || !strings.Contains(err.Error(), "Idle") {
 		t.Errorf("idle result: %v", err)
 	}
