@@ -92,8 +92,11 @@
 //
 // Where the FIB's answers may be kept (SETTINGS_NEXTHOP_CACHE: routing depends on the
 // destination alone: no policy rules, and no main-table route with an MTU of its own or a
-// TOS selector; a destination that a route with a source prefix or several next hops
-// decides, ADDR_PAIR_ONLY, keeps its answers per pair only), a FIB answer is kept per destination and ingress device for up to a
+// TOS selector; a destination that a route with a source prefix or several next hops the
+// kernel picks by the addresses decides, ADDR_PAIR_ONLY, keeps its answers per pair only;
+// one that several next hops picked per flow decide (the ports: fib_multipath_hash_policy 1;
+// IPv6's flow label), ADDR_NO_KEEP, keeps none: every packet asks the FIB, with its ports),
+// a FIB answer is kept per destination and ingress device for up to a
 // second (nexthops), and what was decided for a redirected packet (its class, the
 // destination's roles, the device's role and the next hop) per pair of addresses and ingress
 // device (pairs4, pairs6: LRU). A packet that finds its pair, of the generation it read at its start,

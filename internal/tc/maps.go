@@ -26,6 +26,7 @@ const (
 	addrExclude  = 1 << 3
 	addrNode     = 1 << 4 // an address of this node on a gateway
 	addrPairOnly = 1 << 5 // a route that depends on the source decides some of it: answers kept per pair
+	addrNoKeep   = 1 << 6 // an ECMP route the kernel hashes by more than the addresses decides some of it: none kept
 
 	// settings.flags
 	settingsNexthopCache = 1 << 0
@@ -178,8 +179,11 @@ func want(d *Desired, n netState) (contents, []string) {
 			if e = routes.egress(fp.p); c.ifaces[e] == (fastpathIface{}) {
 				e = 0 // not one of our devices
 			}
-			if routes.pairOnly(fp.p) {
+			switch routes.keeping(fp.p) {
+			case keepPair:
 				flags |= addrPairOnly
+			case keepNone:
+				flags |= addrPairOnly | addrNoKeep
 			}
 		}
 		c.addrs[fp.p] = fastpathAddr{Flags: flags, Egress: e}

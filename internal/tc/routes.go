@@ -4,8 +4,11 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
+	"os"
 	"slices"
+	"strings"
 	"unsafe"
 
 	mnl "github.com/mdlayher/netlink"
@@ -18,11 +21,25 @@ import (
 type route struct {
 	dst     netip.Prefix
 	ifindex uint32 // 0: not a unicast route through a single device
-	// pairOnly: its answer depends on the source too (several next hops, a source prefix):
-	// the program keeps answers for the addresses it decides per pair of addresses only
-	// (addrPairOnly), not per destination for every source.
-	pairOnly bool
+	// keep: what the FIB's answer for the addresses it decides depends on, and so how the
+	// program may keep it.
+	keep keeping
 }
+
+// keeping says how the program may keep the FIB's answers for what a route decides.
+type keeping uint8
+
+const (
+	keepDest keeping = iota // per destination: the answer depends on it alone
+	// per pair of addresses only (addrPairOnly): the answer depends on the source too (a
+	// source prefix, IPv6 `from`; several next hops the kernel picks by a hash of the
+	// addresses)
+	keepPair
+	// none (addrNoKeep): several next hops the kernel picks per flow (a hash of the ports,
+	// fib_multipath_hash_policy 1; IPv6's hash takes the flow label): every packet asks the
+	// FIB with its ports. Kept per pair, every flow of a pair went the first one's way.
+	keepNone
+)
 
 // egress returns the device of the most specific route that covers all of p (0: none).
 // The program uses it only where the kernel's FIB helper refuses to route because
@@ -34,8 +51,9 @@ func egress(p netip.Prefix, routes []route) uint32 { return indexRoutes(routes).
 type routeIndex struct {
 	byDst map[netip.Prefix]route // the first route of each destination
 	bits  [2][]int               // per family (0: IPv4), the route lengths, longest first
-	// pairs are the destinations of the pairOnly routes, by address (few, as a rule)
-	pairs []netip.Prefix
+	// narrow are the destinations of the routes that keep less than per destination, by
+	// address (few, as a rule)
+	narrow []netip.Prefix
 }
 
 func indexRoutes(routes []route) routeIndex {
@@ -45,8 +63,8 @@ func indexRoutes(routes []route) routeIndex {
 			continue
 		}
 		ix.byDst[r.dst] = r
-		if r.pairOnly {
-			ix.pairs = append(ix.pairs, r.dst)
+		if r.keep != keepDest {
+			ix.narrow = append(ix.narrow, r.dst)
 		}
 		f := 0
 		if !r.dst.Addr().Is4() {
@@ -59,7 +77,7 @@ func indexRoutes(routes []route) routeIndex {
 	for f := range ix.bits {
 		slices.SortFunc(ix.bits[f], func(a, b int) int { return b - a })
 	}
-	slices.SortFunc(ix.pairs, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	slices.SortFunc(ix.narrow, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
 	return ix
 }
 
@@ -85,20 +103,21 @@ func (ix routeIndex) egress(p netip.Prefix) uint32 {
 	return r.ifindex
 }
 
-// pairOnly reports whether a pairOnly route decides some address of p: the route that covers
-// all of p, or one inside it.
-func (ix routeIndex) pairOnly(p netip.Prefix) bool {
-	if r, ok := ix.covering(p); ok && r.pairOnly {
-		return true
+// keeping returns how the program may keep answers for p: the narrowest keeping of the
+// routes that decide some address of it (the route that covers all of p, and those inside it).
+func (ix routeIndex) keeping(p netip.Prefix) keeping {
+	k := keepDest
+	if r, ok := ix.covering(p); ok {
+		k = r.keep
 	}
 	p = p.Masked()
-	i, _ := slices.BinarySearchFunc(ix.pairs, p.Addr(), func(q netip.Prefix, a netip.Addr) int { return q.Addr().Compare(a) })
-	for ; i < len(ix.pairs) && p.Contains(ix.pairs[i].Addr()); i++ {
-		if ix.pairs[i].Bits() > p.Bits() {
-			return true
+	i, _ := slices.BinarySearchFunc(ix.narrow, p.Addr(), func(q netip.Prefix, a netip.Addr) int { return q.Addr().Compare(a) })
+	for ; i < len(ix.narrow) && p.Contains(ix.narrow[i].Addr()); i++ {
+		if ix.narrow[i].Bits() > p.Bits() {
+			k = max(k, ix.byDst[ix.narrow[i]].keep)
 		}
 	}
-	return false
+	return k
 }
 
 // mainRoutes lists the main table's routes of both families, and whether one of them makes
@@ -111,6 +130,7 @@ func mainRoutes() ([]route, bool, error) {
 	var out []route
 	specific := false
 	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
+		byAddrs := fam == unix.AF_INET && ipv4HashByAddrs()
 		start, specificBefore := len(out), specific
 		var err error
 		for try := 0; try < 3; try++ {
@@ -119,7 +139,7 @@ func mainRoutes() ([]route, bool, error) {
 			req.AddData(&nl.RtMsg{RtMsg: unix.RtMsg{Family: fam}})
 			var perr error
 			err = req.ExecuteIter(unix.NETLINK_ROUTE, unix.RTM_NEWROUTE, func(m []byte) bool {
-				r, sp, ok, e := parseRoute(m, fam)
+				r, sp, ok, e := parseRoute(m, fam, byAddrs)
 				if ok {
 					out = append(out, r)
 					specific = specific || sp
@@ -139,15 +159,30 @@ func mainRoutes() ([]route, bool, error) {
 	return out, specific, nil
 }
 
+// ipv4HashByAddrs reports whether this network namespace's kernel picks among an IPv4
+// route's next hops by the packet's addresses alone: fib_multipath_hash_policy 0 (L3) or 2
+// (L3, the inner header's for tunnelled packets, which the program does not forward). 1 (L4)
+// and 3 (chosen fields) take more; so does IPv6's every policy (the flow label). A kernel
+// without the file has no multipath routes. (A variable: tests answer for other policies.)
+var ipv4HashByAddrs = func() bool {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/fib_multipath_hash_policy")
+	if err != nil {
+		return errors.Is(err, fs.ErrNotExist)
+	}
+	p := strings.TrimSpace(string(b))
+	return p == "0" || p == "2"
+}
+
 // parseRoute reads an RTM_NEWROUTE message of family fam: ok is false for a route of another
 // table or family, a cloned one, or a message too short. specific: the route makes the FIB's
 // answer depend on more than a packet's addresses, so that no answer may be kept: an MTU of
 // its own (the FIB checks packets against it) or a TOS selector. A route whose answer
 // depends on the source as well (a source prefix, IPv6 `from`; more than one next hop, which
-// the kernel picks by a hash of the addresses) is r.pairOnly: answers are kept per pair of
-// addresses for what it decides (an answer kept per destination sent every source the way
-// the last answer went: another node's, for a `from` route).
-func parseRoute(m []byte, fam uint8) (r route, specific, ok bool, err error) {
+// the kernel picks by a hash of the addresses where byAddrs) keeps answers per pair of
+// addresses for what it decides (keepPair: an answer kept per destination sent every source
+// the way the last answer went: another node's, for a `from` route); one with several next
+// hops the kernel picks by more (!byAddrs: the ports, the flow label) keeps none (keepNone).
+func parseRoute(m []byte, fam uint8, byAddrs bool) (r route, specific, ok bool, err error) {
 	if len(m) < unix.SizeofRtMsg {
 		return r, false, false, nil
 	}
@@ -216,7 +251,12 @@ func parseRoute(m []byte, fam uint8) (r route, specific, ok bool, err error) {
 		r.ifindex = oif
 	}
 	specific = specific || msg.Tos != 0
-	r.pairOnly = msg.Src_len != 0 || nexthops > 1
+	switch {
+	case nexthops > 1 && !byAddrs:
+		r.keep = keepNone
+	case nexthops > 1 || msg.Src_len != 0:
+		r.keep = keepPair
+	}
 	return r, specific, true, nil
 }
 
@@ -228,7 +268,7 @@ var ruleList = netlink.RuleList
 // no routing rules but the kernel's own (local, main, default) and no route in the main table
 // that depends on more than the addresses (specificRoute, from mainRoutes: an MTU of its own,
 // a TOS selector). Only then may the program keep answers (routes whose answer depends on the
-// source too make it keep them per pair of addresses for what they decide: pairOnly).
+// source too make it keep them per pair of addresses for what they decide: keepPair).
 func destinationRouting(specificRoute bool) (bool, error) {
 	if specificRoute {
 		return false, nil

@@ -3,6 +3,7 @@ package tc
 import (
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -81,7 +82,14 @@ func libraryRoutes() ([]route, bool, error) {
 		}
 		for _, r := range rs {
 			// (the library does not decode a route's source prefix: TestSpecificRoutes)
-			out = append(out, route{dst: prefixOf(r.Dst, fam), ifindex: routeDevice(r), pairOnly: len(r.MultiPath) > 1})
+			k := keepDest
+			if len(r.MultiPath) > 1 {
+				k = keepPair
+				if fam == netlink.FAMILY_V6 || !ipv4HashByAddrs() {
+					k = keepNone
+				}
+			}
+			out = append(out, route{dst: prefixOf(r.Dst, fam), ifindex: routeDevice(r), keep: k})
 			specific = specific || r.MTU != 0 || r.Tos != 0
 		}
 	}
@@ -122,23 +130,30 @@ func prefixOf(n *net.IPNet, fam int) netip.Prefix {
 
 // A route whose FIB answer depends on more than a packet's addresses (an MTU of its own, a
 // TOS selector) makes the program keep no answer; one whose answer depends on the source too
-// (a source prefix, IPv6 `from`; several next hops) is pairOnly: answers for what it decides
-// are kept per pair of addresses. (Kept per destination, a next hop kept for one source went
-// to another whose route leaves elsewhere, and every flow went the way of the last answer.)
+// (a source prefix, IPv6 `from`; several next hops the kernel picks by the addresses) keeps
+// answers for what it decides per pair of addresses (kept per destination, a next hop kept
+// for one source went to another whose route leaves elsewhere, and every flow went the way of
+// the last answer); several next hops the kernel picks per flow (IPv4 with
+// fib_multipath_hash_policy 1, IPv6) keep none (kept per pair, every flow of a pair went the
+// first one's way).
 func TestSpecificRoutes(t *testing.T) {
 	testbed.RequireRoot(t)
 	for _, tc := range []struct {
-		route              string
-		specific, pairOnly bool
+		route    string
+		policy   string // net.ipv4.fib_multipath_hash_policy
+		specific bool
+		keep     keeping
 	}{
-		{"10.1.0.0/16 via 192.0.2.2", false, false},
-		{"10.1.0.0/16 nexthop via 192.0.2.2", false, false},
-		{"fd00::/64 via 2001:db8::2", false, false},
-		{"10.1.0.0/16 via 192.0.2.2 mtu 1400", true, false},
-		{"10.1.0.0/16 tos 0x10 via 192.0.2.2", true, false},
-		{"fd00::/64 from 2001:db8:5::/64 via 2001:db8::2", false, true},
-		{"10.1.0.0/16 nexthop via 192.0.2.2 nexthop via 192.0.2.3", false, true},
-		{"fd00::/64 nexthop via 2001:db8::2 nexthop via 2001:db8::3", false, true},
+		{"10.1.0.0/16 via 192.0.2.2", "0", false, keepDest},
+		{"10.1.0.0/16 nexthop via 192.0.2.2", "1", false, keepDest},
+		{"fd00::/64 via 2001:db8::2", "0", false, keepDest},
+		{"10.1.0.0/16 via 192.0.2.2 mtu 1400", "0", true, keepDest},
+		{"10.1.0.0/16 tos 0x10 via 192.0.2.2", "0", true, keepDest},
+		{"fd00::/64 from 2001:db8:5::/64 via 2001:db8::2", "0", false, keepPair},
+		{"10.1.0.0/16 nexthop via 192.0.2.2 nexthop via 192.0.2.3", "0", false, keepPair},
+		{"10.1.0.0/16 nexthop via 192.0.2.2 nexthop via 192.0.2.3", "2", false, keepPair},
+		{"10.1.0.0/16 nexthop via 192.0.2.2 nexthop via 192.0.2.3", "1", false, keepNone},
+		{"fd00::/64 nexthop via 2001:db8::2 nexthop via 2001:db8::3", "0", false, keepNone},
 	} {
 		ns, err := testbed.NewNS("routes")
 		if err != nil {
@@ -153,44 +168,58 @@ func TestSpecificRoutes(t *testing.T) {
 		}
 		var got bool
 		var routes []route
-		err = ns.Do(func() (err error) { routes, got, err = mainRoutes(); return err })
+		err = ns.Do(func() (err error) {
+			if err := os.WriteFile("/proc/sys/net/ipv4/fib_multipath_hash_policy", []byte(tc.policy), 0); err != nil {
+				return err
+			}
+			routes, got, err = mainRoutes()
+			return err
+		})
 		ns.Close()
 		if err != nil {
 			t.Fatal(err)
 		}
 		dst := netip.MustParsePrefix(strings.Fields(tc.route)[0])
 		i := slices.IndexFunc(routes, func(r route) bool { return r.dst == dst })
-		if got != tc.specific || i < 0 || routes[i].pairOnly != tc.pairOnly {
-			t.Errorf("route %s: specific %v, route %+v; want specific %v, pairOnly %v", tc.route, got, routes, tc.specific, tc.pairOnly)
+		if got != tc.specific || i < 0 || routes[i].keep != tc.keep {
+			t.Errorf("route %s, policy %s: specific %v, routes %+v; want specific %v, keep %v", tc.route, tc.policy, got, routes, tc.specific, tc.keep)
 		}
 	}
 }
 
-// A prefix is pairOnly when a pairOnly route decides some address of it: the one route that
-// covers all of it, or one inside it; not one shadowed by a more specific route.
-func TestPairOnlyPrefixes(t *testing.T) {
+// A prefix keeps answers as narrowly as the narrowest route that decides some address of it:
+// the one route that covers all of it, or one inside it; not one shadowed by a more specific
+// route.
+func TestPrefixKeeping(t *testing.T) {
 	p := netip.MustParsePrefix
 	ix := indexRoutes([]route{
-		{dst: p("0.0.0.0/0"), ifindex: 9, pairOnly: true}, // an ECMP default route
+		{dst: p("0.0.0.0/0"), ifindex: 9, keep: keepPair}, // an ECMP default route
 		{dst: p("10.244.0.0/16"), ifindex: 7},
-		{dst: p("10.244.5.0/24"), ifindex: 7, pairOnly: true},
-		{dst: p("10.244.6.128/25"), ifindex: 7, pairOnly: true},
+		{dst: p("10.244.5.0/24"), ifindex: 7, keep: keepPair},
+		{dst: p("10.244.6.128/25"), ifindex: 7, keep: keepPair},
+		{dst: p("10.244.8.0/24"), ifindex: 7, keep: keepPair},
+		{dst: p("10.244.8.64/26"), ifindex: 7, keep: keepNone},
+		{dst: p("10.244.8.128/26"), ifindex: 7, keep: keepPair},
 		{dst: p("fd00:10:244::/48"), ifindex: 7},
-		{dst: p("fd00:10:244:2::/64"), ifindex: 7, pairOnly: true},
+		{dst: p("fd00:10:244:2::/64"), ifindex: 7, keep: keepPair},
+		{dst: p("fd00:10:244:3::/64"), ifindex: 7, keep: keepNone},
 	})
-	for s, want := range map[string]bool{
-		"10.244.1.0/24":      false, // under 10.244.0.0/16, which shadows the default route
-		"10.244.5.0/24":      true,
-		"10.244.5.7/32":      true,
-		"10.244.6.0/24":      true, // a pairOnly route inside it
-		"10.244.7.0/24":      false,
-		"192.0.2.0/24":       true, // the default route decides it
-		"fd00:10:244:1::/64": false,
-		"fd00:10:244:2::/64": true,
-		"fd00:10:244::/48":   true, // a pairOnly route inside it
+	for s, want := range map[string]keeping{
+		"10.244.1.0/24":      keepDest, // under 10.244.0.0/16, which shadows the default route
+		"10.244.5.0/24":      keepPair,
+		"10.244.5.7/32":      keepPair,
+		"10.244.6.0/24":      keepPair, // a keepPair route inside it
+		"10.244.7.0/24":      keepDest,
+		"10.244.8.0/24":      keepNone, // a keepNone route inside it, after it and before a keepPair one
+		"10.244.8.128/25":    keepPair,
+		"192.0.2.0/24":       keepPair, // the default route decides it
+		"fd00:10:244:1::/64": keepDest,
+		"fd00:10:244:2::/64": keepPair,
+		"fd00:10:244::/48":   keepNone, // both inside it
+		"fd00:10:244:3::/64": keepNone,
 	} {
-		if got := ix.pairOnly(p(s)); got != want {
-			t.Errorf("pairOnly(%s) = %v, want %v", s, got, want)
+		if got := ix.keeping(p(s)); got != want {
+			t.Errorf("keeping(%s) = %v, want %v", s, got, want)
 		}
 	}
 }

@@ -3,6 +3,8 @@ package tc
 import (
 	"context"
 	"net/netip"
+	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -88,5 +90,110 @@ func TestSourceRoutesFollowed(t *testing.T) {
 	t.Logf("without it: at Remote %d, at Remote2 %d", k1, k2)
 	if r1 != k1 || r2 != k2 {
 		t.Errorf("the tc datapath sent %s's packets another way than the kernel's source-specific route", second)
+	}
+}
+
+// A route with two next hops that the kernel picks per flow (IPv4 with
+// fib_multipath_hash_policy 1, a hash of the ports; IPv6, whose hash takes the flow label)
+// spreads the flows of one pair of addresses over both, each flow one way: the program keeps
+// no answer for what it decides and asks the FIB with the packet's ports and flow label. Kept
+// per pair, every flow of the pair went the first one's way (16 of 16 flows to one node). The
+// kernel's own choice is not reproducible here: it hashes by the socket's random hash where
+// the packet carries one (skb->hash), which the FIB helper does not see; the test wants the
+// same spread, not the same choice per flow.
+func TestECMPFlowsSpread(t *testing.T) {
+	topo := testbed.NewTopoT(t, testbed.TopoOptions{ExtraTransport: true})
+	var local, peer []netip.Prefix
+	var nodes []netip.Addr
+	for _, a := range []testbed.Addrs{topo.V4, topo.V6} {
+		local = append(local, a.PodCIDR)
+		peer = append(peer, a.RemotePodCIDR)
+		nodes = append(nodes, a.Remote, a.Remote2)
+	}
+	d, err := Render(model.State{Datapath: model.DatapathTC, Gateways: []string{topo.GatewayName},
+		Transports: []string{topo.TransportName, topo.Transport2Name}, LocalPodCIDRs: local,
+		PeerPodCIDRs: peer, PeerNodeIPs: nodes, Classes: Supported})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, topo: topo, d: d, m: &Manager{}}
+	t.Cleanup(func() { e.do(func() error { return NewManager().Remove(context.Background()) }) })
+	if err := topo.Node.Do(func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/fib_multipath_hash_policy", []byte("1"), 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []testbed.Addrs{topo.V4, topo.V6} {
+		fam := "-4"
+		if a.Pod.Is6() {
+			fam = "-6"
+		}
+		for _, c := range [][]string{
+			{"node", "ip", fam, "route", "replace", a.RemotePodCIDR.String(), "nexthop", "via", a.Remote.String(), "dev", topo.TransportName,
+				"nexthop", "via", a.Remote2.String(), "dev", topo.Transport2Name},
+			{"remote2", "ip", fam, "addr", "add", netip.PrefixFrom(a.RemotePod, a.RemotePod.BitLen()).String(), "dev", "lo"},
+		} {
+			ns := map[string]*testbed.NS{"node": topo.Node, "remote2": topo.Remote2}[c[0]]
+			if out, err := ns.Exec(c[1:]...); err != nil {
+				t.Fatal(c, out, err)
+			}
+		}
+	}
+	// ways sends 3 datagrams from each of 16 source ports and says where each port's went:
+	// 1 (Remote), 2 (Remote2), 0 (lost or split).
+	ways := func(a testbed.Addrs) []int {
+		s1, err := topo.Remote.ListenUDP(netip.AddrPortFrom(a.RemotePod, 0).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s1.Close()
+		s2, err := topo.Remote2.ListenUDP(s1.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s2.Close()
+		var out []int
+		for port := 41000; port < 41016; port++ {
+			c, err := topo.Pod.DialUDP(netip.AddrPortFrom(a.Pod, uint16(port)).String(), s1.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			b1, b2 := s1.Packets(), s2.Packets()
+			for range 3 {
+				c.Write(make([]byte, 100))
+				time.Sleep(5 * time.Millisecond)
+			}
+			c.Close()
+			way := 0
+			for deadline := time.Now().Add(time.Second); way == 0 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+				switch n1, n2 := s1.Packets()-b1, s2.Packets()-b2; {
+				case n1 == 3 && n2 == 0:
+					way = 1
+				case n1 == 0 && n2 == 3:
+					way = 2
+				}
+			}
+			out = append(out, way)
+		}
+		return out
+	}
+	spread := func(w []int) bool { return slices.Contains(w, 1) && slices.Contains(w, 2) && !slices.Contains(w, 0) }
+	for _, a := range []testbed.Addrs{topo.V4, topo.V6} {
+		kernel := ways(a)
+		if !spread(kernel) {
+			t.Fatalf("%s: the kernel alone sends 16 flows %v: want both next hops, every datagram of a flow one way", a.Pod, kernel)
+		}
+		e.apply()
+		got := ways(a)
+		st := e.status()
+		e.do(func() error { return NewManager().Remove(context.Background()) })
+		t.Logf("%s: per source port, the kernel %v, with the tc datapath %v", a.Pod, kernel, got)
+		if !spread(got) {
+			t.Errorf("%s: with the tc datapath the flows went %v: want both next hops, every datagram of a flow one way", a.Pod, got)
+		}
+		// (and the echoes back: 96)
+		if n := st.Class(model.PodToPod).Packets; n != 96 {
+			t.Errorf("%s: %d datagrams redirected, want 96", a.Pod, n)
+		}
 	}
 }

@@ -64,6 +64,11 @@ enum addr_flag {
 	 * hops, a source prefix): the FIB's answer is kept per pair of addresses (the answer for
 	 * that pair), never per destination for every source */
 	ADDR_PAIR_ONLY = 1 << 5,
+	/* a route with several next hops that the kernel picks by more than the addresses (the
+	 * ports: fib_multipath_hash_policy 1; IPv6's flow label) decides some of it: no answer
+	 * is kept, every packet asks the FIB (with its ports), as the kernel picks per flow. The
+	 * agent sets ADDR_PAIR_ONLY with it. */
+	ADDR_NO_KEEP = 1 << 6,
 };
 
 enum class {
@@ -1479,7 +1484,7 @@ static __always_inline void keep(struct __sk_buff *skb, struct settings *cfg, st
 {
 	struct nexthop nh = {.expires = bpf_ktime_get_coarse_ns() + NEXTHOP_TTL_NS};
 
-	if (!(cfg->flags & SETTINGS_NEXTHOP_CACHE))
+	if (!(cfg->flags & SETTINGS_NEXTHOP_CACHE) || (dflags & ADDR_NO_KEEP))
 		return;
 	answer(&nh, f->gen, fib, out);
 	if (!(dflags & ADDR_PAIR_ONLY))
@@ -1724,11 +1729,16 @@ static __always_inline int forward4(struct __sk_buff *skb, struct settings *cfg)
 	fib.tot_len = skb->gso_size ? 0 : bpf_ntohs(ip->tot_len);
 	fib.ipv4_src = ip->saddr;
 	fib.ipv4_dst = ip->daddr;
+	/* the ports too: the kernel's ECMP hash (fib_multipath_hash_policy 1) takes them */
+	fib.sport = f.src.port;
+	fib.dport = f.dst.port;
 	if (class == CARRY) {
 		if (!n)
 			return PASS;
 		__builtin_memcpy(&fib.ipv4_src, n->saddr, 4);
 		__builtin_memcpy(&fib.ipv4_dst, n->daddr, 4);
+		fib.sport = n->sport;
+		fib.dport = n->dport;
 	}
 	fib.ifindex = skb->ingress_ifindex;
 	return forward(skb, cfg, &f, class, dflags, &fib, egress, n);
@@ -1780,6 +1790,8 @@ static __always_inline int forward6(struct __sk_buff *skb, struct settings *cfg)
 		return PASS;
 	__builtin_memcpy(fib.ipv6_src, class == CARRY ? (void *)n->saddr : (void *)&ip6->saddr, 16);
 	__builtin_memcpy(fib.ipv6_dst, class == CARRY ? (void *)n->daddr : (void *)&ip6->daddr, 16);
+	fib.sport = class == CARRY ? n->sport : f.src.port; /* for the ECMP hash, as above */
+	fib.dport = class == CARRY ? n->dport : f.dst.port;
 	fib.ifindex = skb->ingress_ifindex;
 	return forward(skb, cfg, &f, class, dflags, &fib, egress, n);
 }
