@@ -71,8 +71,9 @@ type Source interface {
 // SyncObserver is a Source that is told each sync's outcome (the Kubernetes source answers the
 // Services' health check ports 503 while its changes do not reach the kernel).
 type SyncObserver interface {
-	// Synced is told each sync's outcome and the config the sync applied (the pointer Config
-	// returned).
+	// Synced is told each sync's outcome for the Services and the config the sync applied
+	// (the pointer Config returned): the load balancer part's error where it ran (a
+	// datapath's failure does not keep the Services from the kernel), else the sync's.
 	Synced(cfg *config.Config, err error)
 }
 
@@ -321,7 +322,8 @@ func (a *Agent) Sync(ctx context.Context) error {
 	a.syncSince.Store(max(int64(time.Since(a.born)), 1))
 	defer a.syncSince.Store(0)
 	var degraded []string
-	err := a.sync(ctx, &degraded)
+	var lb lbOutcome
+	err := a.sync(ctx, &degraded, &lb)
 	a.mu.Lock()
 	st := &a.state
 	st.Syncs++
@@ -338,7 +340,13 @@ func (a *Agent) Sync(ctx context.Context) error {
 	cfg := a.cfg
 	a.mu.Unlock()
 	if s, ok := a.opts.Source.(SyncObserver); ok {
-		s.Synced(cfg, err)
+		// the Services' part: the load balancer's error where it ran (a datapath's failure
+		// leaves the Services served; it made the node's health checks answer 503)
+		if lb.ran {
+			s.Synced(cfg, lb.err)
+		} else {
+			s.Synced(cfg, err)
+		}
 	}
 	a.publish(snapshot)
 	if a.opts.OnSync != nil {
@@ -350,7 +358,13 @@ func (a *Agent) Sync(ctx context.Context) error {
 	return err
 }
 
-func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
+// lbOutcome is the load balancer part's outcome in a sync: whether it ran, and its error.
+type lbOutcome struct {
+	ran bool
+	err error
+}
+
+func (a *Agent) sync(ctx context.Context, degraded *[]string, lbo *lbOutcome) error {
 	log := a.opts.Log
 	a.mu.Lock()
 	changed, err := a.loadConfig()
@@ -422,6 +436,7 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string) error {
 		LB:     func(ctx context.Context, c lb.Config) (string, error) { return "", rt.Sync(ctx, c) },
 		LBVIPs: rt.NATVIPs,
 	})
+	lbo.ran, lbo.err = o.LBRan, o.LBErr
 	*degraded = append(*degraded, o.Degraded()...)
 	if err := rt.APIError(); err != nil {
 		*degraded = append(*degraded, "load balancer API: "+err.Error())

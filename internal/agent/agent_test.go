@@ -300,24 +300,45 @@ func (s *observedSource) Synced(cfg *config.Config, err error) {
 	s.configs = append(s.configs, cfg)
 }
 
-// The agent tells a SyncObserver source every sync's outcome: the Kubernetes source answers the
-// Services' health check ports 503 once its changes wait too long for one that succeeds.
+// The agent tells a SyncObserver source every sync's outcome for the Services: the Kubernetes
+// source answers the Services' health check ports 503 once its changes wait too long for one
+// that succeeds. A sync that failed before the load balancer part ran (the links unread) tells
+// its error; one whose datapath failed after it (no flowtable in the kernel) tells the load
+// balancer's: none (TestObserverToldTheServicesOutcome).
 func TestSyncOutcomeToldToTheSource(t *testing.T) {
 	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}, {Name: "eth1", Up: true}}
 	cfg, err := config.Parse([]byte(cfgText))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, ok := range []bool{false, true} {
-		a, _ := newTestAgent(t, ok, &links)
+	for _, c := range []struct {
+		name               string
+		flowtable, noLinks bool
+		told               bool // the sync's error
+	}{
+		{"flowtable", true, false, false},
+		{"no flowtable", false, false, false},
+		{"links unread", true, true, true},
+	} {
+		a, _ := newTestAgent(t, c.flowtable, &links)
+		if c.noLinks {
+			a.opts.Links = func() ([]config.Link, error) { return nil, errors.New("netlink: no answer") }
+		}
 		src := &observedSource{cfg: cfg}
 		a.opts.Source = src
 		err := a.Sync(context.Background())
-		if len(src.outcomes) != 1 || (src.outcomes[0] == nil) != ok || !errors.Is(src.outcomes[0], err) {
-			t.Errorf("flowtable %v: the source was told %v, want the sync's error %v", ok, src.outcomes, err)
+		if (err == nil) != (c.flowtable && !c.noLinks) {
+			t.Errorf("%s: sync: %v", c.name, err)
+		}
+		want := error(nil)
+		if c.told {
+			want = err
+		}
+		if len(src.outcomes) != 1 || src.outcomes[0] != want {
+			t.Errorf("%s: the source was told %v, want %v", c.name, src.outcomes, want)
 		}
 		if len(src.configs) != 1 || src.configs[0] != cfg {
-			t.Errorf("flowtable %v: the source was told configs %v, want the one it gave (%p)", ok, src.configs, cfg)
+			t.Errorf("%s: the source was told configs %v, want the one it gave (%p)", c.name, src.configs, cfg)
 		}
 	}
 }

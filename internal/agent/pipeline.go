@@ -35,17 +35,31 @@ type Outcome struct {
 	State    model.State
 	Warnings []string // interfaces left out
 	Plan     datapath.Plan
-	// PlanErr says what the kernel lacks for the plan; the parts that can run were applied.
+	// PlanErr says what the kernel lacks for the plan; the parts that can run were applied
+	// (then it is no error of the pass: Degraded lists it).
 	PlanErr error
+	LBRan   bool // the load balancer part was applied (LBErr: with this error)
 	LBNote  string
 	LBErr   error
 	Result  datapath.Result
 }
 
 // Degraded lists why the node does less than the config asks, besides the errors: the
-// interfaces left out. (Why auto set a datapath aside is a choice, not a degradation:
+// interfaces left out, and what the kernel lacks for the part of the plan that could not run
+// where another part runs. (Why auto set a datapath aside is a choice, not a degradation:
 // Plan.Notes.)
-func (o Outcome) Degraded() []string { return append([]string{}, o.Warnings...) }
+func (o Outcome) Degraded() []string {
+	d := append([]string{}, o.Warnings...)
+	if o.PlanErr != nil && o.runs() {
+		d = append(d, o.PlanErr.Error())
+	}
+	return d
+}
+
+// runs reports whether the plan has a datapath to run.
+func (o Outcome) runs() bool {
+	return o.Plan.Flowtable != nil || o.Plan.TC != nil || o.Plan.Sockmap != nil
+}
 
 // Apply is the one pipeline that `hostaccel apply` and every agent sync go through: the load
 // balancer first (its tables must exist before the connections it balances are offloaded, so
@@ -54,7 +68,7 @@ func (o Outcome) Degraded() []string { return append([]string{}, o.Warnings...) 
 // (Strict) changes nothing; a plan nothing of which can run leaves the kernel's fastpath as it
 // is; with Strict, a plan the kernel cannot run whole changes nothing at all, and a load
 // balancer transaction the kernel refuses leaves the datapaths as they are. The error joins
-// the load balancer's, the plan's and the datapaths'.
+// the load balancer's and the datapaths', and the plan's where no datapath of it can run.
 func Apply(ctx context.Context, cfg *config.Config, in Inputs) (Outcome, error) {
 	var o Outcome
 	vips, ok := []netip.Addr(nil), false
@@ -74,6 +88,7 @@ func Apply(ctx context.Context, cfg *config.Config, in Inputs) (Outcome, error) 
 		return o, o.PlanErr // apply: the kernel cannot do all of it, so it does none of it
 	}
 	if in.LB != nil {
+		o.LBRan = true
 		o.LBNote, o.LBErr = in.LB(ctx, cfg.LoadBalancer)
 		if perr := in.Caps.Privilege(probe.PartLB); o.LBErr != nil && perr != nil {
 			o.LBErr = fmt.Errorf("%w: %v", perr, o.LBErr) // the kernel's EPERM, explained
@@ -86,7 +101,7 @@ func Apply(ctx context.Context, cfg *config.Config, in Inputs) (Outcome, error) 
 			return o, o.LBErr
 		}
 	}
-	if o.PlanErr != nil && o.Plan.Flowtable == nil && o.Plan.TC == nil && o.Plan.Sockmap == nil {
+	if o.PlanErr != nil && !o.runs() {
 		return o, errors.Join(o.LBErr, o.PlanErr) // nothing can run: leave the kernel as it is
 	}
 	o.Result, err = in.Mgrs.Apply(ctx, o.Plan, in.Caps)
@@ -95,7 +110,10 @@ func Apply(ctx context.Context, cfg *config.Config, in Inputs) (Outcome, error) 
 		// came first and stays (before, the error read as if nothing at all had changed)
 		err = fmt.Errorf("%w (the load balancer part was applied)", err)
 	}
-	return o, errors.Join(o.LBErr, o.PlanErr, err)
+	// what the kernel lacks for the rest of the plan is no error: the node runs what it
+	// can, degraded (Degraded); before, every sync of such a node failed, backed off and
+	// raised the sync-error alert while its datapath and load balancer ran
+	return o, errors.Join(o.LBErr, err)
 }
 
 // Remove takes everything hostaccel installed in this network namespace out of the kernel:
