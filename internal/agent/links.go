@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"net"
 
 	"github.com/vishvananda/netlink"
@@ -8,9 +9,22 @@ import (
 	"github.com/hostaccel/hostaccel/internal/config"
 )
 
-// Links lists this network namespace's interfaces for config resolution.
+// linkDumpTries is how often Links lists the links again when the kernel says a device came or
+// went during the dump (Pods starting and stopping).
+const linkDumpTries = 10
+
+// Links lists this network namespace's interfaces for config resolution. A dump the kernel
+// marks interrupted (a device added or deleted meanwhile: the list may lack one or hold one
+// twice) is read again, up to linkDumpTries times: during Pod churn a quarter of the dumps
+// were, and each failed its sync.
 func Links() ([]config.Link, error) {
-	ls, err := netlink.LinkList()
+	var ls []netlink.Link
+	var err error
+	for try := 0; try < linkDumpTries; try++ {
+		if ls, err = netlink.LinkList(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

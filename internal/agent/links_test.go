@@ -3,86 +3,94 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/hostaccel/hostaccel/internal/config"
 	"github.com/hostaccel/hostaccel/internal/datapath"
-	"github.com/hostaccel/hostaccel/internal/scratchns"
-	"github.com/hostaccel/hostaccel/internal/tc"
+	"github.com/hostaccel/hostaccel/internal/flowtable"
+	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
-// vishvananda/netlink's subscription goroutine, on a Receive error (ENOBUFS: the kernel
-// dropped link events), calls ErrorCallback and then closes ch. drainLinks may see either
-// first; both ask for a sync, or the dropped events would wait for the resync period.
-func TestBrokenLinkSubscriptionResyncs(t *testing.T) {
-	a := &Agent{opts: Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, wake: make(chan struct{}, 1)}
-	lost := 0
-	for range 200 {
-		ch := make(chan netlink.LinkUpdate, 64)
-		errc := make(chan error, 1)
-		errc <- errors.New("Receive failed: no buffer space available") // cberr(...)
-		close(ch)                                                       // then defer close(ch)
-		a.drainLinks(context.Background(), ch, errc)
-		select {
-		case <-a.wake:
-		default:
-			lost++
+// Pod churn (veths created and deleted) while a sync lists the links: the kernel marks the
+// dump interrupted (netlink's ErrDumpInterrupted), and Links reads it again. The sync failed
+// on it (28 of 100 syncs).
+func TestLinkDumpInterruptedIsReadAgain(t *testing.T) {
+	testbed.RequireRoot(t)
+	ns, err := testbed.NewNS("dumpintr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	h, err := ns.Handle()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 150 {
+		if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: fmt.Sprintf("v%d", i)}, PeerName: fmt.Sprintf("p%d", i)}); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if lost > 0 {
-		t.Errorf("%d of 200 subscription failures asked for no sync", lost)
-	}
-}
-
-// A link event of a new device that the tc datapath's gateways name prepares it (without tcx:
-// its clsact qdisc, before the sync that attaches there); other devices, and any device while
-// the plan runs no tc datapath, are left alone.
-func TestLinkEventPreparesTCGateway(t *testing.T) {
-	err := scratchns.Run(func() error {
-		a := &Agent{opts: Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, mgrs: &datapath.Managers{TC: &tc.Manager{Mode: tc.ModeClsBPF}}}
-		event := func(name string) {
-			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}); err != nil {
-				t.Fatal(err)
+	h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "gw"}, PeerName: "gwp"})
+	h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0p"})
+	h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth1"}, PeerName: "eth1p"})
+	stop, done := make(chan struct{}), make(chan struct{})
+	var churned atomic.Int64
+	go func() { // Pods come and go
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
 			}
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				t.Fatal(err)
+			name := fmt.Sprintf("c%d", i%4)
+			h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"})
+			if l, err := h.LinkByName(name); err == nil {
+				h.LinkDel(l)
 			}
-			a.prepareTC(netlink.LinkUpdate{Header: unix.NlMsghdr{Type: unix.RTM_NEWLINK}, Link: l})
+			churned.Add(1)
 		}
-		hasQdisc := func(name string) bool {
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			qs, err := netlink.QdiscList(l)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, q := range qs {
-				if q.Type() == "clsact" {
-					return true
+	}()
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(path, []byte(cfgText), 0o644)
+	ft, _ := flowtable.NewFakeManager()
+	var links func() ([]config.Link, error)
+	a, err := New(Options{ConfigPath: path, Probe: caps(true), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Links: func() ([]config.Link, error) { return links() }}, &datapath.Managers{Flowtable: ft})
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed, interrupted := 0, 0
+	err = ns.Do(func() error {
+		links = Links
+		for range 100 {
+			if err := a.Sync(context.Background()); err != nil {
+				failed++
+				if errors.Is(err, netlink.ErrDumpInterrupted) {
+					interrupted++
 				}
 			}
-			return false
-		}
-		event("knet1") // no tc plan yet
-		a.tcNode.Store(&config.Node{Gateways: []string{"antrea-gw0", "knet*"}})
-		event("knet2")
-		event("other0")
-		for name, want := range map[string]bool{"knet1": false, "knet2": true, "other0": false} {
-			if got := hasQdisc(name); got != want {
-				t.Errorf("%s: clsact %v, want %v", name, got, want)
-			}
+			time.Sleep(5 * time.Millisecond)
 		}
 		return nil
 	})
+	close(stop)
+	<-done
 	if err != nil {
 		t.Fatal(err)
+	}
+	t.Logf("100 syncs during %d link add/delete cycles: %d failed, %d of them on an interrupted link dump; state: %d sync errors, last %q",
+		churned.Load(), failed, interrupted, a.State().SyncErrors, a.State().LastError)
+	if interrupted > 0 {
+		t.Errorf("%d syncs failed because a link dump was interrupted by Pod churn", interrupted)
 	}
 }
