@@ -1,30 +1,16 @@
 package agent
 
 import (
-	"errors"
 	"net"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/hostaccel/hostaccel/internal/config"
+	"github.com/hostaccel/hostaccel/internal/linklist"
 )
 
-// linkDumpTries is how often Links lists the links again when the kernel says a device came or
-// went during the dump (Pods starting and stopping).
-const linkDumpTries = 10
-
-// Links lists this network namespace's interfaces for config resolution. A dump the kernel
-// marks interrupted (a device added or deleted meanwhile: the list may lack one or hold one
-// twice) is read again, up to linkDumpTries times: during Pod churn a quarter of the dumps
-// were, and each failed its sync.
+// Links lists this network namespace's interfaces for config resolution (a dump interrupted
+// by a device coming or going is read again: linklist).
 func Links() ([]config.Link, error) {
-	var ls []netlink.Link
-	var err error
-	for try := 0; try < linkDumpTries; try++ {
-		if ls, err = netlink.LinkList(); !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-	}
+	ls, err := linklist.List()
 	if err != nil {
 		return nil, err
 	}

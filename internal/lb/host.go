@@ -10,6 +10,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/hostaccel/hostaccel/internal/conntrack"
+	"github.com/hostaccel/hostaccel/internal/linklist"
 )
 
 // The load balancer's access to the host beyond nftables: the interfaces and neighbour
@@ -21,7 +22,7 @@ func HostEnv(devs []string) (Env, error) {
 	if len(devs) == 0 {
 		return env, nil
 	}
-	links, err := netlink.LinkList()
+	links, err := linklist.List() // (read again where interrupted)
 	if err != nil {
 		return env, fmt.Errorf("list links: %w", err)
 	}

@@ -13,6 +13,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+
+	"github.com/hostaccel/hostaccel/internal/linklist"
 )
 
 // The kernel as it is: our attachments and the program sets they run, found again by
@@ -36,7 +38,7 @@ type observed struct {
 
 func observe() (*observed, error) {
 	o := &observed{links: map[string]netlink.Link{}, sets: map[ebpf.ProgramID]*progSet{}}
-	links, err := netlink.LinkList()
+	links, err := linklist.List() // (read again where interrupted)
 	if err != nil {
 		return o, fmt.Errorf("listing links: %w", err)
 	}
