@@ -548,6 +548,14 @@ func (a *Agent) driftRepaired(datapath string, what []string) {
 // ErrNoFlowtable: the kernel cannot do what was asked; the agent keeps retrying.
 var ErrNoFlowtable = datapath.ErrNoFlowtable
 
+// PublishStarting writes the state of an agent that holds the lock but has not synced yet
+// (Kubernetes mode waits for the API server first): `status` shows it starting, waiting for
+// why. It showed the state file a previous agent left, healthy, as this one's: a restarted
+// container is PID 1 again and holds the same lock.
+func PublishStarting(statePath, lockPath, configPath, why string) {
+	(&Agent{opts: Options{StatePath: statePath}}).publish(State{PID: os.Getpid(), LockFile: lockPath, ConfigPath: configPath, Starting: why})
+}
+
 func (a *Agent) publish(st State) {
 	if a.opts.StatePath == "" {
 		return

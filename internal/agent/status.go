@@ -44,6 +44,9 @@ type State struct {
 	// DriftRepairs counts, per datapath (flowtable, tc, lb), the syncs that found its kernel
 	// state changed outside hostaccel and repaired it.
 	DriftRepairs map[string]int `json:"driftRepairs,omitempty"`
+	// Starting says what an agent that holds the lock waits for before its first sync
+	// (PublishStarting); "" once it synced.
+	Starting string `json:"starting,omitempty"`
 	// Source is the config source's report (Kubernetes mode: connectivity and what it derived).
 	Source json.RawMessage `json:"source,omitempty"`
 }

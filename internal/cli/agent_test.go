@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -14,6 +16,9 @@ import (
 	"time"
 
 	"github.com/hostaccel/hostaccel/internal/agent"
+	"github.com/hostaccel/hostaccel/internal/datapath"
+	"github.com/hostaccel/hostaccel/internal/flowtable"
+	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
 // agentChild runs the agent in a child process of this test binary when the test that
@@ -209,4 +214,55 @@ users: [{name: u, user: {token: x}}]
 contexts: [{name: c, context: {cluster: c, user: u}}]
 current-context: c
 `), 0o600)
+}
+
+// An agent container restarted (PID 1 again, /run/hostaccel a hostPath) while the API server is
+// away: the new agent holds the lock and waits. `status` showed the previous agent's state
+// file (healthy, 99 syncs) as the running agent's; it shows this one starting.
+func TestStatusShowsANewAgentStarting(t *testing.T) {
+	dir := t.TempDir()
+	unreachableAPIServer(dir)
+	lockPath, statePath := filepath.Join(dir, "l.lock"), filepath.Join(dir, "st.json")
+	old, _ := json.Marshal(agent.State{PID: 1, LockFile: lockPath, Datapath: "none", Healthy: true, Syncs: 99, LastSync: time.Now().Add(-time.Hour)})
+	if err := os.WriteFile(statePath, old, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd, _, _ := startAgentChild(t, dir, "agent", "-f", "c.yaml", "--kubernetes", "--kubeconfig", "kc", "--node-name", "n1",
+		"--lock-file", lockPath, "--state-file", statePath)
+	ft, _ := flowtable.NewFakeManager()
+	var st agent.Status
+	testbed.WaitFor(t, "the new agent's state", 10*time.Second, 50*time.Millisecond, func() bool {
+		st = agent.Gather(context.Background(), &datapath.Managers{Flowtable: ft}, statePath)
+		return st.Agent != nil && st.Agent.PID == cmd.Process.Pid
+	})
+	if a := st.Agent; a.Syncs != 0 || a.Healthy || !strings.Contains(a.Starting, "Kubernetes API server") {
+		t.Errorf("the new agent, waiting for the API server: %+v", a)
+	}
+	var out strings.Builder
+	writeStatus(&out, st)
+	if !strings.Contains(out.String(), fmt.Sprintf("agent: pid %d, starting: waiting for the Kubernetes API server", cmd.Process.Pid)) {
+		t.Errorf("status:\n%s", out.String())
+	}
+}
+
+// A --metrics-address that cannot be served ends the agent with an error naming the flag. It
+// ran without /metrics, /healthz and /livez (the error only logged), and the deploy manifest's
+// $(POD_IP):9464 was such an address on an IPv6 node.
+func TestBadMetricsAddressRefused(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "c.yaml"), []byte("datapath: none\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range []string{"9464", "fd00::1:9464"} {
+		_, stderr, done := startAgentChild(t, dir, "agent", "-f", "c.yaml", "--lock-file", filepath.Join(dir, "l.lock"),
+			"--state-file", filepath.Join(dir, "st.json"), "--metrics-address", addr)
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(stderr.String(), "--metrics-address "+addr+":") {
+				t.Errorf("--metrics-address %s: exit %v, stderr:\n%s", addr, err, stderr)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("--metrics-address %s: the agent runs", addr)
+		}
+	}
 }

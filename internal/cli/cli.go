@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
@@ -173,6 +174,7 @@ func writeJSON(w io.Writer, v any) error {
 func probeCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "probe",
+		Args:  cobra.NoArgs, // a stray word is refused: `--flag false` made it true
 		Short: "Show what this kernel supports",
 		RunE: func(c *cobra.Command, _ []string) error {
 			r := probe.Run(c.Context())
@@ -192,6 +194,7 @@ func renderCmd() *cobra.Command {
 	var counter bool
 	c := &cobra.Command{
 		Use:   "render -f CONFIG",
+		Args:  cobra.NoArgs, // a stray word is refused: `--flag false` made it true
 		Short: "Print what apply would install: the nft ruleset, and the tc datapath's map contents (no root needed)",
 		Long: "Renders offline, for a kernel that has every feature (auto then splits classes between tc and the\n" +
 			"flowtable as it would on such a kernel). Interfaces named in the config are taken as present;\n" +
@@ -281,6 +284,7 @@ func applyCmd(g *globals) *cobra.Command {
 	var file, lockPath string
 	c := &cobra.Command{
 		Use:   "apply -f CONFIG",
+		Args:  cobra.NoArgs, // a stray word is refused: `--flag false` made it true
 		Short: "Install the config; nothing changes when the config or the kernel cannot do it",
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx := c.Context()
@@ -377,6 +381,7 @@ func agentCmd(g *globals) *cobra.Command {
 	var kube *kubeFlags
 	c := &cobra.Command{
 		Use:   "agent -f CONFIG",
+		Args:  cobra.NoArgs, // a stray word is refused: `--flag false` made it true
 		Short: "Run the daemon: reconcile on config change, link events and periodically",
 		RunE: func(c *cobra.Command, _ []string) error {
 			// SIGHUP (reload) is caught from the start and never let go: Go's default for it
@@ -406,6 +411,11 @@ func agentCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			starting := "its first sync"
+			if kube.enabled {
+				starting = "the Kubernetes API server (its first sync comes after the first derivation)"
+			}
+			agent.PublishStarting(statePath, lockPath, file, starting)
 			ctx, stop := signal.NotifyContext(c.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			var met *metrics.Metrics
@@ -440,9 +450,17 @@ func agentCmd(g *globals) *cobra.Command {
 					mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 					mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 				}
-				srv := &http.Server{Addr: metricsAddr, Handler: mux}
+				// Listening here, not in the goroutine: an address that cannot be served (a
+				// typo, an IPv6 address without brackets, a port in use) ends the agent with
+				// the flag's name. It ran without /metrics, /healthz and /livez, and a
+				// liveness probe restarted it in a loop.
+				ln, err := net.Listen("tcp", metricsAddr)
+				if err != nil {
+					return fmt.Errorf("--metrics-address %s: %w", metricsAddr, err)
+				}
+				srv := &http.Server{Handler: mux}
 				go func() {
-					if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 						log.Error("metrics server", "err", err)
 					}
 				}()
@@ -519,6 +537,7 @@ func statusCmd(g *globals) *cobra.Command {
 	var statePath string
 	c := &cobra.Command{
 		Use:   "status",
+		Args:  cobra.NoArgs, // a stray word is refused: `--flag false` made it true
 		Short: "Show hostaccel's tables, devices, rule counters and offloaded connections",
 		RunE: func(c *cobra.Command, _ []string) error {
 			m, err := managers()
@@ -571,8 +590,12 @@ func writeStatus(out io.Writer, st agent.Status) {
 		if !a.Healthy {
 			health = "DEGRADED"
 		}
-		fmt.Fprintf(out, "agent: pid %d, %s, datapath %s (%s), %d syncs (%d failed), last %s\n",
-			a.PID, health, a.Datapath, a.Plan, a.Syncs, a.SyncErrors, a.LastSync.Format("15:04:05"))
+		if a.Starting != "" {
+			fmt.Fprintf(out, "agent: pid %d, starting: waiting for %s\n", a.PID, a.Starting)
+		} else {
+			fmt.Fprintf(out, "agent: pid %d, %s, datapath %s (%s), %d syncs (%d failed), last %s\n",
+				a.PID, health, a.Datapath, a.Plan, a.Syncs, a.SyncErrors, a.LastSync.Format("15:04:05"))
+		}
 		for _, d := range a.Degraded {
 			fmt.Fprintf(out, "  degraded: %s\n", d)
 		}
@@ -682,6 +705,7 @@ func cleanupCmd() *cobra.Command {
 	var lockPath string
 	c := &cobra.Command{
 		Use:   "cleanup",
+		Args:  cobra.NoArgs, // a stray word is refused: `--flag false` made it true
 		Short: "Remove everything hostaccel installed, and nothing else",
 		RunE: func(c *cobra.Command, _ []string) error {
 			l, err := lock.Acquire(lockPath)

@@ -141,6 +141,7 @@ func k8sRenderCmd(g *globals) *cobra.Command {
 	var k *kubeFlags
 	c := &cobra.Command{
 		Use:   "render [-f BASE] [--kubeconfig FILE] [--node-name NODE]",
+		Args:  cobra.NoArgs, // a stray word is refused: `--flag false` made it true
 		Short: "Print the config the agent derives from the API for a node (read-only, no root)",
 		Long: "Lists Nodes, Services and EndpointSlices once, adds what they say about the node to the\n" +
 			"base config (the agent's ConfigMap) and prints the result: a config file that `hostaccel\n" +
