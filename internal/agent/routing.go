@@ -3,15 +3,18 @@ package agent
 import (
 	"context"
 	"errors"
+	"os"
+	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
-// watchRouting triggers a sync when a routing rule is added or deleted, or a route with an MTU
-// of its own: the tc datapath keeps the FIB's answers per destination only while routing
+// watchRouting triggers a sync when a routing rule is added or deleted, or a route the tc
+// datapath's kept answers depend on (routingChange): the tc datapath keeps the FIB's answers per destination only while routing
 // depends on the destination alone, which each sync decides (tc's destinationRouting). Without
 // this, a rule added between syncs (a CNI's per-Pod rule) was ignored for a resync period: the
 // answers another source's packets kept were used for the new rule's sources too.
@@ -51,8 +54,9 @@ func subscribeRouting() (*nl.NetlinkSocket, error) {
 
 const routingPoll = 200 * time.Millisecond
 
-// readRouting calls changed for every rule added or deleted and every route with an MTU added
-// or deleted (and when notifications were lost), until ctx ends or the socket fails.
+// readRouting calls changed for every rule added or deleted and every route added or deleted
+// that routingChange names (and when notifications were lost), until ctx ends or the socket
+// fails.
 func readRouting(ctx context.Context, s *nl.NetlinkSocket, changed func()) error {
 	for ctx.Err() == nil {
 		msgs, _, err := s.Receive()
@@ -75,8 +79,13 @@ func readRouting(ctx context.Context, s *nl.NetlinkSocket, changed func()) error
 	return nil
 }
 
-// routingChange reports whether m is a rule added or deleted, or a route with an MTU of its own
-// (RTA_METRICS holding RTAX_MTU).
+// routingChange reports whether m is a rule added or deleted, or a route added or deleted that
+// the tc datapath's way of keeping FIB answers depends on (tc's parseRoute): one with an MTU of
+// its own (RTA_METRICS holding RTAX_MTU), a TOS selector, a source prefix (IPv6 `from`) or
+// several next hops (RTA_MULTIPATH); or any route of a family whose forwarding is off, where
+// the program sends by the route device the agent computed for each CIDR at the last sync.
+// (Before, only rules and MTU routes made a sync: the others were followed a resync period
+// late.)
 func routingChange(m *syscall.NetlinkMessage) bool {
 	switch m.Header.Type {
 	case unix.RTM_NEWRULE, unix.RTM_DELRULE:
@@ -85,23 +94,47 @@ func routingChange(m *syscall.NetlinkMessage) bool {
 	default:
 		return false
 	}
-	attrs, err := syscall.ParseNetlinkRouteAttr(m)
-	if err != nil {
+	if len(m.Data) < unix.SizeofRtMsg {
 		return true // unreadable: let the sync decide
 	}
+	rt := (*unix.RtMsg)(unsafe.Pointer(&m.Data[0]))
+	if rt.Flags&unix.RTM_F_CLONED != 0 {
+		return false // a cached route (an exception: PMTU, redirect), not the table's
+	}
+	if rt.Tos != 0 || rt.Src_len != 0 || forwardingOff(rt.Family) {
+		return true
+	}
+	attrs, err := syscall.ParseNetlinkRouteAttr(m)
+	if err != nil {
+		return true
+	}
 	for _, a := range attrs {
-		if a.Attr.Type != unix.RTA_METRICS {
-			continue
-		}
-		metrics, err := nl.ParseRouteAttr(a.Value)
-		if err != nil {
+		switch a.Attr.Type {
+		case unix.RTA_MULTIPATH:
 			return true
-		}
-		for _, mt := range metrics {
-			if mt.Attr.Type == unix.RTAX_MTU {
+		case unix.RTA_METRICS:
+			metrics, err := nl.ParseRouteAttr(a.Value)
+			if err != nil {
 				return true
+			}
+			for _, mt := range metrics {
+				if mt.Attr.Type == unix.RTAX_MTU {
+					return true
+				}
 			}
 		}
 	}
 	return false
+}
+
+// forwardingOff reports whether forwarding is off for family fam in this network namespace
+// (read at each route event: cheap, and forwarding may be switched at any time). Unreadable:
+// off (a sync too many costs less than a route device missed).
+var forwardingOff = func(fam uint8) bool {
+	path := "/proc/sys/net/ipv4/conf/all/forwarding"
+	if fam == unix.AF_INET6 {
+		path = "/proc/sys/net/ipv6/conf/all/forwarding"
+	}
+	b, err := os.ReadFile(path)
+	return err != nil || strings.TrimSpace(string(b)) == "0"
 }

@@ -10,9 +10,12 @@ import (
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
-// The routing watch triggers a sync for a rule added or deleted and for a route with an MTU
-// of its own, not for other routes (the tc datapath's FIB answers follow those within their
-// one-second TTL).
+// The routing watch triggers a sync for a rule added or deleted and for a route the tc
+// datapath's kept answers depend on: an MTU of its own, a TOS selector, a source prefix,
+// several next hops; not for other routes while forwarding is on (the tc datapath's FIB
+// answers follow those within their one-second TTL); for every route of a family whose
+// forwarding is off (the program then sends by the route device of the last sync). TOS,
+// source prefix, several next hops and forwarding off were followed a resync period late.
 func TestRoutingWatch(t *testing.T) {
 	testbed.RequireRoot(t)
 	ns, err := testbed.NewNS("routing")
@@ -20,6 +23,17 @@ func TestRoutingWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ns.Close() })
+	for _, c := range [][]string{
+		{"ip", "link", "add", "d0", "type", "veth", "peer", "name", "p0"}, {"ip", "link", "add", "d1", "type", "veth", "peer", "name", "p1"},
+		{"ip", "link", "set", "p0", "up"}, {"ip", "link", "set", "p1", "up"}, {"ip", "link", "set", "d0", "up"}, {"ip", "link", "set", "d1", "up"},
+		{"ip", "addr", "add", "192.0.2.1/24", "dev", "d0"}, {"ip", "addr", "add", "198.51.100.1/24", "dev", "d1"},
+		{"ip", "-6", "addr", "add", "fd00:1::1/64", "dev", "d0", "nodad"},
+		{"sh", "-c", "echo 1 > /proc/sys/net/ipv4/conf/all/forwarding; echo 1 > /proc/sys/net/ipv6/conf/all/forwarding"},
+	} {
+		if out, err := ns.Exec(c...); err != nil {
+			t.Fatalf("%v: %v %s", c, err, out)
+		}
+	}
 	var s *nl.NetlinkSocket
 	if err := ns.Do(func() (err error) { s, err = subscribeRouting(); return err }); err != nil {
 		t.Fatal(err)
@@ -28,7 +42,8 @@ func TestRoutingWatch(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	changed := make(chan struct{}, 16)
 	done := make(chan error, 1)
-	go func() { done <- readRouting(ctx, s, func() { changed <- struct{}{} }) }()
+	// (in the namespace: routingChange reads its forwarding settings)
+	go ns.Do(func() error { done <- readRouting(ctx, s, func() { changed <- struct{}{} }); return nil })
 	for _, c := range []struct {
 		cmd  []string
 		want bool
@@ -40,6 +55,13 @@ func TestRoutingWatch(t *testing.T) {
 		{[]string{"ip", "route", "del", "10.9.0.0/24", "dev", "lo"}, false},
 		{[]string{"ip", "rule", "del", "from", "10.244.1.2", "lookup", "100"}, true},
 		{[]string{"ip", "route", "del", "10.9.1.0/24"}, true},
+		{[]string{"ip", "route", "add", "10.9.2.0/24", "tos", "0x10", "dev", "d0"}, true},
+		{[]string{"ip", "route", "add", "10.9.3.0/24", "nexthop", "via", "192.0.2.2", "dev", "d0", "nexthop", "via", "198.51.100.2", "dev", "d1"}, true},
+		{[]string{"ip", "-6", "route", "add", "fd00:9::/64", "from", "fd00:1::/64", "dev", "d0"}, true},
+		{[]string{"ip", "-6", "route", "add", "fd00:8::/64", "dev", "d0"}, false},
+		{[]string{"sh", "-c", "echo 0 > /proc/sys/net/ipv4/conf/all/forwarding"}, false},
+		{[]string{"ip", "route", "add", "10.9.4.0/24", "dev", "d0"}, true},
+		{[]string{"ip", "-6", "route", "add", "fd00:7::/64", "dev", "d0"}, false},
 	} {
 		if out, err := ns.Exec(c.cmd...); err != nil {
 			t.Fatalf("%v: %v %s", c.cmd, err, out)
