@@ -453,7 +453,17 @@ func lbBackendCmd(f *lbFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			nb.Priority, nb.State, nb.MAC = b.Priority, b.State, b.MAC
+			// the flags given override the argument's options (ADDR:PORT,state=drain,...);
+			// those not given leave them (they were overwritten with the flags' defaults)
+			if c.Flags().Changed("priority") {
+				nb.Priority = b.Priority
+			}
+			if c.Flags().Changed("state") {
+				nb.State = b.State
+			}
+			if c.Flags().Changed("mac") {
+				nb.MAC = b.MAC
+			}
 			if c.Flags().Changed("weight") {
 				nb.Weight = &weight
 			}
