@@ -399,8 +399,8 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string, lbo *lbOutcome) er
 	// Not in a sync someone waits for (TriggerNow), at most every reprobeEvery, and, while
 	// the agent is healthy, after this sync's change is in the kernel: probing runs nft and
 	// loads programs (~0.15 s), which the change of an event must not wait for. (An agent
-	// whose last sync failed, for want of the feature perhaps, probes first.) A config
-	// without a datapath has no use for what a probe could find.
+	// whose last sync failed, for want of the feature perhaps, probes first.) Only for a
+	// feature the config's datapath could use (lacksUsable).
 	a.mu.Lock()
 	healthy := a.state.Healthy
 	a.mu.Unlock()
@@ -408,8 +408,7 @@ func (a *Agent) sync(ctx context.Context, degraded *[]string, lbo *lbOutcome) er
 	case a.caps == nil:
 		caps := a.opts.Probe(ctx)
 		a.caps, a.probed = &caps, time.Now()
-	case !a.urgent.Load() && time.Since(a.probed) >= reprobeEvery && cfg.Datapath != model.DatapathNone &&
-		(!a.caps.Has(probe.Flowtable) || !a.caps.Has(probe.ConntrackKfuncs)):
+	case !a.urgent.Load() && time.Since(a.probed) >= reprobeEvery && lacksUsable(cfg, *a.caps):
 		if healthy {
 			defer a.reprobe(ctx)
 		} else {
@@ -525,6 +524,16 @@ func (a *Agent) reprobe(ctx context.Context) {
 	if gained {
 		a.Trigger()
 	}
+}
+
+// lacksUsable reports whether the kernel lacks a feature that cfg's datapath could use: the
+// flowtable (datapath flowtable, auto), the conntrack kfuncs (tc and auto, with the NAT check
+// on). Any missing feature made every config probe again every reprobeEvery (nft runs, program
+// loads, a throwaway namespace), forever on a kernel older than 5.18 with datapath flowtable.
+func lacksUsable(cfg *config.Config, caps probe.Result) bool {
+	d := cfg.Datapath
+	return (d == model.DatapathFlowtable || d == model.DatapathAuto) && !caps.Has(probe.Flowtable) ||
+		(d == model.DatapathTC || d == model.DatapathAuto) && cfg.TC.NATCheck != model.NATCheckOff && !caps.Has(probe.ConntrackKfuncs)
 }
 
 // reprobeEvery is how often a sync probes the kernel again while it lacks a feature.

@@ -251,7 +251,8 @@ func TestReprobeKeepsFeaturesFound(t *testing.T) {
 func TestReprobeAfterTheChange(t *testing.T) {
 	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}, {Name: "eth1", Up: true}}
 	path := filepath.Join(t.TempDir(), "c.yaml")
-	if err := os.WriteFile(path, []byte(cfgText), 0o644); err != nil {
+	text := "datapath: auto\n" + cfgText // auto could use the conntrack kfuncs
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	ft, f := flowtable.NewFakeManager()
@@ -273,7 +274,7 @@ func TestReprobeAfterTheChange(t *testing.T) {
 	}
 	defer func(d time.Duration) { reprobeEvery = d }(reprobeEvery)
 	reprobeEvery = 0
-	if err := os.WriteFile(path, []byte(strings.Replace(cfgText, "[10.244.2.0/24]", "[10.244.2.0/24, 10.244.3.0/24]", 1)), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(strings.Replace(text, "[10.244.2.0/24]", "[10.244.2.0/24, 10.244.3.0/24]", 1)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Sync(ctx); err != nil {
@@ -347,11 +348,11 @@ func TestSyncOutcomeToldToTheSource(t *testing.T) {
 // the loop comes round it is live. Before, /livez answered 200 whatever the loop did.
 func TestLiveFailsWhileASyncHangs(t *testing.T) {
 	defer func(d, e time.Duration) { stuckAfter, reprobeEvery = d, e }(stuckAfter, reprobeEvery)
-	stuckAfter, reprobeEvery = 200*time.Millisecond, 0 // every sync probes (the test kernel lacks a feature)
+	stuckAfter, reprobeEvery = 200*time.Millisecond, 0 // every sync probes (the test kernel lacks the kfuncs auto could use)
 	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}}
 	a, path := newTestAgent(t, true, &links)
 	// a second resync period, so that the loop's own timer would come round in time
-	if err := os.WriteFile(path, []byte(cfgText+"agent: {resyncPeriod: 1s, minSyncInterval: 0s}\n"), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte("datapath: auto\n"+cfgText+"agent: {resyncPeriod: 1s, minSyncInterval: 0s}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	hang, hung := make(chan struct{}), make(chan struct{}, 1)
@@ -384,5 +385,30 @@ func TestLiveFailsWhileASyncHangs(t *testing.T) {
 	}
 	if err := a.Live(); err == nil || !strings.Contains(err.Error(), "a sync started") {
 		t.Fatalf("a sync that hangs: Live() = %v, want stuck", err)
+	}
+}
+
+// The kernel is probed again only for a feature the config's datapath could use: the
+// conntrack kfuncs serve the tc program, not the flowtable. Any missing feature made every
+// config probe again every reprobeEvery, forever on a kernel older than 5.18.
+func TestNoReprobeForFeaturesUnused(t *testing.T) {
+	links := []config.Link{{Name: "gw", Up: true}, {Name: "eth0", Up: true}, {Name: "eth1", Up: true}}
+	a, _ := newTestAgent(t, true, &links) // datapath flowtable, which the kernel has
+	probes := 0
+	a.opts.Probe = func(ctx context.Context) probe.Result {
+		probes++
+		r := caps(true)(ctx)
+		r.Features = append(r.Features, probe.Feature{Name: probe.ConntrackKfuncs, Detail: "Linux 5.15"})
+		return r
+	}
+	defer func(d time.Duration) { reprobeEvery = d }(reprobeEvery)
+	reprobeEvery = 0
+	for range 3 {
+		if err := a.Sync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if probes != 1 {
+		t.Errorf("3 syncs of datapath flowtable on a kernel without the conntrack kfuncs probed %d times, want 1", probes)
 	}
 }
