@@ -80,5 +80,20 @@ func (m *Manager) remember() {
 	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
 	if os.WriteFile(tmp, b, 0o600) != nil || os.Rename(tmp, path) != nil {
 		_ = os.Remove(tmp)
+		_ = os.Remove(path) // (forget removed it before the change; a file left would lie)
 	}
+}
+
+// forget removes the known file before a transaction changes the table, so that no file
+// says what the table was before it: a process that dies between the commit and the file's
+// rewrite (the reading after the commit, the apply's memory peak, lies there) left the old
+// fingerprint, and the next process took its predecessor's change for someone else's (drift:
+// a rebuild that flushes every offloaded flow). Without the file the next process compares
+// the rules' comments.
+func (m *Manager) forget() {
+	if m.KnownDir == "" {
+		return
+	}
+	_ = os.Remove(m.knownPath(nftlist.Namespace()))
+	m.written = ""
 }

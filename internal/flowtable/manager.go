@@ -105,6 +105,7 @@ func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
 	}
 	res.Operations = tx.NumOperations()
 	if res.Operations > 0 {
+		m.forget()
 		if err := nft.Run(ctx, tx); err != nil {
 			return res, fmt.Errorf("nft transaction (nothing was changed): %w", err)
 		}

@@ -342,3 +342,35 @@ func TestFreshManagerRepairsAnEditedRule(t *testing.T) {
 		t.Fatalf("after Remove: %+v", res)
 	}
 }
+
+// A process that dies between its transaction and the known file's rewrite (here: in the
+// reading after the commit, the apply's memory peak, where an OOM kill lands) leaves no file
+// that says what the table was before: the next process finds its predecessor's change, not
+// drift to repair by a rebuild (which flushes every offloaded flow). The file kept the old
+// fingerprint.
+func TestKilledAfterCommitIsNoDrift(t *testing.T) {
+	dir := t.TempDir()
+	m, f := NewFakeManager()
+	m.KnownDir = dir
+	s := state()
+	apply(t, m, s)
+	lister, calls := m.List, 0
+	m.List = func(ctx context.Context, family, table string) ([]byte, error) {
+		if calls++; calls == 2 { // the reading after the transaction
+			panic("killed")
+		}
+		return lister(ctx, family, table)
+	}
+	s.PeerPodCIDRs = append(s.PeerPodCIDRs, netip.MustParsePrefix("10.244.3.0/24"))
+	s.Normalize()
+	func() {
+		defer func() { _ = recover() }()
+		m.Apply(context.Background(), Render(s, Options{FlowtableCounter: true}))
+	}()
+	if got := elements(f, "peer-pod-v4"); got != "10.244.2.0/24,10.244.3.0/24" {
+		t.Fatalf("precondition: the transaction went in: %s", got)
+	}
+	if res := apply(t, &Manager{NFT: f, List: FakeLister(f), KnownDir: dir}, s); res.Rebuilt || res.Drift != "" || res.Operations != 0 {
+		t.Errorf("the next process's apply of the same state: %+v", res)
+	}
+}
