@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/vishvananda/netlink"
 	"sigs.k8s.io/knftables"
 
 	"github.com/hostaccel/hostaccel/internal/nftjson"
@@ -29,10 +30,11 @@ type Manager struct {
 	// process (known.go); "": no file (tests, benches: their namespaces are thrown away).
 	KnownDir string
 
-	last        string   // fingerprint of the table right after our last successful apply
-	lastDevices []string // its flowtable's devices
-	written     string   // the fingerprint last written to the file (or tried)
-	cleared     bool     // the file was removed, and nothing known since
+	last        string         // fingerprint of the table right after our last successful apply
+	lastDevices []string       // its flowtable's devices
+	lastIndex   map[string]int // the devices' indexes as the last apply knew them (Ruleset.DeviceIndex)
+	written     string         // the fingerprint last written to the file (or tried)
+	cleared     bool           // the file was removed, and nothing known since
 }
 
 // NewManager returns a Manager on the real nft binary, which it runs first when it has a
@@ -129,6 +131,7 @@ func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
 		res.Drift = res.Reason
 	}
 	m.last = after.Fingerprint()
+	m.lastIndex = r.DeviceIndex
 	m.lastDevices = nil
 	if ft := after.Flowtables[FlowtableName]; ft != nil {
 		m.lastDevices = slices.Clone(ft.Devices)
@@ -168,11 +171,18 @@ func (m *Manager) rebuildReason(cur *nftjson.Table, r *Ruleset) string {
 
 // vanished is cur's fingerprint with the flowtable's devices as this Manager's last apply
 // left them, when the kernel has dropped some of them since (a device deleted takes itself
-// out of the flowtable): that is the link's change, not someone's edit.
+// out of the flowtable): that is the link's change, not someone's edit. A device missing
+// there that still exists with the index it had (someone took it out of the flowtable) is an
+// edit: "" (it was repaired, but not reported as drift).
 func (m *Manager) vanished(cur *nftjson.Table) string {
 	ft := cur.Flowtables[FlowtableName]
 	if ft == nil || len(ft.Devices) >= len(m.lastDevices) || slices.ContainsFunc(ft.Devices, func(d string) bool { return !slices.Contains(m.lastDevices, d) }) {
 		return ""
+	}
+	for _, d := range m.lastDevices {
+		if idx, ok := m.lastIndex[d]; ok && !slices.Contains(ft.Devices, d) && linkIndex(d) == idx {
+			return ""
+		}
 	}
 	c := *cur
 	c.Flowtables = maps.Clone(cur.Flowtables)
@@ -180,6 +190,16 @@ func (m *Manager) vanished(cur *nftjson.Table) string {
 	f.Devices = m.lastDevices
 	c.Flowtables[FlowtableName] = &f
 	return c.Fingerprint()
+}
+
+// linkIndex is the index of link name in this network namespace, 0 where there is none (a
+// variable: tests answer for links they do not create).
+var linkIndex = func(name string) int {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return 0
+	}
+	return l.Attrs().Index
 }
 
 // update adds the element diffs to tx, and recreates the flowtable when devices changed or

@@ -374,3 +374,32 @@ func TestKilledAfterCommitIsNoDrift(t *testing.T) {
 		t.Errorf("the next process's apply of the same state: %+v", res)
 	}
 }
+
+// A device that someone takes out of the flowtable while it still exists, with the index the
+// last apply knew, is drift (repaired and reported); one whose link is gone, or replaced by
+// another of the same name, was dropped by the kernel (no drift). Both were taken as the
+// kernel's doing, and the edit was repaired silently.
+func TestDeviceTakenOutIsDrift(t *testing.T) {
+	defer func(f func(string) int) { linkIndex = f }(linkIndex)
+	for _, c := range []struct {
+		name  string
+		index int // eth0's index now (0: gone)
+		drift bool
+	}{{"still there", 8, true}, {"gone", 0, false}, {"replaced", 9, false}} {
+		m, f := NewFakeManager()
+		s := state()
+		s.DeviceIndex = map[string]int{"gw": 7, "eth0": 8}
+		apply(t, m, s)
+		f.Lock()
+		f.Table.Flowtables[FlowtableName].Devices = []string{"gw"}
+		f.Unlock()
+		linkIndex = func(name string) int { return map[string]int{"gw": 7, "eth0": c.index}[name] }
+		next := s
+		if c.index == 0 {
+			next.Transports = nil // the agent prunes a device gone
+		}
+		if res := apply(t, m, next); (res.Drift != "") != c.drift || !res.Rebuilt && !res.FlowtableRecreated && c.index != 0 {
+			t.Errorf("eth0 out of the flowtable, %s: %+v, want drift %v", c.name, res, c.drift)
+		}
+	}
+}

@@ -55,6 +55,10 @@ type Ruleset struct {
 	// Offload is the regular chain class rules go to, with its one rule (OffloadRule).
 	Offload     *knftables.Chain
 	OffloadRule *knftables.Rule
+	// DeviceIndex is the interface index of each device where the state knew it: a device
+	// the kernel no longer lists in the flowtable but that still exists with that index was
+	// taken out by someone (drift), not dropped with its link (Manager.vanished).
+	DeviceIndex map[string]int
 }
 
 type family struct {
@@ -114,6 +118,7 @@ func Render(s model.State, o Options) *Ruleset {
 		Offload: &knftables.Chain{Name: OffloadChain, Comment: knftables.PtrTo("a class rule's connections: added to @" + FlowtableName + " once the kernel can (established, not closing)")},
 		OffloadRule: &knftables.Rule{Chain: OffloadChain, Rule: "flow add @" + FlowtableName,
 			Comment: knftables.PtrTo("the packet leaves the forward chain here whether or not its flow is added")},
+		DeviceIndex: s.DeviceIndex,
 	}
 	r.Sets = append(r.Sets, &knftables.Set{Name: DevicesSet, Type: "ifname", Comment: knftables.PtrTo("devices of the flowtable")})
 	for _, d := range s.Devices() {
