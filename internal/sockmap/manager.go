@@ -272,7 +272,18 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	// The pin keeps the sk_msg program on the map: without a pin or an open descriptor of
 	// the map, the kernel releases it.
 	pin := filepath.Join(pins, PinName(set.opsID))
+	attached := !res.Loaded
 	if res.Loaded {
+		// A set loaded here and never attached (its sock_ops attach refused: another tool
+		// holding the cgroup's hook exclusively, EPERM) goes whole: its pins would keep its
+		// maps (~16 MiB) and its read counter attached, one set more each failed retry.
+		// (Best effort: a later Apply that attaches sweeps what is left.)
+		defer func() {
+			if !attached {
+				os.Remove(filepath.Join(pins, ReaderPinName(set.opsID)))
+				os.Remove(pin)
+			}
+		}()
 		if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: set.maps.HostaccelSocks.FD(), Program: set.msg, Attach: ebpf.AttachSkMsgVerdict}); err != nil {
 			return res, fmt.Errorf("attach sk_msg to the sockhash: %w", err)
 		}
@@ -295,6 +306,7 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 		if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: int(o.fd.Fd()), Program: set.ops, Attach: ebpf.AttachCGroupSockOps, Flags: bpfFAllowMulti}); err != nil {
 			return res, fmt.Errorf("attach sock_ops to %s: %w", cg, err)
 		}
+		attached = true
 	}
 	var errs []error
 	for _, s := range o.sets {
