@@ -260,14 +260,23 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	if err := fits(set, cur, want); err != nil {
 		return res, err
 	}
-	if err := m.update(set, cur, want, &res); err != nil {
-		return res, err
-	}
+	uerr := m.update(set, cur, want, &res)
 	if res.ElementsAdded+res.ElementsUpdated+res.ElementsRemoved > 0 {
-		// open connections check their ends against the tries again (settings.epoch)
-		if err := set.bumpEpoch(); err != nil {
+		// Open connections check their ends against the tries again (settings.epoch), also
+		// after an update that failed part way: the retry finds what it wrote (exclusions
+		// first) in place, counts no change and bumps nothing.
+		berr := set.bumpEpoch()
+		if !res.Loaded && m.last != nil && m.last.ops == set.opsID {
+			// what this apply wrote is no drift to the next one, whatever fails after
+			if m.last.pods, err = set.readPods(); err != nil {
+				m.last = nil
+			}
+		}
+		if err := errors.Join(uerr, berr); err != nil {
 			return res, err
 		}
+	} else if uerr != nil {
+		return res, uerr
 	}
 	// The pin keeps the sk_msg program on the map: without a pin or an open descriptor of
 	// the map, the kernel releases it.
