@@ -476,9 +476,10 @@ func sortedKeys(m map[netip.Prefix]uint32) []netip.Prefix {
 	})
 }
 
-// drainingAt is the offset of settings.draining (a u32), the same in every build (fields are
-// only appended); drainingEnd is where it ends.
+// enabledAt and drainingAt are the offsets of settings.enabled and settings.draining (u32s),
+// the same in every build (fields are only appended); drainingEnd is where draining ends.
 const (
+	enabledAt   = int(unsafe.Offsetof(sockmapSettings{}.Enabled))
 	drainingAt  = int(unsafe.Offsetof(sockmapSettings{}.Draining))
 	drainingEnd = drainingAt + 4
 )
@@ -576,6 +577,9 @@ func drainOrphan(socks *ebpf.Map) error {
 		return err
 	}
 	binary.LittleEndian.PutUint32(v[drainingAt:], 1)
+	// and nothing entered any more, as drain writes it: Remove cannot always detach it
+	// (removeUnreached)
+	binary.LittleEndian.PutUint32(v[enabledAt:], 0)
 	if err := cfg.Put(uint32(0), v); err != nil {
 		return fmt.Errorf("drain the sockmap set of sk_msg program %d: %w", id, err)
 	}
@@ -591,13 +595,11 @@ func (m *Manager) Remove(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	applied := m.last != nil
 	m.last = nil
 	cg, err := m.cgroup()
 	if err != nil {
-		// No cgroup2 root here (none, or only a container's own cgroup): nothing of ours can
-		// be attached where this process sees. Not an error: every apply without sockmap
-		// removes it, in a Pod too.
-		return nil
+		return m.removeUnreached(ctx, err, applied)
 	}
 	o, err := observe(cg)
 	defer o.Close()
@@ -618,12 +620,57 @@ func (m *Manager) Remove(ctx context.Context) error {
 		return errors.Join(append(errs, err)...)
 	}
 	errs = append(errs, removeReaders(pins, nil))
+	return errors.Join(append(errs, m.sweepAll(ctx, pins))...)
+}
+
+// sweepAll waits up to Drain for the sockets in the pinned maps to close, removing the pins of
+// the empty ones.
+func (m *Manager) sweepAll(ctx context.Context, pins string) error {
 	deadline := time.Now().Add(m.Drain)
 	for {
 		held, err := sweep(pins, nil)
 		if err != nil || held == 0 || time.Now().After(deadline) || ctx.Err() != nil {
-			return errors.Join(append(errs, err)...)
+			return err
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// removeUnreached is Remove where the cgroup cannot be reached (no cgroup2 root mounted where
+// this process sees, or only a container's own): our sock_ops programs on it can be neither
+// listed nor detached. With no pin of ours in sight and no set applied by this Manager that is
+// no error (every apply without sockmap removes it, in a Pod of a deployment that never ran
+// sockmap too). Otherwise the pinned sets are drained through their sockhash's sk_msg program
+// (drainOrphan: nothing is entered any more, every message takes TCP; Linux >= 6.0 says which
+// program that is), their read counters detached and the pins of empty maps removed, and the
+// error says that their sock_ops programs may still be attached. Before, Remove returned nil
+// at once, and a switch away from sockmap left the set working.
+func (m *Manager) removeUnreached(ctx context.Context, cgErr error, applied bool) error {
+	pins, err := m.pins()
+	if err != nil {
+		if !applied {
+			return nil
+		}
+		return fmt.Errorf("sockmap: the program set this process attached may still be attached: could not reach the cgroup (%w), nor its pins (%v)", cgErr, err)
+	}
+	socks, err := filepath.Glob(filepath.Join(pins, "sockmap-*"))
+	if err != nil {
+		return err
+	}
+	readers, _ := filepath.Glob(filepath.Join(pins, "reader-*"))
+	if !applied && len(socks)+len(readers) == 0 {
+		return nil
+	}
+	var errs []error
+	for _, f := range socks {
+		mp, err := ebpf.LoadPinnedMap(f, nil)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pinned sockhash %s: %w", f, err))
+			continue
+		}
+		errs = append(errs, drainOrphan(mp))
+		mp.Close()
+	}
+	errs = append(errs, removeReaders(pins, nil), m.sweepAll(ctx, pins))
+	return errors.Join(append([]error{fmt.Errorf("sockmap: could not reach the cgroup to detach our sock_ops programs (%w): the %d program set(s) pinned in %s were drained through their pins (where the kernel names their sk_msg program: Linux >= 6.0), but their sock_ops programs may still be attached (run remove where the host's cgroup2 root is mounted)", cgErr, len(socks), pins)}, errs...)...)
 }

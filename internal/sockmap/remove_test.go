@@ -238,3 +238,90 @@ func TestOrphanSetIsDrained(t *testing.T) {
 		t.Errorf("status: %d sockets draining, want 2", st.Draining)
 	}
 }
+
+// Remove where the cgroup cannot be reached (no cgroup2 root mounted where this process sees:
+// a deployment without the host's /sys/fs/cgroup) says so, and drains the sets whose pins it
+// sees: nothing is entered any more, every message takes TCP. Before, it returned nil at once,
+// and a switch away from sockmap left the set working, silently. The test runs itself again
+// in a private mount namespace, applies on an empty cgroup of its own, unmounts cgroup2 and
+// removes from the root.
+func TestRemoveWithoutCgroupRoot(t *testing.T) {
+	if !inPrivateMounts(t) {
+		return
+	}
+	cg := testCgroup(t, "hostaccel-test-nocgroup")
+	root, err := CgroupRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(cg, os.O_RDONLY|unix.O_DIRECTORY, 0) // the cgroup, once unmounted
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m := &Manager{Cgroup: cg}
+	if _, err := m.Apply(context.Background(), &Desired{LocalPod: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}); err != nil {
+		t.Fatal(err)
+	}
+	pins := filepath.Join(mustBPFFS(t), "hostaccel")
+	if left, _ := filepath.Glob(filepath.Join(pins, "*")); len(left) == 0 {
+		t.Fatal("apply pinned nothing: the test shows nothing")
+	}
+	for range 10 {
+		b, _ := os.ReadFile(MountInfo)
+		var point string
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 4 && strings.Contains(l, " - cgroup2 ") {
+				point = f[4]
+				break
+			}
+		}
+		if point == "" {
+			break
+		}
+		if err := unix.Unmount(point, unix.MNT_DETACH); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		// back, for testCgroup's cleanup: the set goes with a Remove that reaches it
+		if err := unix.Mount("cgroup2", root, "cgroup2", 0, ""); err != nil {
+			t.Error(err)
+			return
+		}
+		if err := (&Manager{Cgroup: cg}).Remove(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	if _, err := CgroupRoot(); err == nil {
+		t.Fatal("a cgroup2 root is still mounted")
+	}
+	m.Cgroup = "" // the node's root: not reachable here
+	err = m.Remove(context.Background())
+	t.Logf("remove: %v", err)
+	if err == nil {
+		t.Error("Remove without a cgroup2 root: nil error, with the set attached where it could not look")
+	}
+	if left, _ := filepath.Glob(filepath.Join(pins, "*")); len(left) > 0 {
+		t.Errorf("pins left: %v", left)
+	}
+	// A Manager that applied nothing, no pin of ours in sight: no error (every apply without
+	// sockmap removes it, in a Pod of a deployment that never ran it too).
+	if err := NewManager().Remove(context.Background()); err != nil {
+		t.Errorf("Remove with nothing of ours in sight: %v", err)
+	}
+	q, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupSockOps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range q.Programs {
+		s, err := openSet(p.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s != nil && !s.off {
+			t.Errorf("sock_ops program %d, attached, still enters sockets", p.ID)
+		}
+		s.Close()
+	}
+}
