@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -330,7 +331,10 @@ func (c *Config) validate(lbWas []lb.Service) error {
 		}
 	}
 
-	for name, on := range c.Classes {
+	// (in name order: a map's order would change the error text from parse to parse, and the
+	// Kubernetes source takes a new text for a new rejection)
+	for _, name := range slices.Sorted(maps.Keys(c.Classes)) {
+		on := c.Classes[name]
 		switch {
 		case !slices.Contains(model.Classes, model.Class(name)):
 			bad("classes: unknown class %s (known: %s)", model.Quote(name), classList())

@@ -90,6 +90,22 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
+// A config with several class errors gives the same text at every parse: the classes were
+// checked in the map's order, and the Kubernetes source takes a new text for a new rejection
+// (an Error line and a wake-up of the agent at every EndpointSlice change).
+func TestClassErrorsInOneOrder(t *testing.T) {
+	bad := strings.Replace(good, "{pod-to-pod: true}", "{pod-to-pod: true, pod-to-service: true, external-to-nodeport: true, external-to-service: true, pod-to-moon: true}", 1) + "datapath: tc\n"
+	_, first := Parse([]byte(bad))
+	if first == nil || strings.Count(first.Error(), "\n") < 3 {
+		t.Fatalf("want four class errors, got %v", first)
+	}
+	for range 20 {
+		if _, err := Parse([]byte(bad)); err == nil || err.Error() != first.Error() {
+			t.Fatalf("the errors changed order:\n%v\nthen:\n%v", first, err)
+		}
+	}
+}
+
 // `natCheck: off` as docs/config.md writes it, unquoted: YAML 1.1 reads it as the boolean
 // false (found by FuzzParse's seeds).
 func TestNATCheckOffUnquoted(t *testing.T) {
