@@ -54,8 +54,13 @@ func externalAddresses(svcs []*corev1.Service) []string {
 
 // serviceExternalAddresses are s's external and load balancer ingress IPs of s's families (a
 // front of the other family would refuse every client of that address, with no backend:
-// kube-proxy's proxier of a family skips a Service without a ClusterIP of it).
+// kube-proxy's proxier of a family skips a Service without a ClusterIP of it). A Service
+// without a ClusterIP (headless, ExternalName) has none: kube-proxy skips it, and the API
+// warns that spec.externalIPs is ignored for headless Services.
 func serviceExternalAddresses(s *corev1.Service) []string {
+	if len(clusterIPsOf(s)) == 0 {
+		return nil
+	}
 	var out []string
 	for _, ip := range s.Spec.ExternalIPs {
 		if a, ok := apiIP(ip); ok {
@@ -285,7 +290,9 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 				continue
 			}
 		}
-		if !selected(s, p) || s.Spec.Type == corev1.ServiceTypeExternalName {
+		// A Service without a ClusterIP (headless) is not balanced: kube-proxy skips it, and
+		// the API warns that its spec.externalIPs are ignored.
+		if !selected(s, p) || s.Spec.Type == corev1.ServiceTypeExternalName || len(clusterIPsOf(s)) == 0 {
 			continue
 		}
 		first, warn := len(out), warn

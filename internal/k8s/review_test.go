@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -79,4 +80,32 @@ func TestHealthCheckWhileDerivationRejected(t *testing.T) {
 		code, n := healthAnswer(hcPort)
 		return code == http.StatusServiceUnavailable && n == 0 && s.Status().ServiceProxyHealthy
 	})
+}
+
+// Found by a later review of the Kubernetes mode; each failed before its fix.
+
+// A headless Service (clusterIP None) with spec.externalIPs is not balanced and its IPs are
+// not the node's: the API warns "spec.externalIPs is ignored for headless services", and
+// kube-proxy skips a Service without a ClusterIP. It had an external front, and its IPs were
+// in node.loadBalancerIPs.
+func TestHeadlessServiceExternalIPsIgnored(t *testing.T) {
+	svc := service("default", "db", corev1.ServiceTypeClusterIP, corev1.ClusterIPNone, port("pg", 5432, 5432, 0))
+	svc.Spec.ExternalIPs = []string{"192.0.2.20", "2001:db8::20"}
+	snap := Snapshot{
+		Nodes:          []*corev1.Node{node("self", []string{"10.244.0.0/24", "fd00:10:244::/64"}, "172.18.0.2", "fc00::2")},
+		Services:       []*corev1.Service{svc},
+		EndpointSlices: []*discoveryv1.EndpointSlice{slice("default", "db", "db-a", "pg", 5432, up("10.244.0.5", "self"), up("fd00:10:244::5", "self"))},
+	}
+	for _, policy := range []ServicePolicy{ServicesLabeled, ServicesAll} {
+		d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self", Services: policy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(d.Summary.Balanced) > 0 || len(d.Config.LoadBalancer.Services) > 0 {
+			t.Errorf("%s: a headless Service balanced: %+v", policy, d.Summary.Balanced)
+		}
+		if len(d.Config.Node.LoadBalancerIPs) > 0 || len(d.Summary.ExternalIPs) > 0 {
+			t.Errorf("%s: node.loadBalancerIPs %v, summary %v: want none from a headless Service", policy, d.Config.Node.LoadBalancerIPs, d.Summary.ExternalIPs)
+		}
+	}
 }
