@@ -31,7 +31,10 @@ const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
 type nodeHealth struct {
 	proxy *proxyHealth
 	node  func() (*corev1.Node, error) // this node's object (an informer's cache)
-	now   func() time.Time
+	// synced reports whether node's cache has synced (the informer's HasSynced): before, it
+	// answers NotFound for a node that exists. nil: synced.
+	synced func() bool
+	now    func() time.Time
 }
 
 func (h *nodeHealth) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -56,9 +59,13 @@ func (h *nodeHealth) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // eligible reports whether this node takes traffic: not being deleted, nor tainted for
-// deletion by the autoscaler. A node the cache does not hold (yet) is eligible, as with
-// kube-proxy; one it no longer holds was deleted.
+// deletion by the autoscaler. A node the cache does not hold yet (not synced: starting, or
+// the API unreachable since the start) is eligible, as with kube-proxy; one a synced cache no
+// longer holds was deleted.
 func (h *nodeHealth) eligible() bool {
+	if h.synced != nil && !h.synced() {
+		return true
+	}
 	n, err := h.node()
 	if err != nil {
 		return !apierrors.IsNotFound(err)

@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -11,7 +12,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 )
 
 // Found by a review of the Kubernetes mode (2026-11-28); each failed before its fix.
@@ -107,5 +112,57 @@ func TestHeadlessServiceExternalIPsIgnored(t *testing.T) {
 		if len(d.Config.Node.LoadBalancerIPs) > 0 || len(d.Summary.ExternalIPs) > 0 {
 			t.Errorf("%s: node.loadBalancerIPs %v, summary %v: want none from a headless Service", policy, d.Config.Node.LoadBalancerIPs, d.Summary.ExternalIPs)
 		}
+	}
+}
+
+// A node the Node informer's cache does not hold before it has synced (the agent starting, or
+// the API unreachable since the start) is eligible, as kube-proxy answers; once synced, a node
+// it does not hold was deleted. A lister over an unsynced cache answers NotFound, which was
+// read as deleted: /healthz answered 503 at every start.
+func TestNodeHealthEligibleUntilSynced(t *testing.T) {
+	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	lister := corelisters.NewNodeLister(indexer)
+	synced := false
+	h := &nodeHealth{node: func() (*corev1.Node, error) { return lister.Get("self") }, synced: func() bool { return synced }}
+	if !h.eligible() {
+		t.Errorf("not synced, no node: not eligible; want eligible")
+	}
+	synced = true
+	if h.eligible() {
+		t.Errorf("synced, no node: eligible; want not (the node was deleted)")
+	}
+	if err := indexer.Add(node("self", nil, "172.18.0.2")); err != nil {
+		t.Fatal(err)
+	}
+	if !h.eligible() {
+		t.Errorf("synced, the node: not eligible")
+	}
+}
+
+// The Source's node health check while the Nodes cannot be listed (the API unreachable at
+// the start): nodeEligible true.
+func TestNodeHealthWhileNodesUnlisted(t *testing.T) {
+	port := freePort(t)
+	c := fake.NewClientset(node("self", []string{"10.244.0.0/24"}, "172.18.0.2"))
+	c.PrependReactor("list", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, fmt.Errorf("the API server is unreachable")
+	})
+	base := filepath.Join(t.TempDir(), "base.yaml")
+	if err := os.WriteFile(base, []byte(baseYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(c, Options{NodeName: "self", Log: quietLog(), NodeHealthAddress: fmt.Sprintf("127.0.0.1:%d", port),
+		ProbeInterval: 50 * time.Millisecond, BaseConfigPath: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	var eligible *bool
+	eventually(t, "the node health check to answer", func() bool { _, eligible = nodeHealthAnswer(port, "/healthz"); return eligible != nil })
+	if !*eligible {
+		t.Errorf("/healthz before the Nodes are listed: nodeEligible false; want true")
 	}
 }

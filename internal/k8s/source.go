@@ -81,11 +81,12 @@ type Source struct {
 	opts   Options
 	log    *slog.Logger
 
-	factory   informers.SharedInformerFactory
-	nodes     corelisters.NodeLister
-	services  corelisters.ServiceLister
-	endpoints discoverylisters.EndpointSliceLister // nil when no Service is balanced
-	synced    []cache.InformerSynced
+	factory     informers.SharedInformerFactory
+	nodes       corelisters.NodeLister
+	nodesSynced cache.InformerSynced // the Node informer's HasSynced
+	services    corelisters.ServiceLister
+	endpoints   discoverylisters.EndpointSliceLister // nil when no Service is balanced
+	synced      []cache.InformerSynced
 
 	dirty   chan struct{} // the inputs changed; derive again
 	probe   chan struct{} // ask the API server now
@@ -220,7 +221,7 @@ func New(client kubernetes.Interface, opts Options) (*Source, error) {
 		UpdateFunc: func(o, n any) { s.nodeUpdated(o, n) },
 		DeleteFunc: func(any) { s.markDirty() },
 	})
-	s.nodes = nodes.Lister()
+	s.nodes, s.nodesSynced = nodes.Lister(), nodes.Informer().HasSynced
 	services := s.factory.Core().V1().Services()
 	all := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { s.markDirty() },
@@ -258,7 +259,7 @@ func (s *Source) Run(ctx context.Context) {
 		wg.Go(func() { s.retryHealthChecks(ctx) })
 	}
 	if a := s.opts.NodeHealthAddress; a != "" {
-		h := &nodeHealth{proxy: s.proxy, node: func() (*corev1.Node, error) { return s.nodes.Get(s.opts.NodeName) }, now: time.Now}
+		h := &nodeHealth{proxy: s.proxy, node: func() (*corev1.Node, error) { return s.nodes.Get(s.opts.NodeName) }, synced: s.nodesSynced, now: time.Now}
 		wg.Go(func() { s.serveNodeHealth(ctx, h, a) })
 	}
 	if s.opts.Peers == PeersSameSubnet && len(s.opts.PeerSubnets) == 0 {
