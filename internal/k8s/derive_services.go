@@ -102,28 +102,22 @@ func clusterIPsOf(s *corev1.Service) []string {
 	return out
 }
 
-// sourceRanges is s's loadBalancerSourceRanges, as kube-proxy reads them (spaces trimmed;
-// one that is not a CIDR is left out with a warning). Where the Service has ranges but none of
-// vip's family, that family gets a range no client is in: kube-proxy drops every client of it.
+// sourceRanges is s's loadBalancerSourceRanges of vip's family, as kube-proxy reads them
+// (spaces trimmed; one that is not a CIDR is left out with a warning). A family without a
+// range is not restricted: kube-proxy keeps a Service's ranges per family and installs a
+// firewall for a family only where it has ranges.
 func sourceRanges(s *corev1.Service, vip string, warn func(string, ...any)) []string {
 	var out []string
-	is4, any := netip.MustParseAddr(vip).Is4(), false
+	is4 := netip.MustParseAddr(vip).Is4()
 	for _, r := range s.Spec.LoadBalancerSourceRanges {
 		p, err := netip.ParsePrefix(strings.TrimSpace(r))
 		if err != nil {
 			warn("service %s/%s: loadBalancerSourceRanges: %q is not a CIDR; ignored", s.Namespace, s.Name, r)
 			continue
 		}
-		any = true
 		if p.Addr().Unmap().Is4() == is4 {
 			out = append(out, p.Masked().String())
 		}
-	}
-	if any && len(out) == 0 {
-		if is4 {
-			return []string{"0.0.0.0/32"}
-		}
-		return []string{"::/128"}
 	}
 	return out
 }

@@ -554,9 +554,10 @@ func TestExternalIPDoesNotTakeAClusterIP(t *testing.T) {
 }
 
 // loadBalancerSourceRanges restrict the external front of a LoadBalancer Service (as kube-
-// proxy's firewall does the load balancer IPs), per family: a family without a range gets one
-// no client is in. Cluster and node port fronts are not restricted. Before, the field was
-// ignored: every source reached the load balancer IP.
+// proxy's firewall does the load balancer IPs), per family: a family without a range is not
+// restricted, as kube-proxy installs a family's firewall only where it has ranges (it got a
+// range no client is in: every client of the family dropped). Cluster and node port fronts
+// are not restricted. Before, the field was ignored: every source reached the load balancer IP.
 func TestLoadBalancerSourceRanges(t *testing.T) {
 	web := service("default", "web", corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
 	web.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "172.18.0.151"}, {IP: "2001:db8::151"}}
@@ -582,7 +583,7 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 		"default/web:http/cluster/ipv6":  {"fd00:96::10"},
 		"default/web:http/nodeport":      {"172.18.0.2"},
 		"default/web:http/external":      {"172.18.0.151", "192.0.2.0/24", "198.51.100.7/32"},
-		"default/web:http/external/ipv6": {"2001:db8::151", "::/128"},
+		"default/web:http/external/ipv6": {"2001:db8::151"}, // no IPv6 range: open, as kube-proxy (it had ::/128, no client)
 		"default/web:http/externalip":    {"203.0.113.9"},
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -594,6 +595,9 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 	for _, s := range d.Config.LoadBalancer.Services {
 		if slices.Contains(s.VIPs, "172.18.0.151") && !slices.Equal(s.SourceRanges, want["default/web:http/external"][1:]) {
 			t.Errorf("the load balancer service of 172.18.0.151: source ranges %v", s.SourceRanges)
+		}
+		if slices.Contains(s.VIPs, "2001:db8::151") && len(s.SourceRanges) > 0 {
+			t.Errorf("the load balancer service of 2001:db8::151: source ranges %v, want none (no IPv6 range)", s.SourceRanges)
 		}
 	}
 }
