@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"reflect"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -323,13 +325,59 @@ func dropNulls(b []byte) []byte {
 	return out
 }
 
+// setFields are the JSON names of the config's pointer fields (loadBalancer.api; a service's
+// persistence, flowTimeout, healthCheck, internal): encoding/json leaves out a nil one, so one
+// that is there was set (by the ConfigMap: the derivation sets none empty), and its empty value
+// is what the config says, not an empty value to drop: `api: {}` turns the local API on;
+// `persistence: 0s` and `healthCheck: {}` are refused, as in a config file. (Dropped, the API
+// was off and the others were accepted as unset.) No other field of the config has one of
+// these names (TestSetFieldNamesAreOnlyPointers).
+var setFields = pointerFields(reflect.TypeFor[config.Config]())
+
+// pointerFields are the JSON names of the pointer fields of t and of the structs within it.
+func pointerFields(t reflect.Type) map[string]bool {
+	out := map[string]bool{}
+	walkFields(t, map[reflect.Type]bool{}, func(name string, ptr bool) {
+		if ptr {
+			out[name] = true
+		}
+	})
+	return out
+}
+
+// walkFields calls f with the JSON name of every field of the structs in t (through pointers,
+// slices and maps), and whether it is a pointer.
+func walkFields(t reflect.Type, seen map[reflect.Type]bool, f func(name string, ptr bool)) {
+	for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Map {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct || seen[t] {
+		return
+	}
+	seen[t] = true
+	for i := range t.NumField() {
+		sf := t.Field(i)
+		name, _, _ := strings.Cut(sf.Tag.Get("json"), ",")
+		if name == "-" || !sf.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = sf.Name
+		}
+		f(name, sf.Type.Kind() == reflect.Pointer)
+		walkFields(sf.Type, seen, f)
+	}
+}
+
+// prune drops null and empty values ("", "0s", {}, []) from v, recursively, but for the keys
+// of setFields that are not null.
 func prune(v any) (any, bool) {
 	switch t := v.(type) {
 	case nil:
 		return nil, false
 	case map[string]any:
 		for k, e := range t {
-			if pe, ok := prune(e); ok {
+			if pe, ok := prune(e); ok || e != nil && setFields[k] {
 				t[k] = pe
 			} else {
 				delete(t, k)

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +19,8 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/hostaccel/hostaccel/internal/config"
 )
 
 // Found by a review of the Kubernetes mode (2026-11-28); each failed before its fix.
@@ -164,5 +168,56 @@ func TestNodeHealthWhileNodesUnlisted(t *testing.T) {
 	eventually(t, "the node health check to answer", func() bool { _, eligible = nodeHealthAnswer(port, "/healthz"); return eligible != nil })
 	if !*eligible {
 		t.Errorf("/healthz before the Nodes are listed: nodeEligible false; want true")
+	}
+}
+
+// The ConfigMap's empty values are its own, as a config file's: `loadBalancer: {api: {}}`
+// turns the local API on (docs/lb.md: a node that gets all its services through the API says
+// so), and a static service's `persistence: 0s`, `flowTimeout: 0s`, `healthCheck: {}` or
+// `internal: {}` is refused with the error the file gives. The derivation dropped them as
+// empty values: the API was off, the others accepted as unset.
+func TestEmptyValuesOfTheConfigMap(t *testing.T) {
+	snap := Snapshot{Nodes: []*corev1.Node{node("self", []string{"10.244.0.0/24"}, "172.18.0.2")}}
+	for _, dr := range []*deriver{nil, new(deriver)} {
+		derive := func(base string) (*Derived, error) {
+			if dr == nil {
+				return Derive(mustBase(t, base), snap, Params{NodeName: "self"})
+			}
+			return dr.derive(mustBase(t, base), snap, Params{NodeName: "self"})
+		}
+		d, err := derive(baseYAML + "loadBalancer: {api: {}}\n")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Config.LoadBalancer.APIConfig() == nil {
+			t.Errorf("loadBalancer: {api: {}}: the local API is off; derived %s", d.JSON)
+		}
+		for _, bad := range []string{"persistence: 0s", "topology: dsr, interface: eth0, flowTimeout: 0s", "healthCheck: {}", "internal: {}"} {
+			lbSection := "loadBalancer: {services: [{name: static, vips: [192.0.2.50], port: 80, " + bad + ", backends: [{address: 10.244.0.9}]}]}\n"
+			file := strings.Replace(baseYAML, "  serviceCIDRs:", "  localPodCIDRs: [10.244.0.0/24]\n  serviceCIDRs:", 1) + lbSection
+			_, fileErr := config.Parse([]byte(file))
+			if fileErr == nil {
+				t.Fatalf("%s: the config file is accepted", bad)
+			}
+			_, err := derive(baseYAML + lbSection)
+			if err == nil || !strings.Contains(err.Error(), fileErr.Error()) {
+				t.Errorf("%s in the ConfigMap: %v\nwant the config file's error: %v", bad, err, fileErr)
+			}
+		}
+	}
+}
+
+// setFields (the names of pointer fields, kept by prune when set) names no other field of the
+// config: prune does not know where it is, and would keep that one's empty values.
+func TestSetFieldNamesAreOnlyPointers(t *testing.T) {
+	walkFields(reflect.TypeFor[config.Config](), map[reflect.Type]bool{}, func(name string, ptr bool) {
+		if !ptr && setFields[name] {
+			t.Errorf("%s is the name of a pointer field and of another field", name)
+		}
+	})
+	for _, want := range []string{"api", "persistence", "flowTimeout", "healthCheck", "internal"} {
+		if !setFields[want] {
+			t.Errorf("setFields lacks %s: %v", want, setFields)
+		}
 	}
 }
