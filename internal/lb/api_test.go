@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -721,6 +722,78 @@ func TestClientOutwaitsTheServer(t *testing.T) {
 	for _, c := range []*Client{NewClient("/run/x.sock", "", ""), NewClient("", "127.0.0.1:1", "k")} {
 		if c.HTTP.Timeout <= writeTimeout() {
 			t.Errorf("client timeout %v, server's write timeout %v", c.HTTP.Timeout, writeTimeout())
+		}
+	}
+}
+
+// The status (lb status, GET /v1/status, the metrics) shows the health checks as they run,
+// not as the last sync saw them: checks go on between syncs, and only a transition syncs, so
+// the checks' count, last time and failures stayed frozen at the last transition (a backend
+// failing fewer than fall checks in a row showed no error).
+func TestStatusShowsTheChecksSinceTheLastSync(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close() // refused: down at its first check, and no transition after
+	_, up := addrPort(t, ln.Addr())
+	_, down := addrPort(t, closed.Addr())
+	svc := Service{Name: "web", VIPs: []string{"192.0.2.10"}, Port: 80, Topology: DNAT,
+		Backends:    []Backend{{Address: "127.0.0.1", Port: up}, {Address: "127.0.0.1", Port: down}},
+		HealthCheck: &HealthCheck{Type: "tcp", Interval: Duration{Duration: 50 * time.Millisecond}, Fall: 3}}
+	r, c, _ := testRuntime(t, Config{API: &API{Disabled: true}, StateFile: filepath.Join(t.TempDir(), "lb-services.yaml"), Services: []Service{svc}})
+	time.Sleep(time.Second) // ~20 checks each; the first ones' transitions synced
+	r.mu.Lock()
+	checker := r.checker
+	r.mu.Unlock()
+	before := checker.Health() // the status is read after: it has at least these
+	var st Status
+	if err := c.Do(context.Background(), http.MethodGet, "/v1/status", nil, &st); err != nil || len(st.Services) != 1 || len(st.Services[0].Backends) != 2 {
+		t.Fatalf("status: %v %+v", err, st)
+	}
+	one, _ := r.ServiceStatus(context.Background(), "web", false)
+	resp, err := c.HTTP.Get(c.Base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for i, b := range st.Services[0].Backends {
+		h := before[HealthKey("web", b.Key)]
+		if h.Checks < 10 {
+			t.Fatalf("%s: %d checks in a second", b.Key, h.Checks)
+		}
+		for what, got := range map[string]Health{"status": b.Health, "service status": one.Backends[i].Health} {
+			if got.Checks < h.Checks || got.LastCheck.Before(h.LastCheck) || got.Failures < h.Failures {
+				t.Errorf("%s's %s: %d checks (%d failed), last %s; the checker's: %d (%d failed), last %s", b.Key, what,
+					got.Checks, got.Failures, got.LastCheck.Format(time.StampMilli), h.Checks, h.Failures, h.LastCheck.Format(time.StampMilli))
+			}
+		}
+		if b.Port == down && (b.Health.State != HealthDown || b.Health.LastError == "" || b.Active) {
+			t.Errorf("%s: %+v", b.Key, b)
+		}
+		var n int
+		for line := range strings.Lines(string(metrics)) {
+			if strings.HasPrefix(line, `hostaccel_lb_backend_checks_total{backend="`+b.Key+`",service="web"} `) {
+				fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &n)
+			}
+		}
+		if n < h.Checks {
+			t.Errorf("%s: hostaccel_lb_backend_checks_total %d, the checker has run %d", b.Key, n, h.Checks)
 		}
 	}
 }

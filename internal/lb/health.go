@@ -119,6 +119,19 @@ func (c *Checker) Health() map[string]Health {
 	return out
 }
 
+// healthOf returns a copy of the health of the backends of keys (HealthKey) that are checked.
+func (c *Checker) healthOf(keys []string) map[string]Health {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]Health, len(keys))
+	for _, k := range keys {
+		if h, ok := c.health[k]; ok {
+			out[k] = h
+		}
+	}
+	return out
+}
+
 // Stop stops every probe and waits for them; Update starts none after it.
 func (c *Checker) Stop() {
 	c.mu.Lock()

@@ -83,10 +83,30 @@ func (r *Runtime) status(ctx context.Context, counters bool, only string) Status
 	if r.lastErr != nil {
 		st.LastError = r.lastErr.Error()
 	}
-	d, mgr, ov := r.desired, r.mgr, r.overlay
+	d, mgr, ov, checker := r.desired, r.mgr, r.overlay, r.checker
 	r.mu.Unlock()
 	if d == nil {
 		return st
+	}
+	// Health as the checks left it now: the desired state's is the last sync's, and checks
+	// run between syncs, which only a transition triggers (the counts, last check and error
+	// of a backend failing fewer than fall checks in a row would show nothing).
+	// (one service's only, for the answer to an API change, not a copy of thousands)
+	var health map[string]Health
+	switch {
+	case checker == nil:
+	case only == "":
+		health = checker.Health()
+	default:
+		var keys []string
+		for _, ss := range d.Services {
+			if ss.Service.Name == only {
+				for _, b := range ss.Backends {
+					keys = append(keys, HealthKey(only, b.Key))
+				}
+			}
+		}
+		health = checker.healthOf(keys)
 	}
 	packets, parts := map[string]uint64{}, map[string]map[string]uint64{}
 	if counters && mgr != nil {
@@ -126,6 +146,9 @@ func (r *Runtime) status(ctx context.Context, counters bool, only string) Status
 		for _, b := range ss.Backends {
 			bs := BackendStatus{Key: b.Key, Address: b.Address, Port: b.Port, Weight: b.Weight, Priority: b.Priority,
 				State: b.State, Active: b.Active, Known: b.Known, Reason: b.Reason, Health: b.Health}
+			if h, ok := health[HealthKey(ss.Service.Name, b.Key)]; ok {
+				bs.Health = h // active, known and reason stay the last sync's: the kernel's
+			}
 			if ss.Topology == DSR || ss.Topology == StatelessDNAT {
 				bs.ID = b.ID
 			}
