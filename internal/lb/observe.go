@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -164,6 +165,8 @@ func parseTable(ref TableRef, out []byte) (*kernelTable, error) {
 			var mp struct {
 				Name    string            `json:"name"`
 				Comment string            `json:"comment"`
+				Type    json.RawMessage   `json:"type"`
+				Map     json.RawMessage   `json:"map"`
 				Flags   json.RawMessage   `json:"flags"`
 				Elem    []json.RawMessage `json:"elem"`
 			}
@@ -172,16 +175,17 @@ func parseTable(ref TableRef, out []byte) (*kernelTable, error) {
 			}
 			km := &kernelMap{IsSet: kind == "set", Comment: mp.Comment, Elems: map[string]string{},
 				Dynamic: bytes.Contains(mp.Flags, []byte(`"timeout"`)) || bytes.Contains(mp.Flags, []byte(`"dynamic"`))}
+			keyTypes, valueTypes := elemTypes(mp.Type), elemTypes(mp.Map)
 			for _, e := range mp.Elem {
 				if kind == "set" {
-					km.Elems[canonical(e)] = ""
+					km.Elems[canonical(e, keyTypes)] = ""
 					continue
 				}
 				var pair []json.RawMessage
 				if err := json.Unmarshal(e, &pair); err != nil || len(pair) != 2 {
 					return nil, fmt.Errorf("parse nft json: map %s element %s", mp.Name, e)
 				}
-				km.Elems[canonical(pair[0])] = canonical(pair[1])
+				km.Elems[canonical(pair[0], keyTypes)] = canonical(pair[1], valueTypes)
 			}
 			kt.Maps[mp.Name] = km
 		}
@@ -240,16 +244,52 @@ func known(t *Table) *kernelTable {
 	return kt
 }
 
+// elemTypes are the datatypes of a set's or map's keys (its "type") or a map's values (its
+// "map"), one per part of a concatenation: nft lists a name, an array of names, or (1.0.6,
+// values) the names joined by " . ".
+func elemTypes(raw json.RawMessage) []string {
+	var types []string
+	if json.Unmarshal(raw, &types) == nil {
+		return types
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil && s != "" {
+		return strings.Split(s, " . ")
+	}
+	return nil
+}
+
+// protoNames are the protocols' names by number, as Render writes them (laneProtos turned
+// around).
+var protoNames = func() map[int64]string {
+	m := make(map[int64]string, len(laneProtos))
+	for name, n := range laneProtos {
+		m[int64(n)] = name
+	}
+	return m
+}()
+
 // canonical writes a JSON element or value as nft's text syntax does, the way Render writes
-// them: "10.0.0.1 . tcp . 80", "goto svc-web-v4", "17829743", "02:00:00:00:00:01".
-func canonical(raw json.RawMessage) string {
+// them: "10.0.0.1 . tcp . 80", "goto svc-web-v4", "17829743", "02:00:00:00:00:01". types are
+// its datatypes (elemTypes), one per part of a concatenation: without /etc/protocols (a slim
+// container image) nft lists an inet_proto as its number, 6 for tcp. An IPv6 address is
+// written as netip does (nft lists those in ::/96 as ::10.0.0.1, netip ::a00:1).
+func canonical(raw json.RawMessage, types []string) string {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
+		if strings.IndexByte(s, ':') >= 0 {
+			if a, err := netip.ParseAddr(s); err == nil && a.Is6() {
+				return a.String()
+			}
+		}
 		return s
 	}
 	var n json.Number
 	if json.Unmarshal(raw, &n) == nil {
 		if i, err := strconv.ParseInt(string(n), 10, 64); err == nil {
+			if name, ok := protoNames[i]; ok && len(types) == 1 && types[0] == "inet_proto" {
+				return name
+			}
 			return strconv.FormatInt(i, 10)
 		}
 		return string(n)
@@ -269,11 +309,15 @@ func canonical(raw json.RawMessage) string {
 	case obj.Concat != nil:
 		parts := make([]string, len(obj.Concat))
 		for i, c := range obj.Concat {
-			parts[i] = canonical(c)
+			var t []string
+			if len(types) == len(obj.Concat) {
+				t = types[i : i+1]
+			}
+			parts[i] = canonical(c, t)
 		}
 		return strings.Join(parts, " . ")
 	case obj.Elem != nil:
-		return canonical(obj.Elem.Val)
+		return canonical(obj.Elem.Val, types)
 	case obj.Goto != nil:
 		return "goto " + obj.Goto.Target
 	case obj.Jump != nil:
