@@ -410,8 +410,10 @@ func (r *Runtime) Handler() http.Handler {
 			return 0, badRequest(err)
 		}
 		s := svcs[i]
-		if findBackend(s, BackendKey(b.Address, b.Port)) >= 0 {
-			return 0, &apiError{http.StatusConflict, []string{fmt.Sprintf("service %s already has backend %s", model.Quote(s.Name), model.Cut(BackendKey(b.Address, b.Port)))}}
+		// (10.1.0.11 is 10.1.0.11:80 of a port-80 service)
+		if j := s.sameBackend(b); j >= 0 {
+			o := s.Backends[j]
+			return 0, &apiError{http.StatusConflict, []string{fmt.Sprintf("service %s already has backend %s", model.Quote(s.Name), model.Cut(BackendKey(o.Address, o.Port)))}}
 		}
 		s.Backends = append(slices.Clone(s.Backends), b)
 		o.put(s)

@@ -797,3 +797,24 @@ func TestStatusShowsTheChecksSinceTheLastSync(t *testing.T) {
 		}
 	}
 }
+
+// A backend added without a port is the one of the service's port already there: the API
+// answers 409, as for the same key (10.1.0.11 was added beside 10.1.0.11:80 of a port-80
+// service: twice the weight, checked twice, and draining one left it in).
+func TestBackendAddedWithoutItsPortConflicts(t *testing.T) {
+	svc := fixture(DNAT, RoundRobin)
+	svc.Backends[0].Port = 80
+	r, _, kernel := testRuntime(t, Config{API: &API{Disabled: true}, StateFile: filepath.Join(t.TempDir(), "lb-services.yaml"), Services: []Service{svc}})
+	before := kernel()
+	h := r.Handler()
+	for _, body := range []string{`{"address": "10.1.0.11"}`, `{"address": "10.1.0.11", "port": 80}`} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, ServicePath("web")+"/backends", strings.NewReader(body)))
+		if rec.Code != http.StatusConflict || !strings.Contains(rec.Body.String(), `service \"web\" already has backend 10.1.0.11:80`) {
+			t.Errorf("add %s: %d %.300s, want 409, already has backend 10.1.0.11:80", body, rec.Code, rec.Body)
+		}
+	}
+	if kernel() != before {
+		t.Error("the kernel changed")
+	}
+}

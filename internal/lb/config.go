@@ -417,6 +417,35 @@ func (s *Service) ports() []int {
 	return s.Ports
 }
 
+// backendPort is the port a backend given port p is reached on: p, else the service's port
+// when it has one only (Resolve fills it in; a dsr backend keeps the client's, that one). A
+// service of several ports keeps each client's: 0.
+func (s *Service) backendPort(p int) int {
+	switch {
+	case p != 0:
+		return p
+	case s.Port != 0: // (s.ports() without its allocation: once per backend)
+		return s.Port
+	case len(s.Ports) == 1:
+		return s.Ports[0]
+	}
+	return 0
+}
+
+// sameBackend is the index of s's backend that b is (the same address and port it is reached
+// on, backendPort), or -1.
+func (s *Service) sameBackend(b Backend) int {
+	a, err := netip.ParseAddr(b.Address)
+	if err != nil {
+		return -1
+	}
+	p := s.backendPort(b.Port)
+	return slices.IndexFunc(s.Backends, func(o Backend) bool {
+		oa, err := netip.ParseAddr(o.Address)
+		return err == nil && oa == a && s.backendPort(o.Port) == p
+	})
+}
+
 func (s *Service) validate(f string) []error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf("%s.%s", f, fmt.Sprintf(format, a...))) }
@@ -601,9 +630,11 @@ func (s *Service) validate(f string) []error {
 		} else if a.IsUnspecified() || a.IsMulticast() {
 			bad("%s.address: %s cannot be a backend", bf, a)
 		} else {
-			n := len(bseen)
-			if bseen[bkey{a, b.Port}] = true; len(bseen) == n {
-				bad("%s: %s port %d is listed twice", bf, a, b.Port)
+			// on the port it is reached on: 10.1.0.11 and 10.1.0.11:80 of a port-80 service are
+			// one backend (twice the weight, checked twice, and draining one left it in)
+			n, p := len(bseen), s.backendPort(b.Port)
+			if bseen[bkey{a, p}] = true; len(bseen) == n {
+				bad("%s: %s port %d is listed twice", bf, a, p)
 			}
 			bfam[famIndex(a.Is6())]++
 		}

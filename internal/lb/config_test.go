@@ -37,6 +37,12 @@ func TestValidServices(t *testing.T) {
 	if errs := ValidateServices([]Service{valid(), dsr, multi, sl}, byIndex); len(errs) > 0 {
 		t.Fatal(errs)
 	}
+	// On a service of several ports a backend without a port keeps the client's: the same
+	// address on each of them is one backend, not two.
+	multi.Backends = append(multi.Backends, Backend{Address: "10.0.1.12"})
+	if errs := ValidateServices([]Service{multi}, byIndex); len(errs) > 0 {
+		t.Fatal(errs)
+	}
 }
 
 func TestValidationErrors(t *testing.T) {
@@ -61,6 +67,20 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].backends: a dsr service needs at least one backend`, func(s *Service) { s.Topology, s.Interface, s.Backends = DSR, "eth0", nil }},
 		{`services[0].backends[0].address: "backend1" is not a valid IP address`, func(s *Service) { s.Backends[0].Address = "backend1" }},
 		{`services[0].backends[1]: 10.0.1.11 port 8080 is listed twice`, func(s *Service) { s.Backends[1].Address = "10.0.1.11" }},
+		// a backend without a port is on the service's: 10.0.1.11 is 10.0.1.11:80 (it was
+		// accepted twice: twice the weight, checked twice, and draining one left it in)
+		{`services[0].backends[2]: 10.0.1.11 port 80 is listed twice`, func(s *Service) {
+			s.Backends[0].Port = 80
+			s.Backends = append(s.Backends, Backend{Address: "10.0.1.11"})
+		}},
+		{`services[0].backends[2]: 10.0.1.11 port 80 is listed twice`, func(s *Service) {
+			s.Port, s.Ports, s.Backends[0].Port = 0, []int{80}, 0
+			s.Backends = append(s.Backends, Backend{Address: "10.0.1.11", Port: 80})
+		}},
+		{`services[0].backends[1]: 10.0.1.11 port 80 is listed twice`, func(s *Service) {
+			s.Topology, s.Interface, s.VIPs = DSR, "eth0", s.VIPs[:1]
+			s.Backends = []Backend{{Address: "10.0.1.11", Port: 80}, {Address: "10.0.1.11"}}
+		}},
 		{`services[0].backends[0].weight: 1001 is not between 1 and 1000`, func(s *Service) { s.Backends[0].Weight = new(1001) }},
 		{`services[0].backends[0].weight: 0 is not between 1 and 1000`, func(s *Service) { s.Backends[0].Weight = new(0) }},
 		{`services[0].backends[1].weight: -2 is not between 1 and 1000`, func(s *Service) { s.Backends[1].Weight = new(-2) }},
