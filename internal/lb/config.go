@@ -621,6 +621,7 @@ func (s *Service) validate(f string) []error {
 	// (sized once: at 10,000 backends growing the set cost a one-shot apply ~3 ms; per family,
 	// 0 IPv4 and 1 IPv6, the backends and their map entries)
 	bseen := make(map[bkey]bool, len(s.Backends))
+	servicePort := s.backendPort(0) // given as port or ports: [80] (0 for several)
 	var bfam, weights, wgcd [2]int
 	for i, b := range s.Backends {
 		bf := listEntry{"backends", i} // spelled only in an error
@@ -643,8 +644,8 @@ func (s *Service) validate(f string) []error {
 			bad("%s.port: %d is not a valid port", bf, b.Port)
 		case b.Port != 0 && multiPort:
 			bad("%s.port: a service with several ports keeps the client's port; leave the backend's port out", bf)
-		case b.Port != 0 && topo == DSR && b.Port != s.Port:
-			bad("%s.port: dsr cannot translate ports (%d != %d); leave the backend's port out", bf, b.Port, s.Port)
+		case b.Port != 0 && topo == DSR && b.Port != servicePort:
+			bad("%s.port: dsr cannot translate ports (%d != %d); leave the backend's port out", bf, b.Port, servicePort)
 		}
 		if b.Weight != nil && (*b.Weight < 1 || *b.Weight > maxWeight) {
 			bad("%s.weight: %d is not between 1 and %d", bf, *b.Weight, maxWeight)

@@ -34,7 +34,12 @@ func TestValidServices(t *testing.T) {
 	sl := valid()
 	sl.Name, sl.Topology, sl.Interface, sl.BackendInterface, sl.VIPs = "sl", StatelessDNAT, "eth0", "eth1", []string{"192.0.2.12"}
 	sl.Backends, sl.Persistence = []Backend{{Address: "10.0.1.13", Port: 8080}}, D(time.Minute)
-	if errs := ValidateServices([]Service{valid(), dsr, multi, sl}, byIndex); len(errs) > 0 {
+	// A dsr service's single port given as ports: [80] is its port: a backend on port 80
+	// needs no translation (it was refused: "dsr cannot translate ports (80 != 0)").
+	dsr80 := dsr
+	dsr80.Name, dsr80.VIPs, dsr80.Port, dsr80.Ports = "dsr80", []string{"192.0.2.13"}, 0, []int{80}
+	dsr80.Backends = []Backend{{Address: "10.0.1.12", Port: 80, MAC: "02:00:00:00:00:01"}}
+	if errs := ValidateServices([]Service{valid(), dsr, multi, sl, dsr80}, byIndex); len(errs) > 0 {
 		t.Fatal(errs)
 	}
 	// On a service of several ports a backend without a port keeps the client's: the same
@@ -91,6 +96,7 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].backends[0].port: a service with several ports keeps the client's port`, func(s *Service) { s.Port, s.Ports = 0, []int{80, 443} }},
 		{`services[0].interface: a dsr service needs the interface its clients' packets arrive on`, func(s *Service) { s.Topology = DSR }},
 		{`services[0].backends[0].port: dsr cannot translate ports (8080 != 80)`, func(s *Service) { s.Topology, s.Interface = DSR, "eth0" }},
+		{`services[0].backends[0].port: dsr cannot translate ports (8080 != 80)`, func(s *Service) { s.Topology, s.Interface, s.Port, s.Ports = DSR, "eth0", 0, []int{80} }},
 		{`services[0].interface: only dsr and stateless-dnat services attach to an interface`, func(s *Service) { s.Interface = "eth0" }},
 		{`services[0].flowTimeout: only dsr and stateless-dnat services keep their own flow table`, func(s *Service) { s.FlowTimeout = D(time.Minute) }},
 		{`services[0].interface: "eth0/1" is not a valid interface name`, func(s *Service) { s.Topology, s.Interface = StatelessDNAT, "eth0/1" }},
