@@ -18,22 +18,8 @@ import (
 // used for the second too, whose route leaves by the other transport (5 of 5 to the wrong node).
 // Answers are kept per pair of addresses for such a destination, never per destination.
 func TestSourceRoutesFollowed(t *testing.T) {
-	topo := testbed.NewTopoT(t, testbed.TopoOptions{ExtraTransport: true})
-	var local, peer []netip.Prefix
-	var nodes []netip.Addr
-	for _, a := range []testbed.Addrs{topo.V4, topo.V6} {
-		local = append(local, a.PodCIDR)
-		peer = append(peer, a.RemotePodCIDR)
-		nodes = append(nodes, a.Remote, a.Remote2)
-	}
-	d, err := Render(model.State{Datapath: model.DatapathTC, Gateways: []string{topo.GatewayName},
-		Transports: []string{topo.TransportName, topo.Transport2Name}, LocalPodCIDRs: local,
-		PeerPodCIDRs: peer, PeerNodeIPs: nodes, Classes: Supported})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, topo: topo, d: d, m: &Manager{}}
-	t.Cleanup(func() { e.do(func() error { return NewManager().Remove(context.Background()) }) })
+	e := twoTransports(t)
+	topo := e.topo
 	a := topo.V6
 	second := netip.MustParseAddr("fd00:10:244:1::3")
 	for _, c := range [][]string{
@@ -102,22 +88,8 @@ func TestSourceRoutesFollowed(t *testing.T) {
 // the packet carries one (skb->hash), which the FIB helper does not see; the test wants the
 // same spread, not the same choice per flow.
 func TestECMPFlowsSpread(t *testing.T) {
-	topo := testbed.NewTopoT(t, testbed.TopoOptions{ExtraTransport: true})
-	var local, peer []netip.Prefix
-	var nodes []netip.Addr
-	for _, a := range []testbed.Addrs{topo.V4, topo.V6} {
-		local = append(local, a.PodCIDR)
-		peer = append(peer, a.RemotePodCIDR)
-		nodes = append(nodes, a.Remote, a.Remote2)
-	}
-	d, err := Render(model.State{Datapath: model.DatapathTC, Gateways: []string{topo.GatewayName},
-		Transports: []string{topo.TransportName, topo.Transport2Name}, LocalPodCIDRs: local,
-		PeerPodCIDRs: peer, PeerNodeIPs: nodes, Classes: Supported})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, topo: topo, d: d, m: &Manager{}}
-	t.Cleanup(func() { e.do(func() error { return NewManager().Remove(context.Background()) }) })
+	e := twoTransports(t)
+	topo := e.topo
 	if err := topo.Node.Do(func() error {
 		return os.WriteFile("/proc/sys/net/ipv4/fib_multipath_hash_policy", []byte("1"), 0)
 	}); err != nil {
@@ -196,4 +168,26 @@ func TestECMPFlowsSpread(t *testing.T) {
 			t.Errorf("%s: %d datagrams redirected, want 96", a.Pod, n)
 		}
 	}
+}
+
+// twoTransports is a node with a second transport to Remote2 and the tc datapath rendered for
+// it (not applied): the peer Pod CIDR is routed through Remote, both remotes are peer nodes.
+func twoTransports(t *testing.T) *env {
+	topo := testbed.NewTopoT(t, testbed.TopoOptions{ExtraTransport: true})
+	var local, peer []netip.Prefix
+	var nodes []netip.Addr
+	for _, a := range []testbed.Addrs{topo.V4, topo.V6} {
+		local = append(local, a.PodCIDR)
+		peer = append(peer, a.RemotePodCIDR)
+		nodes = append(nodes, a.Remote, a.Remote2)
+	}
+	d, err := Render(model.State{Datapath: model.DatapathTC, Gateways: []string{topo.GatewayName},
+		Transports: []string{topo.TransportName, topo.Transport2Name}, LocalPodCIDRs: local,
+		PeerPodCIDRs: peer, PeerNodeIPs: nodes, Classes: Supported})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, topo: topo, d: d, m: &Manager{}}
+	t.Cleanup(func() { e.do(func() error { return NewManager().Remove(context.Background()) }) })
+	return e
 }
