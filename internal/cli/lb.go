@@ -189,6 +189,7 @@ type svcFlags struct {
 	check, checkPath                                   string
 	checkInterval, checkTimeout                        time.Duration
 	checkRise, checkFall, checkPort, checkStatus       int
+	flowTableSize                                      int
 	flushConntrack                                     bool
 }
 
@@ -204,6 +205,7 @@ func (s *svcFlags) add(c *cobra.Command, create bool) {
 	fl.StringSliceVar(&s.hashFields, "hash-fields", nil, "hash: src-ip, src-port, dst-ip, dst-port")
 	fl.DurationVar(&s.persistence, "persistence", 0, "keep a client on its backend this long after its last connection")
 	fl.DurationVar(&s.flowTimeout, "flow-timeout", 0, "dsr, stateless-dnat: idle flow timeout")
+	fl.IntVar(&s.flowTableSize, "flow-table-size", 0, "dsr, stateless-dnat, persistence: most flows (clients) kept per family (default 65536)")
 	fl.StringVar(&s.iface, "interface", "", "dsr, stateless-dnat: where clients' packets arrive")
 	fl.StringVar(&s.backendIface, "backend-interface", "", "dsr, stateless-dnat: where the backends are")
 	fl.StringSliceVar(&s.snat, "snat-address", nil, "snat: source address per family (default: masquerade)")
@@ -241,6 +243,7 @@ func (s *svcFlags) patch(c *cobra.Command) (map[string]any, error) {
 	set("backend-interface", "backendInterface", s.backendIface)
 	set("snat-address", "snatAddresses", s.snat)
 	set("flush-conntrack", "flushConntrack", s.flushConntrack)
+	set("flow-table-size", "flowTableSize", s.flowTableSize)
 	if ch("persistence") {
 		p["persistence"] = dur(s.persistence)
 	}

@@ -55,6 +55,7 @@ const (
 	DefaultSocket      = "/run/hostaccel/lb.sock"
 	DefaultStateFile   = "/var/lib/hostaccel/lb-services.yaml"
 	defaultFlowTimeout = 5 * time.Minute
+	maxFlowTableSize   = 1 << 24
 	maxSlots           = 1 << 18 // map entries of one service and family, after dividing weights by their gcd (docs/lb.md)
 	maxWeight          = 1000
 	maxPath            = 4095 // PATH_MAX less the NUL
@@ -113,6 +114,10 @@ type Service struct {
 	Persistence *Duration `json:"persistence,omitempty"`
 	// FlowTimeout (dsr, stateless-dnat): how long an idle flow keeps its backend (default 5m).
 	FlowTimeout *Duration `json:"flowTimeout,omitempty"`
+	// FlowTableSize (dsr, stateless-dnat, or persistence): the most flows (clients, with
+	// persistence) the service's table holds per family (default 65,536). Past it, a new
+	// key is sent by a hash of it and not recorded (docs/lb.md).
+	FlowTableSize int `json:"flowTableSize,omitempty"`
 	// SourceRanges (snat, dnat): only clients in these CIDRs reach the service; packets of
 	// others to its VIPs are dropped (Kubernetes' loadBalancerSourceRanges). Empty: all.
 	SourceRanges []string `json:"sourceRanges,omitempty"`
@@ -596,6 +601,13 @@ func (s *Service) validate(f string) []error {
 	}
 	if s.Persistence != nil && (s.Persistence.Duration < time.Second || s.Persistence.Duration > 24*time.Hour) {
 		bad("persistence: %s is not between 1s and 24h", s.Persistence.Duration)
+	}
+	if s.FlowTableSize != 0 {
+		if !ingress && s.Persistence == nil {
+			bad("flowTableSize: only dsr and stateless-dnat services, and services with persistence, keep a table of their own (snat and dnat use conntrack)")
+		} else if s.FlowTableSize < 1 || s.FlowTableSize > maxFlowTableSize {
+			bad("flowTableSize: %d is not between 1 and %d", s.FlowTableSize, maxFlowTableSize)
+		}
 	}
 	if len(s.HashFields) > 0 && sched != Hash {
 		bad("hashFields: only the hash scheduler hashes fields (scheduler is %s)", model.Quote(sched))

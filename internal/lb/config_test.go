@@ -99,6 +99,11 @@ func TestValidationErrors(t *testing.T) {
 		{`services[0].backends[0].port: dsr cannot translate ports (8080 != 80)`, func(s *Service) { s.Topology, s.Interface, s.Port, s.Ports = DSR, "eth0", 0, []int{80} }},
 		{`services[0].interface: only dsr and stateless-dnat services attach to an interface`, func(s *Service) { s.Interface = "eth0" }},
 		{`services[0].flowTimeout: only dsr and stateless-dnat services keep their own flow table`, func(s *Service) { s.FlowTimeout = D(time.Minute) }},
+		{`services[0].flowTableSize: only dsr and stateless-dnat services, and services with persistence, keep a table of their own`, func(s *Service) { s.FlowTableSize = 1000 }},
+		{`services[0].flowTableSize: -1 is not between 1 and 16777216`, func(s *Service) { s.FlowTableSize, s.Persistence = -1, D(time.Minute) }},
+		{`services[0].flowTableSize: 16777217 is not between 1 and 16777216`, func(s *Service) {
+			s.Topology, s.Interface, s.FlowTableSize = StatelessDNAT, "eth0", 1<<24+1
+		}},
 		{`services[0].interface: "eth0/1" is not a valid interface name`, func(s *Service) { s.Topology, s.Interface = StatelessDNAT, "eth0/1" }},
 		{`services[0].backendInterface: "\\1\\" is not a valid interface name`, func(s *Service) {
 			s.Topology, s.Interface, s.BackendInterface = StatelessDNAT, "eth0", `\1\`

@@ -124,7 +124,7 @@ func tableOf(r *Ruleset, ref TableRef) *Table {
 }
 
 // Random changes (backends drained, down, failing, removed, added, reweighted; services
-// removed, added back, rescheduled) applied by the agent's path (Resolver, Renderer,
+// removed, added back, rescheduled, flow tables resized) applied by the agent's path (Resolver, Renderer,
 // ApplyChanges: the partial diff) leave the kernel exactly as the whole diff against the
 // kernel read back (a fresh render, Apply reading the tables on every call) does, slot for
 // slot.
@@ -149,7 +149,7 @@ func TestPartialDiffEqualsWholeDiff(t *testing.T) {
 			s := &cand[i]
 			s.Backends = slices.Clone(s.Backends)
 			j := rnd.IntN(max(1, len(s.Backends)))
-			switch k := rnd.IntN(9); {
+			switch k := rnd.IntN(10); {
 			case len(s.Backends) == 0 || k == 0:
 				next++
 				s.Backends = append(s.Backends, Backend{Address: fmt.Sprintf("10.9.%d.%d", next/250, 1+next%250), Port: 8080})
@@ -177,6 +177,19 @@ func TestPartialDiffEqualsWholeDiff(t *testing.T) {
 				key := HealthKey(s.Name, BackendKey(s.Backends[j].Address, s.Backends[j].Port))
 				health[key] = Health{State: []HealthState{HealthUp, HealthDown}[rnd.IntN(2)], LastError: "refused"}
 				what = "health of a backend of " + s.Name
+			case k == 7:
+				var tables []int // the services that keep a table of their own
+				for i, c := range cand {
+					if c.Topology == DSR || c.Topology == StatelessDNAT || c.Persistence != nil {
+						tables = append(tables, i)
+					}
+				}
+				if len(tables) == 0 {
+					continue
+				}
+				s = &cand[tables[rnd.IntN(len(tables))]]
+				s.FlowTableSize = []int{0, 16, 1 << 20}[rnd.IntN(3)]
+				what = "resize the flow table of " + s.Name
 			default:
 				s.Backends[j].State = []string{StateUp, StateDrain, StateDown}[rnd.IntN(3)]
 				what = "admin state of a backend of " + s.Name

@@ -24,6 +24,8 @@ var (
 		"When the backend was last checked (Unix time).")
 	descPackets = prometheus.NewDesc("hostaccel_lb_service_packets_total",
 		"Packets the service's chains counted: new connections (snat, dnat) or every packet (dsr, stateless-dnat).", []string{"service"}, nil)
+	descTableFull = prometheus.NewDesc("hostaccel_lb_service_flow_table_full_packets_total",
+		"Packets (dsr, stateless-dnat) and new connections (snat, dnat with persistence) sent by a hash of their flow or client, not recorded, because the service's flow table was full (flowTableSize).", []string{"service"}, nil)
 	descReads = prometheus.NewDesc("hostaccel_lb_kernel_reads_total",
 		"Readings of the load balancer's tables back from the kernel (nft loads the whole ruleset for each, seconds of CPU at thousands of services): "+
 			"full (diffed against the tables read whole), full_skipped (due, but no one committed since our last apply), "+
@@ -47,7 +49,7 @@ type collector struct {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descHealth, descActive, descTransitions, descChecks, descFailures, descLastCheck, descPackets, descReads} {
+	for _, d := range []*prometheus.Desc{descHealth, descActive, descTransitions, descChecks, descFailures, descLastCheck, descPackets, descTableFull, descReads} {
 		ch <- d
 	}
 }
@@ -87,6 +89,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				continue
 			}
 			counter(descPackets, sc.Sum(descPackets, s.packetParts, s.Name), s.Name)
+			if s.Topology == DSR || s.Topology == StatelessDNAT || s.Service.Persistence != nil {
+				counter(descTableFull, sc.Sum(descTableFull, s.fullParts, s.Name), s.Name)
+			}
 		}
 		for kind, n := range map[string]uint64{"full": st.Reads.Full, "full_skipped": st.Reads.FullSkipped,
 			"chain_listed": st.Reads.ChainsListed, "chain_rehearsed": st.Reads.ChainsRehearsed} {

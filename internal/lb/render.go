@@ -29,8 +29,10 @@ const (
 	IngressTablePrefix = "hostaccel-lb-"
 	// layout is part of every table comment: a new layout rebuilds the tables.
 	layout = "1"
-	// flowMapSize bounds each dynamic map (flows, persistent clients).
-	flowMapSize = 65536
+	// DefaultFlowTableSize bounds each dynamic map (flows, persistent clients) unless the
+	// service's flowTableSize says otherwise. Past it `update` fails and the packet follows
+	// a hash of its key instead (recorder).
+	DefaultFlowTableSize = 65536
 )
 
 // Ruleset is the desired content of every table of the load balancer.
@@ -202,15 +204,25 @@ func (b *builder) rule(chain, what, text string) {
 	b.t.Rules = append(b.t.Rules, &knftables.Rule{Family: b.t.Family, Table: b.t.Name, Chain: chain, Rule: text, Comment: &c})
 }
 
-// mapping adds a map; timeout > 0 makes it a dynamic map the datapath fills.
-func (b *builder) mapping(name, typeOf, what string, timeout time.Duration) {
+// mapping adds a map; timeout > 0 makes it a dynamic map the datapath fills, of at most
+// size entries (none or 0: DefaultFlowTableSize). A size other than the default is part of
+// the comment's hash: a new size replaces the map (its entries are lost).
+func (b *builder) mapping(name, typeOf, what string, timeout time.Duration, size ...int) {
 	m := &knftables.Map{Family: b.t.Family, Table: b.t.Name, Name: name, TypeOf: typeOf}
+	n := DefaultFlowTableSize
+	if len(size) > 0 && size[0] > 0 {
+		n = size[0]
+	}
 	if timeout > 0 {
 		m.Flags = []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}
 		m.Timeout = &timeout
-		m.Size = knftables.PtrTo(uint64(flowMapSize))
+		m.Size = knftables.PtrTo(uint64(n))
 	}
-	c := what + " [" + shortHash(name, typeOf, fmt.Sprint(m.Flags), fmt.Sprint(timeout)) + "]"
+	h := []string{name, typeOf, fmt.Sprint(m.Flags), fmt.Sprint(timeout)}
+	if n != DefaultFlowTableSize { // (maps of the default size keep the comments they had)
+		h = append(h, strconv.Itoa(n))
+	}
+	c := what + " [" + shortHash(h...) + "]"
 	m.Comment = &c
 	b.t.Maps = append(b.t.Maps, m)
 }
@@ -492,13 +504,14 @@ func persistent(b *builder, ss *ServiceState, f family, chain, data, dep string,
 	pre := name + " " + f.suffix + ": "
 	persist, ids, targets := setName(name, "persist-"+f.suffix), setName(name, "slots-"+f.suffix), setName(name, "targets-"+f.suffix)
 	stash := f.nf + " daddr"
-	b.mapping(persist, f.nf+" saddr : "+stash, pre+"persistent client -> backend id", timeout)
+	b.mapping(persist, f.nf+" saddr : "+stash, pre+"persistent client -> backend id", timeout, ss.Service.FlowTableSize)
 	b.mapping(ids, "numgen inc mod 1 : "+stash, pre+"slot -> backend id", 0)
 	b.slotMap(ids, ss)
 	b.mapping(targets, stash+" : "+data, pre+"backend id -> backend", 0)
 	r := recorder{key: f.nf + " saddr", stash: stash, flows: persist, ids: targets}
 	if len(slots) > 0 {
 		r.sched = stash + " set " + schedExpr(ss, f, len(slots)) + " map @" + ids
+		r.hash = stash + " set " + keyHash(r.key, len(slots), name) + " map @" + ids
 	}
 	r.rules(b, chain, pre, "client", stash+" set ct original "+stash+" ")
 	b.rule(chain, pre+"to the client's backend", dep+"dnat "+f.nf+" to "+stash+" map @"+targets)
@@ -524,12 +537,20 @@ func persistent(b *builder, ss *ServiceState, f family, chain, data, dep string,
 // persistent clients) race-free: schedule a new key, insert-if-absent, read the map back,
 // forget an entry whose backend is gone. The id is kept in stash, a header field that the
 // chain overwrites anyway after translating the id (no scratch register, no mark).
+//
+// The map holds at most its size of keys (flowTableSize). When it is full, `update` fails
+// and ends its rule: the key is not recorded, and every packet of it would be scheduled
+// anew (rr and weight: to another backend each time, breaking a dsr or stateless-dnat
+// flow). A key still absent after the record rule is therefore sent by a hash of the key
+// over the same slots, counted by a named counter ("full-<chain>"): all its packets reach
+// one backend while the map is full.
 type recorder struct {
 	key   string // the map's key expression
 	stash string // the header field that carries the id
 	flows string // the dynamic map: key -> id
 	ids   string // a map whose keys are the ids of the backends there still are
 	sched string // "<stash> set <scheduler> map @slots", "" without an eligible backend
+	hash  string // "<stash> set jhash <key's fields> ... map @slots": the map is full
 }
 
 func (r recorder) rules(b *builder, chain, pre, what, restore string) {
@@ -540,6 +561,9 @@ func (r recorder) rules(b *builder, chain, pre, what, restore string) {
 		// update inserts only if the key is absent (the data of an entry is never replaced)
 		// and refreshes its timeout; the packet then follows what the map holds.
 		b.rule(chain, pre+"record the "+what+" (if new), follow the map", update+" "+readBack)
+		// still absent: the map is full (update failed)
+		b.rule(chain, pre+what+" table full: follow a hash of the "+what, r.key+" != @"+r.flows+" "+r.hash+" "+
+			b.counter("full-"+chain, pre+what+" "+whatTableFull))
 	} else {
 		b.rule(chain, pre+"known "+what, readBack+" "+update)
 	}
@@ -550,6 +574,12 @@ func (r recorder) rules(b *builder, chain, pre, what, restore string) {
 		forget += " " + restore + r.sched + " " + update + " " + readBack
 	}
 	b.rule(chain, pre+"forget a "+what+" whose backend is gone", forget)
+}
+
+// keyHash is the expression that picks one of n slots by a hash of fields (a flow's or a
+// client's key) where the map that records keys is full.
+func keyHash(fields string, n int, service string) string {
+	return fmt.Sprintf("jhash %s mod %d seed 0x%08x", fields, n, seed(service))
 }
 
 // idAddr writes a backend id as an address of the family: IPv4 as is, IPv6 in its first 32
@@ -728,7 +758,8 @@ func ingressService(b *builder, ss *ServiceState) {
 		// The flow key: the client's address and port (its address only with persistence).
 		// nft 1.0.6 cannot update a map with a key longer than 16 bytes, so an IPv6 address
 		// and port are hashed; a collision (two flows, one hash) sends both to one backend.
-		key, keyType, timeout := f.nf+" saddr . "+proto+" sport", "", defaultFlowTimeout
+		fields := f.nf + " saddr . " + proto + " sport"
+		key, keyType, timeout := fields, "", defaultFlowTimeout
 		if f.is6 {
 			key = fmt.Sprintf("jhash %s mod 4294967295 seed 0x%08x", key, seed(name))
 			keyType = "numgen inc mod 1"
@@ -737,9 +768,9 @@ func ingressService(b *builder, ss *ServiceState) {
 			timeout = ss.Service.FlowTimeout.Duration
 		}
 		if p := ss.Service.Persistence; p != nil {
-			key, keyType, timeout = f.nf+" saddr", "", p.Duration
+			fields, key, keyType, timeout = f.nf+" saddr", f.nf+" saddr", "", p.Duration
 		}
-		b.mapping(flows, cmp.Or(keyType, key)+" : "+stash, pre+"flow -> backend id", timeout)
+		b.mapping(flows, cmp.Or(keyType, key)+" : "+stash, pre+"flow -> backend id", timeout, ss.Service.FlowTableSize)
 		b.mapping(slotsMap, "numgen inc mod 1 : "+stash, pre+"slot -> backend id", 0)
 		b.slotMap(slotsMap, ss)
 		if !dsr {
@@ -758,6 +789,7 @@ func ingressService(b *builder, ss *ServiceState) {
 		r := recorder{key: key, stash: stash, flows: flows, ids: ids}
 		if len(slots) > 0 {
 			r.sched = stash + " set " + schedExpr(ss, f, len(slots)) + " map @" + slotsMap
+			r.hash = stash + " set " + keyHash(fields, len(slots), name) + " map @" + slotsMap
 		}
 		restore := "" // dsr: no scheduler hashes the destination MAC
 		if !dsr {

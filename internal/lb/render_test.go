@@ -149,7 +149,14 @@ func renderVariants() map[string][]Service {
 	// has no range here: every client of it is)
 	offCluster := fixture(DNAT, RoundRobin)
 	offCluster.MasqueradeExcept = []string{"10.244.0.0/24", "10.244.0.0/25"}
+	// flow tables of a size of their own (their maps' comments change: a new size replaces
+	// them); the default's keep theirs
+	sized := fixture(DSR, Weighted)
+	sized.FlowTableSize = 1 << 20
+	sizedPersist := rename(persist(DNAT), "sticky", "192.0.2.13", "2001:db8::13")
+	sizedPersist.FlowTableSize = 4096
 	return map[string][]Service{
+		"flow-table-size":         {sized, sizedPersist},
 		"internal-clients":        {fixture(DNAT, RoundRobin), local},
 		"masquerade-off-cluster":  {offCluster},
 		"persistence-snat":        {persist(SNAT)},

@@ -36,11 +36,16 @@ type ServiceStatus struct {
 	Skipped   string   `json:"skipped,omitempty"`
 	// Packets counted by the service's chains: new connections (snat, dnat; later packets
 	// follow conntrack) or every packet (dsr, stateless-dnat).
-	Packets  uint64          `json:"packets"`
-	Backends []BackendStatus `json:"backends"`
-	Service  Service         `json:"definition"`
+	Packets uint64 `json:"packets"`
+	// TableFull: packets sent by a hash of their flow (client, with persistence) because the
+	// service's flow table was full (flowTableSize): not recorded, they keep their backend
+	// only while the table stays full (docs/lb.md).
+	TableFull uint64          `json:"tableFull,omitempty"`
+	Backends  []BackendStatus `json:"backends"`
+	Service   Service         `json:"definition"`
 
 	packetParts map[string]uint64 // Packets by kernel counter ("table counter"), which restart apart
+	fullParts   map[string]uint64 // TableFull so
 }
 
 // BackendStatus is one backend.
@@ -63,6 +68,9 @@ type BackendStatus struct {
 const (
 	whatNewConnections = "new connections"
 	whatPackets        = "packets"
+	// "flow table full", "client table full": packets sent by a hash of their key, the
+	// service's dynamic map being full (recorder)
+	whatTableFull = "table full"
 )
 
 // Status reports the current state; with counters it reads the kernel's rule counters.
@@ -109,6 +117,7 @@ func (r *Runtime) status(ctx context.Context, counters bool, only string) Status
 		health = checker.healthOf(keys)
 	}
 	packets, parts := map[string]uint64{}, map[string]map[string]uint64{}
+	full, fullParts := map[string]uint64{}, map[string]map[string]uint64{}
 	if counters && mgr != nil {
 		// The counters' names and comments as the last apply left them (under the manager's
 		// lock, briefly), then the kernel's numbers without it.
@@ -123,13 +132,22 @@ func (r *Runtime) status(ctx context.Context, counters bool, only string) Status
 		}
 		for ref, cs := range tables {
 			for name, c := range cs {
-				if svc, what, ok := parseComment(c.Comment); ok && (what == whatNewConnections || what == whatPackets) {
-					packets[svc] += c.Packets
-					if parts[svc] == nil {
-						parts[svc] = map[string]uint64{}
-					}
-					parts[svc][ref.String()+" "+name] = c.Packets
+				svc, what, ok := parseComment(c.Comment)
+				sum, by := packets, parts
+				switch {
+				case !ok:
+					continue
+				case what == whatNewConnections || what == whatPackets:
+				case strings.HasSuffix(what, " "+whatTableFull): // flow table full, client table full
+					sum, by = full, fullParts
+				default:
+					continue
 				}
+				sum[svc] += c.Packets
+				if by[svc] == nil {
+					by[svc] = map[string]uint64{}
+				}
+				by[svc][ref.String()+" "+name] = c.Packets
 			}
 		}
 	}
@@ -139,7 +157,7 @@ func (r *Runtime) status(ctx context.Context, counters bool, only string) Status
 		}
 		s := ServiceStatus{Name: ss.Service.Name, Origin: "config", Topology: ss.Topology, Protocol: ss.Protocol,
 			Scheduler: ss.Sched, VIPs: ss.Service.VIPs, Ports: ss.Ports, Skipped: ss.Skipped, Packets: packets[ss.Service.Name],
-			Service: ss.Service, packetParts: parts[ss.Service.Name]}
+			TableFull: full[ss.Service.Name], Service: ss.Service, packetParts: parts[ss.Service.Name], fullParts: fullParts[ss.Service.Name]}
 		if ov.index(ss.Service.Name) >= 0 {
 			s.Origin = "api"
 		}
@@ -200,6 +218,9 @@ func WriteService(w io.Writer, s ServiceStatus) {
 	{
 		fmt.Fprintf(w, "service %s (%s): %s %s %s, %s, %d packets", s.Name, s.Origin, strings.Join(s.VIPs, ","),
 			s.Protocol, joinInts(s.Ports), s.Topology+"/"+s.Scheduler, s.Packets)
+		if s.TableFull > 0 {
+			fmt.Fprintf(w, ", %d sent by hash, the flow table full", s.TableFull)
+		}
 		if s.Skipped != "" {
 			fmt.Fprintf(w, " NOT INSTALLED: %s", s.Skipped)
 		}
