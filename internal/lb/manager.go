@@ -273,8 +273,11 @@ func (m *Manager) applyAs(ctx context.Context, r *Ruleset, full, trust bool, was
 		exact = fresh == nil || fresh.genOK && sameRuleset(fresh.gen, was)
 	}
 	res, err = m.apply(ctx, r, full, trust && !full, fresh)
-	if err != nil && !full {
-		// What we remembered may be stale (someone changed the tables): read them and retry.
+	if err != nil && (!full || fresh != nil) {
+		// What we remembered, or a deferred reading, may be stale (someone changed the tables
+		// since: a cleanup, nft flush ruleset): read them and retry. (One diffed against a
+		// deferred reading was not retried, and its change was lost: an API drain rolled
+		// back with a 500.)
 		m.cache.distrust()
 		res, err = m.apply(ctx, r, true, false, nil)
 		exact = true
