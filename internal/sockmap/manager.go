@@ -554,36 +554,43 @@ func drained(pins string, live []*progSet, remove bool) (int, error) {
 // settings are reached through that sk_msg program (BPF_PROG_QUERY on the map: Linux >= 6.0;
 // an older kernel cannot say, and the set is left as it is).
 func drainOrphan(socks *ebpf.Map) error {
+	_, err := drainOrphanNow(socks)
+	return err
+}
+
+// drainOrphanNow is drainOrphan, and says whether it drained the set now (false: it was
+// drained already, or its program cannot be found).
+func drainOrphanNow(socks *ebpf.Map) (bool, error) {
 	msg, _, err := attachedMsg(socks)
 	if err != nil || msg == nil {
-		return err
+		return false, err
 	}
 	defer msg.Close()
 	info, err := msg.Info()
 	if err != nil {
-		return err
+		return false, err
 	}
 	id, _ := info.ID()
 	var cfg *ebpf.Map
 	p, err := bpfobj.Open(id, msgName, map[string]**ebpf.Map{"config": &cfg})
 	if p == nil || cfg == nil {
-		return err
+		return false, err
 	}
 	defer p.Close()
 	defer cfg.Close()
 	// (as bytes, as drain writes it: a set of an older build has a shorter settings struct)
 	v := make([]byte, cfg.ValueSize())
 	if err := cfg.Lookup(uint32(0), &v); err != nil || len(v) < drainingEnd || binary.LittleEndian.Uint32(v[drainingAt:]) != 0 {
-		return err
+		return false, err
 	}
 	binary.LittleEndian.PutUint32(v[drainingAt:], 1)
 	// and nothing entered any more, as drain writes it: Remove cannot always detach it
 	// (removeUnreached)
 	binary.LittleEndian.PutUint32(v[enabledAt:], 0)
 	if err := cfg.Put(uint32(0), v); err != nil {
-		return fmt.Errorf("drain the sockmap set of sk_msg program %d: %w", id, err)
+		return false, fmt.Errorf("drain the sockmap set of sk_msg program %d: %w", id, err)
 	}
-	return nil
+	return true, nil
 }
 
 // Remove drains every hostaccel sockmap program set of the cgroup (see drain): new
@@ -662,15 +669,26 @@ func (m *Manager) removeUnreached(ctx context.Context, cgErr error, applied bool
 		return nil
 	}
 	var errs []error
+	drained := 0
 	for _, f := range socks {
 		mp, err := ebpf.LoadPinnedMap(f, nil)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pinned sockhash %s: %w", f, err))
 			continue
 		}
-		errs = append(errs, drainOrphan(mp))
+		now, err := drainOrphanNow(mp)
+		if now {
+			drained++
+		}
+		errs = append(errs, err)
 		mp.Close()
 	}
 	errs = append(errs, removeReaders(pins, nil), m.sweepAll(ctx, pins))
+	if !applied && drained == 0 {
+		// Sets drained by an earlier Remove, whose maps still hold sockets: they move nothing
+		// new (Status: Draining). Said once, when they were drained: every sync removes the
+		// datapath it does not run, and each failed on them while old sockets lived.
+		return errors.Join(errs...)
+	}
 	return errors.Join(append([]error{fmt.Errorf("sockmap: could not reach the cgroup to detach our sock_ops programs (%w): the %d program set(s) pinned in %s were drained through their pins (where the kernel names their sk_msg program: Linux >= 6.0), but their sock_ops programs may still be attached (run remove where the host's cgroup2 root is mounted)", cgErr, len(socks), pins)}, errs...)...)
 }

@@ -2,6 +2,7 @@ package sockmap
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/netip"
@@ -323,5 +324,64 @@ func TestRemoveWithoutCgroupRoot(t *testing.T) {
 			t.Errorf("sock_ops program %d, attached, still enters sockets", p.ID)
 		}
 		s.Close()
+	}
+}
+
+// Where the cgroup cannot be reached, Remove says so once, when it drains a set (or its
+// Manager applied one): the drained set's map keeps its pin while sockets entered before live,
+// and a later Remove from a Manager that applied nothing finds only that. It failed every sync
+// (each removes the datapath it does not run) for as long as one old socket lived.
+func TestRemoveUnreachedSaysItOnce(t *testing.T) {
+	testbed.RequireRoot(t)
+	cg := testCgroup(t, "hostaccel-test-unreached")
+	pins := filepath.Join(mustBPFFS(t), "hostaccel-test-unreached")
+	t.Cleanup(func() { os.RemoveAll(pins) })
+	m := &Manager{Cgroup: cg, PinDir: pins}
+	if _, err := m.Apply(context.Background(), &Desired{LocalPod: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := (&Manager{Cgroup: cg, PinDir: pins}).Remove(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	socks, _ := filepath.Glob(filepath.Join(pins, "sockmap-*"))
+	if len(socks) != 1 {
+		t.Fatalf("pinned sockhashes %v, want 1", socks)
+	}
+	mp, err := ebpf.LoadPinnedMap(socks[0], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mp.Close()
+	// an old connection's socket, in the map as the set's sock_ops program would have put it
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var perr error
+	raw.Control(func(fd uintptr) { perr = mp.Put(make([]byte, mp.KeySize()), uint64(fd)) })
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	unreached := errors.New("no cgroup2 mount")
+	if err := m.removeUnreached(context.Background(), unreached, true); err == nil {
+		t.Error("the Remove that drained the set: no error")
+	}
+	if left, _ := filepath.Glob(filepath.Join(pins, "sockmap-*")); len(left) != 1 {
+		t.Fatalf("the drained set's map, which holds a socket, is not pinned: %v", left)
+	}
+	if err := (&Manager{PinDir: pins}).removeUnreached(context.Background(), unreached, false); err != nil {
+		t.Errorf("a later Remove, which found the set drained already: %v", err)
 	}
 }
