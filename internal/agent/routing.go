@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -22,7 +23,7 @@ func (a *Agent) watchRouting(ctx context.Context) {
 	for ctx.Err() == nil {
 		s, err := subscribeRouting()
 		if err == nil {
-			err = readRouting(ctx, s, a.Trigger)
+			err = readRouting(ctx, s, a.Trigger, a.tcServes)
 			s.Close()
 		}
 		if ctx.Err() != nil {
@@ -57,9 +58,20 @@ const routingPoll = 200 * time.Millisecond
 // readRouting calls changed for every rule added or deleted and every route added or deleted
 // that routingChange names (and when notifications were lost), until ctx ends or the socket
 // fails.
-func readRouting(ctx context.Context, s *nl.NetlinkSocket, changed func()) error {
+func readRouting(ctx context.Context, s *nl.NetlinkSocket, changed func(), serves func(fam uint8) bool) error {
 	for ctx.Err() == nil {
 		msgs, _, err := s.Receive()
+		// forwarding is read at most once per family and batch, and only for a family the tc
+		// datapath serves (a BGP daemon loading a table sends a million route messages)
+		off := map[uint8]bool{}
+		sendsByRoute := func(fam uint8) bool {
+			v, ok := off[fam]
+			if !ok {
+				v = serves(fam) && forwardingOff(fam)
+				off[fam] = v
+			}
+			return v
+		}
 		switch {
 		case errors.Is(err, unix.EAGAIN), errors.Is(err, unix.EINTR):
 			continue
@@ -70,7 +82,7 @@ func readRouting(ctx context.Context, s *nl.NetlinkSocket, changed func()) error
 			return err
 		}
 		for i := range msgs {
-			if routingChange(&msgs[i]) {
+			if routingChange(&msgs[i], sendsByRoute) {
 				changed()
 				break
 			}
@@ -79,14 +91,15 @@ func readRouting(ctx context.Context, s *nl.NetlinkSocket, changed func()) error
 	return nil
 }
 
-// routingChange reports whether m is a rule added or deleted, or a route added or deleted that
-// the tc datapath's way of keeping FIB answers depends on (tc's parseRoute): one with an MTU of
-// its own (RTA_METRICS holding RTAX_MTU), a TOS selector, a source prefix (IPv6 `from`) or
-// several next hops (RTA_MULTIPATH); or any route of a family whose forwarding is off, where
-// the program sends by the route device the agent computed for each CIDR at the last sync.
-// (Before, only rules and MTU routes made a sync: the others were followed a resync period
-// late.)
-func routingChange(m *syscall.NetlinkMessage) bool {
+// routingChange reports whether m is a rule added or deleted, or a main-table route added or
+// deleted that the tc datapath's way of keeping FIB answers depends on (tc's parseRoute reads
+// the main table only): one with an MTU of its own (RTA_METRICS holding RTAX_MTU), a TOS
+// selector, a source prefix (IPv6 `from`) or several next hops (RTA_MULTIPATH); or a unicast
+// route, not a link-local one, of a family for which sendsByRoute (the tc datapath serves
+// it and its forwarding is off: the program sends by the route device the agent computed for
+// each CIDR at the last sync). (Before, only rules and MTU routes made a sync: the others were
+// followed a resync period late.)
+func routingChange(m *syscall.NetlinkMessage, sendsByRoute func(fam uint8) bool) bool {
 	switch m.Header.Type {
 	case unix.RTM_NEWRULE, unix.RTM_DELRULE:
 		return true
@@ -101,35 +114,46 @@ func routingChange(m *syscall.NetlinkMessage) bool {
 	if rt.Flags&unix.RTM_F_CLONED != 0 {
 		return false // a cached route (an exception: PMTU, redirect), not the table's
 	}
-	if rt.Tos != 0 || rt.Src_len != 0 || forwardingOff(rt.Family) {
-		return true
-	}
 	attrs, err := syscall.ParseNetlinkRouteAttr(m)
 	if err != nil {
 		return true
 	}
+	table := uint32(rt.Table)
+	var dst []byte
+	specific := rt.Tos != 0 || rt.Src_len != 0
 	for _, a := range attrs {
 		switch a.Attr.Type {
+		case unix.RTA_TABLE:
+			if len(a.Value) >= 4 {
+				table = *(*uint32)(unsafe.Pointer(&a.Value[0]))
+			}
+		case unix.RTA_DST:
+			dst = a.Value
 		case unix.RTA_MULTIPATH:
-			return true
+			specific = true
 		case unix.RTA_METRICS:
 			metrics, err := nl.ParseRouteAttr(a.Value)
 			if err != nil {
 				return true
 			}
 			for _, mt := range metrics {
-				if mt.Attr.Type == unix.RTAX_MTU {
-					return true
-				}
+				specific = specific || mt.Attr.Type == unix.RTAX_MTU
 			}
 		}
 	}
-	return false
+	if table != unix.RT_TABLE_MAIN {
+		return false
+	}
+	if specific {
+		return true
+	}
+	linkLocal := len(dst) == 16 && dst[0] == 0xfe && dst[1]&0xc0 == 0x80
+	return rt.Type == unix.RTN_UNICAST && !linkLocal && sendsByRoute(rt.Family)
 }
 
 // forwardingOff reports whether forwarding is off for family fam in this network namespace
-// (read at each route event: cheap, and forwarding may be switched at any time). Unreadable:
-// off (a sync too many costs less than a route device missed).
+// (read per batch of route events: forwarding may be switched at any time). Unreadable: off
+// (a sync too many costs less than a route device missed).
 var forwardingOff = func(fam uint8) bool {
 	path := "/proc/sys/net/ipv4/conf/all/forwarding"
 	if fam == unix.AF_INET6 {
@@ -137,4 +161,19 @@ var forwardingOff = func(fam uint8) bool {
 	}
 	b, err := os.ReadFile(path)
 	return err != nil || strings.TrimSpace(string(b)) == "0"
+}
+
+// tcServes reports whether the tc datapath of the last sync serves family fam: its node has
+// a Pod CIDR of that family.
+func (a *Agent) tcServes(fam uint8) bool {
+	n := a.tcNode.Load()
+	if n == nil {
+		return false
+	}
+	for _, c := range slices.Concat(n.LocalPodCIDRs, n.PeerPodCIDRs) {
+		if strings.Contains(c, ":") == (fam == unix.AF_INET6) {
+			return true
+		}
+	}
+	return false
 }

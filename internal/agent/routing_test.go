@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
@@ -43,7 +44,9 @@ func TestRoutingWatch(t *testing.T) {
 	changed := make(chan struct{}, 16)
 	done := make(chan error, 1)
 	// (in the namespace: routingChange reads its forwarding settings)
-	go ns.Do(func() error { done <- readRouting(ctx, s, func() { changed <- struct{}{} }); return nil })
+	// the tc datapath serves IPv4 only here
+	serves := func(fam uint8) bool { return fam == unix.AF_INET }
+	go ns.Do(func() error { done <- readRouting(ctx, s, func() { changed <- struct{}{} }, serves); return nil })
 	for _, c := range []struct {
 		cmd  []string
 		want bool
@@ -61,7 +64,11 @@ func TestRoutingWatch(t *testing.T) {
 		{[]string{"ip", "-6", "route", "add", "fd00:8::/64", "dev", "d0"}, false},
 		{[]string{"sh", "-c", "echo 0 > /proc/sys/net/ipv4/conf/all/forwarding"}, false},
 		{[]string{"ip", "route", "add", "10.9.4.0/24", "dev", "d0"}, true},
+		{[]string{"ip", "route", "add", "10.9.5.0/24", "dev", "d0", "table", "100"}, false}, // not the main table
+		{[]string{"ip", "route", "add", "10.9.6.0/24", "tos", "0x10", "dev", "d0", "table", "100"}, false},
 		{[]string{"ip", "-6", "route", "add", "fd00:7::/64", "dev", "d0"}, false},
+		{[]string{"sh", "-c", "echo 0 > /proc/sys/net/ipv6/conf/all/forwarding"}, false},
+		{[]string{"ip", "-6", "route", "add", "fd00:6::/64", "dev", "d0"}, false}, // a family tc does not serve
 	} {
 		if out, err := ns.Exec(c.cmd...); err != nil {
 			t.Fatalf("%v: %v %s", c.cmd, err, out)
