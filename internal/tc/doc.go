@@ -95,7 +95,8 @@
 // TOS selector; a destination that a route with a source prefix or several next hops the
 // kernel picks by the addresses decides, ADDR_PAIR_ONLY, keeps its answers per pair only;
 // one that several next hops picked per flow decide (the ports: fib_multipath_hash_policy 1;
-// IPv6's flow label), ADDR_NO_KEEP, keeps none: every packet asks the FIB, with its ports),
+// IPv6's flow label), ADDR_NO_KEEP, keeps none: every packet takes the full way, with no
+// kept decision and no express lane, and asks the FIB with its ports),
 // a FIB answer is kept per destination and ingress device for up to a
 // second (nexthops), and what was decided for a redirected packet (its class, the
 // destination's roles, the device's role and the next hop) per pair of addresses and ingress
