@@ -1083,16 +1083,7 @@ func attachedProgram(tb testing.TB, name string) *ebpf.Program {
 // and a long-lived one (a gRPC channel, a database pool) bypassed netfilter for its life.
 func TestPolicyChangeReachesOpenConnections(t *testing.T) {
 	b := newBed(t, true)
-	moved := func(what string, c, s net.Conn) uint64 {
-		t.Helper()
-		before := b.status()
-		msg := make([]byte, 1<<20)
-		go c.Write(msg)
-		if _, err := io.ReadFull(s, msg); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		return b.status().Redirected.Bytes - before.Redirected.Bytes
-	}
+	moved := func(what string, c, s net.Conn) uint64 { t.Helper(); return b.moved(t, what, c, s) }
 	for _, change := range []string{"B excluded", "B's Pod CIDR removed"} {
 		if _, err := b.m.Apply(context.Background(), b.desired()); err != nil {
 			t.Fatal(err)
@@ -1145,4 +1136,17 @@ func TestTooManyPrefixesChangeNothing(t *testing.T) {
 	if after := b.status(); after.ProgramID != before.ProgramID {
 		t.Errorf("program %d -> %d", before.ProgramID, after.ProgramID)
 	}
+}
+
+// moved sends 1 MiB from c to s and returns the bytes the datapath moved socket to socket
+// meanwhile.
+func (b *bed) moved(t *testing.T, what string, c, s net.Conn) uint64 {
+	t.Helper()
+	before := b.status()
+	msg := make([]byte, 1<<20)
+	go c.Write(msg)
+	if _, err := io.ReadFull(s, msg); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return b.status().Redirected.Bytes - before.Redirected.Bytes
 }

@@ -2,7 +2,6 @@ package sockmap
 
 import (
 	"context"
-	"io"
 	"net/netip"
 	"slices"
 	"testing"
@@ -21,16 +20,7 @@ func TestPartialUpdateReachesOpenConnections(t *testing.T) {
 	if n := b.settle(2); n < 2 {
 		t.Fatalf("%d sockets, want 2", n)
 	}
-	moved := func(what string) uint64 {
-		t.Helper()
-		before := b.status()
-		msg := make([]byte, 1<<20)
-		go c.Write(msg)
-		if _, err := io.ReadFull(s, msg); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		return b.status().Redirected.Bytes - before.Redirected.Bytes
-	}
+	moved := func(what string) uint64 { t.Helper(); return b.moved(t, what, c, s) }
 	if d := moved("before"); d == 0 {
 		t.Fatal("nothing moved socket to socket before the exclusion: the test shows nothing")
 	}

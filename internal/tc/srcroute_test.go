@@ -34,15 +34,8 @@ func TestSourceRoutesFollowed(t *testing.T) {
 		}
 	}
 	run := func() (fromSecondAtRemote, fromSecondAtRemote2 int64) {
-		s1, err := topo.Remote.ListenUDP(netip.AddrPortFrom(a.RemotePod, 0).String())
-		if err != nil {
-			t.Fatal(err)
-		}
+		s1, s2 := listenAtBoth(t, topo, a)
 		defer s1.Close()
-		s2, err := topo.Remote2.ListenUDP(s1.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
 		defer s2.Close()
 		for _, src := range []netip.Addr{a.Pod, second} {
 			c, err := topo.Pod.DialUDP(src.String(), s1.Addr().String())
@@ -114,15 +107,8 @@ func TestECMPFlowsSpread(t *testing.T) {
 	// ways sends 3 datagrams from each of 16 source ports and says where each port's went:
 	// 1 (Remote), 2 (Remote2), 0 (lost or split).
 	ways := func(a testbed.Addrs) []int {
-		s1, err := topo.Remote.ListenUDP(netip.AddrPortFrom(a.RemotePod, 0).String())
-		if err != nil {
-			t.Fatal(err)
-		}
+		s1, s2 := listenAtBoth(t, topo, a)
 		defer s1.Close()
-		s2, err := topo.Remote2.ListenUDP(s1.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
 		defer s2.Close()
 		var out []int
 		for port := 41000; port < 41016; port++ {
@@ -190,4 +176,20 @@ func twoTransports(t *testing.T) *env {
 	e := &env{t: t, topo: topo, d: d, m: &Manager{}}
 	t.Cleanup(func() { e.do(func() error { return NewManager().Remove(context.Background()) }) })
 	return e
+}
+
+// listenAtBoth starts a UDP echo server on a's remote Pod address at Remote, and one on the same
+// address and port at Remote2 (which holds that address on lo).
+func listenAtBoth(t *testing.T, topo *testbed.Topo, a testbed.Addrs) (s1, s2 *testbed.UDPServer) {
+	t.Helper()
+	s1, err := topo.Remote.ListenUDP(netip.AddrPortFrom(a.RemotePod, 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err = topo.Remote2.ListenUDP(s1.Addr().String())
+	if err != nil {
+		s1.Close()
+		t.Fatal(err)
+	}
+	return s1, s2
 }
