@@ -437,13 +437,7 @@ func mapsDrift(was, now contents) []string {
 // clsact qdiscs hostaccel created (when nothing else is on them) and so releases the program
 // and its maps: nothing else holds them.
 func (m *Manager) Remove(ctx context.Context) error {
-	if v := m.takePrefetched(); v != nil {
-		v.close()
-	}
-	m.prepMu.Lock()
-	dropClsacts(slices.Collect(maps.Keys(m.prepared)))
-	m.prepared, m.removed = nil, true // a link event handled after it (the agent stopping) adds nothing
-	m.prepMu.Unlock()
+	m.Close() // a link event handled after it (the agent stopping) adds nothing
 	if err := ctx.Err(); err != nil {
 		return err
 	}
