@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -357,12 +356,9 @@ func walkFields(t reflect.Type, seen map[reflect.Type]bool, f func(name string, 
 	seen[t] = true
 	for i := range t.NumField() {
 		sf := t.Field(i)
-		name, _, _ := strings.Cut(sf.Tag.Get("json"), ",")
-		if name == "-" || !sf.IsExported() {
+		name, ok := model.JSONName(sf)
+		if !ok {
 			continue
-		}
-		if name == "" {
-			name = sf.Name
 		}
 		f(name, sf.Type.Kind() == reflect.Pointer)
 		walkFields(sf.Type, seen, f)

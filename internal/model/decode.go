@@ -242,18 +242,24 @@ func (w walker) bad(v any) bool {
 	return err == nil && json.Unmarshal(raw, reflect.New(w.te.Type).Interface()) != nil
 }
 
+// JSONName is the key encoding/json reads and writes struct field f as (ok false: none, an
+// unexported field or json:"-").
+func JSONName(f reflect.StructField) (string, bool) {
+	tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+	if tag == "-" || !f.IsExported() {
+		return "", false
+	}
+	if tag == "" {
+		tag = f.Name
+	}
+	return tag, true
+}
+
 // jsonField finds the field of struct t that encoding/json decodes the key name into.
 func jsonField(t reflect.Type, name string) (reflect.StructField, bool) {
 	for i := range t.NumField() {
 		f := t.Field(i)
-		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if tag == "-" || !f.IsExported() {
-			continue
-		}
-		if tag == "" {
-			tag = f.Name
-		}
-		if tag == name {
+		if tag, ok := JSONName(f); ok && tag == name {
 			return f, true
 		}
 	}
