@@ -120,9 +120,12 @@ func TestDashboardMetricsExist(t *testing.T) {
 		})
 	} else {
 		dsts = append(dsts, vip)
-		testbed.WaitFor(t, "a health check of each backend", 90*time.Second, 200*time.Millisecond, func() bool {
+		// and the first sync's end: the health metrics follow the checks now (5f9d9ff), which
+		// may answer before the sync that started them has attached the datapath
+		testbed.WaitFor(t, "a health check of each backend and the first sync", 90*time.Second, 200*time.Millisecond, func() bool {
 			m := scrape()
-			return strings.Contains(m, `hostaccel_lb_backend_health{backend="`+a.RemotePod.String()+`:8080",service="web",state="up"} 1`) &&
+			return strings.Contains(m, "\nhostaccel_syncs_total ") && !strings.Contains(m, "\nhostaccel_syncs_total 0\n") &&
+				strings.Contains(m, `hostaccel_lb_backend_health{backend="`+a.RemotePod.String()+`:8080",service="web",state="up"} 1`) &&
 				strings.Contains(m, `hostaccel_lb_backend_health{backend="`+a.RemotePod.String()+`:8081",service="web",state="down"} 1`)
 		})
 	}
