@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -240,7 +241,14 @@ func writeKubernetes(out io.Writer, st k8s.Status) {
 				backends = "(" + f.Skipped + ")"
 			}
 			if f.Internal != "" {
-				backends += " (this node's Pods and the node: every endpoint, by the cluster front)"
+				by := k8s.FrontCluster
+				if i := slices.IndexFunc(sum.Balanced, func(o k8s.LBFront) bool { return o.LBName == f.Internal }); i >= 0 {
+					by = sum.Balanced[i].Front
+				}
+				backends += " (this node's Pods and the node: every endpoint, by the " + by + " front)"
+			}
+			if f.InternalOnly {
+				backends += " (for this node's Pods and the node through the node port and external fronts only)"
 			}
 			for _, why := range f.LeftOut {
 				backends += " (left out: " + why + ")"

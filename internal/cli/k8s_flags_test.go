@@ -42,3 +42,25 @@ func TestKubeHealthzAddress(t *testing.T) {
 		}
 	}
 }
+
+// Status names the front that serves a front's internal clients: the short-circuit front of
+// a Service whose traffic policies are both Local (every endpoint), where the cluster front
+// has this node's only; and says whom the short-circuit front serves.
+func TestStatusNamesTheShortCircuitFront(t *testing.T) {
+	sum := &k8s.Summary{Balanced: []k8s.LBFront{
+		{Namespace: "default", Service: "web", Port: "http", Front: k8s.FrontCluster, LBName: "c", VIPs: []string{"10.96.0.10"}, VIPPort: 80},
+		{Namespace: "default", Service: "web", Port: "http", Front: k8s.FrontShortCircuit, LBName: "s", InternalOnly: true, VIPs: []string{"10.96.0.10"}, VIPPort: 80,
+			Backends: []k8s.LBBackend{{Address: "10.244.1.5", Port: 8080, State: k8s.StateUp}}},
+		{Namespace: "default", Service: "web", Port: "http", Front: k8s.FrontNodePort, LBName: "n", Internal: "s", VIPs: []string{"172.18.0.2"}, VIPPort: 30080},
+	}}
+	var b strings.Builder
+	writeKubernetes(&b, k8s.Status{NodeName: "self", Connected: true, Summary: sum})
+	for _, want := range []string{
+		"(no endpoints: clients refused) (this node's Pods and the node: every endpoint, by the short-circuit front)",
+		"10.244.1.5:8080 up (for this node's Pods and the node through the node port and external fronts only)",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("status:\n%s\nwant %q", b.String(), want)
+		}
+	}
+}

@@ -401,7 +401,7 @@ func sameService(a, b *lb.Service) bool {
 		a.Interface != b.Interface || a.BackendInterface != b.BackendInterface || a.Scheduler != b.Scheduler ||
 		a.FlushConntrack != b.FlushConntrack || a.Hairpin != b.Hairpin || a.NoBackend != b.NoBackend || !sameSlice(a.VIPs, b.VIPs) || !sameSlice(a.Ports, b.Ports) ||
 		!sameSlice(a.SNATAddresses, b.SNATAddresses) || !sameSlice(a.HashFields, b.HashFields) ||
-		!sameSlice(a.SourceRanges, b.SourceRanges) || !lb.SameInternal(a.Internal, b.Internal) || !sameSlice(a.MasqueradeExcept, b.MasqueradeExcept) || !samePtr(a.Persistence, b.Persistence) || !samePtr(a.FlowTimeout, b.FlowTimeout) || a.FlowTableSize != b.FlowTableSize ||
+		!sameSlice(a.SourceRanges, b.SourceRanges) || !lb.SameInternal(a.Internal, b.Internal) || a.InternalOnly != b.InternalOnly || !sameSlice(a.MasqueradeExcept, b.MasqueradeExcept) || !samePtr(a.Persistence, b.Persistence) || !samePtr(a.FlowTimeout, b.FlowTimeout) || a.FlowTableSize != b.FlowTableSize ||
 		!sameHealthCheck(a.HealthCheck, b.HealthCheck) || (a.Backends == nil) != (b.Backends == nil) ||
 		len(a.Backends) != len(b.Backends) {
 		return false

@@ -22,7 +22,7 @@ func TestSameServiceFields(t *testing.T) {
 		fields []string
 	}{
 		{reflect.TypeFor[lb.Service](), []string{"Name", "VIPs", "Port", "Ports", "Protocol", "Topology", "SNATAddresses", "Interface",
-			"BackendInterface", "Scheduler", "HashFields", "Persistence", "FlowTimeout", "FlowTableSize", "SourceRanges", "Hairpin", "FlushConntrack", "HealthCheck", "MasqueradeExcept", "Internal", "NoBackend", "Backends"}},
+			"BackendInterface", "Scheduler", "HashFields", "Persistence", "FlowTimeout", "FlowTableSize", "SourceRanges", "Hairpin", "FlushConntrack", "HealthCheck", "MasqueradeExcept", "Internal", "InternalOnly", "NoBackend", "Backends"}},
 		{reflect.TypeFor[lb.Internal](), []string{"Service", "Sources", "LocalHost"}},
 		{reflect.TypeFor[lb.Backend](), []string{"Address", "Port", "Weight", "Priority", "State", "MAC"}},
 		{reflect.TypeFor[lb.HealthCheck](), []string{"Type", "Port", "Path", "Host", "ExpectStatus", "Send", "Expect", "Query",

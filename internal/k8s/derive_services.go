@@ -160,11 +160,15 @@ type LBFront struct {
 	// lists those it serves.
 	LeftOut []string `json:"leftOut,omitempty"`
 	// Internal (node and external fronts of externalTrafficPolicy Local): the load balancer
-	// service (the cluster front's, LBName) that serves this node's Pods (InternalSources:
-	// its Pod CIDRs of the family) and the node itself, with every endpoint, as kube-proxy
+	// service (LBName of the cluster front, or of the short-circuit front where
+	// internalTrafficPolicy is Local too) that serves this node's Pods (InternalSources: its
+	// Pod CIDRs of the family) and the node itself, with every endpoint, as kube-proxy
 	// short-circuits them; other clients get this node's endpoints only.
 	Internal        string   `json:"internal,omitempty"`
 	InternalSources []string `json:"internalSources,omitempty"`
+	// InternalOnly (the short-circuit front): the front serves only the internal clients of
+	// the Service's other fronts; its VIPs and port (the ClusterIP's) stay the cluster front's.
+	InternalOnly bool `json:"internalOnly,omitempty"`
 	// MasqueradeExcept (cluster fronts): this node's Pod CIDRs of the family; other clients
 	// (off the cluster, the node itself) are masqueraded, as kube-proxy does.
 	MasqueradeExcept []string `json:"masqueradeExcept,omitempty"`
@@ -210,6 +214,11 @@ const (
 	// which restrict its ingress IPs only (as kube-proxy's firewall); without ranges they are
 	// part of the external front.
 	FrontExternalIP = "externalip"
+	// FrontShortCircuit: every endpoint of a Service whose traffic policies are both Local,
+	// for its node port and external fronts' internal clients (this node's Pods and the node
+	// itself), as kube-proxy short-circuits them to its cluster endpoints; its cluster front
+	// has this node's endpoints only. No client reaches it directly (internalOnly).
+	FrontShortCircuit = "short-circuit"
 )
 
 // DefaultAffinityTimeout is Kubernetes' default sessionAffinityConfig.clientIP.timeoutSeconds.
@@ -354,9 +363,13 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 				// externalTrafficPolicy Local: this node's Pods and the node itself reach
 				// every endpoint, through the cluster front of the family (kube-proxy's
 				// short-circuit)
-				shortCircuit := front != FrontCluster && externalLocal
+				shortCircuit := front != FrontCluster && front != FrontShortCircuit && externalLocal
+				internalFront := FrontCluster
+				if internalLocal {
+					internalFront = FrontShortCircuit
+				}
 				topology := lb.DNAT
-				if front != FrontCluster && !externalLocal {
+				if front != FrontCluster && front != FrontShortCircuit && !externalLocal {
 					topology = lb.SNAT
 				}
 				// frontName is a front's name: namespace/service:port/front[/ipv6]
@@ -373,7 +386,7 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 						Name:      frontName(front, is4),
 						Namespace: s.Namespace, Service: s.Name, Port: portName(sp), Front: front,
 						VIPs: fam, VIPPort: port, Protocol: proto, Topology: topology,
-						Scheduler: scheduler, Persistence: persistence,
+						Scheduler: scheduler, Persistence: persistence, InternalOnly: front == FrontShortCircuit,
 					}
 					if fb := sameFamily(bes, is4); localOnly {
 						f.Backends = fallback(fb)
@@ -398,7 +411,7 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 						f.MasqueradeExcept = podCIDRs
 					}
 					if shortCircuit && slices.ContainsFunc(clusterIPs, func(ip string) bool { a, ok := apiIP(ip); return ok && a.Is4() == is4 }) {
-						f.Internal, f.InternalSources = name(frontName(FrontCluster, is4)), podCIDRs
+						f.Internal, f.InternalSources = name(frontName(internalFront, is4)), podCIDRs
 					}
 					out = append(out, f)
 				}
@@ -411,8 +424,13 @@ func balance(snap Snapshot, p Params, self thisNode, warn func(string, ...any), 
 			}
 			bes, lo := pick(internalLocal)
 			mk(FrontCluster, clusterIPs, sp.Port, bes, lo)
+			nodePort := s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer
+			if internalLocal && externalLocal && (nodePort && sp.NodePort != 0 || len(externalIPs) > 0 || len(external) > 0) {
+				// (before the node port: it is claimed first, as the cluster front is)
+				mk(FrontShortCircuit, clusterIPs, sp.Port, all, false)
+			}
 			bes, lo = pick(externalLocal)
-			if s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer {
+			if nodePort {
 				mk(FrontNodePort, sameFamilies(self.ips, clusterIPs), sp.NodePort, bes, lo)
 			}
 			if len(externalIPs) > 0 {

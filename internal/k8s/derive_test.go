@@ -666,6 +666,85 @@ func TestExternalTrafficPolicyLocalShortCircuit(t *testing.T) {
 	}
 }
 
+// Both traffic policies Local: the ClusterIP has this node's endpoints only (here none: its
+// Pods' packets to it are dropped), but the node port and load balancer IP send this node's
+// Pods and the node itself to every endpoint, as kube-proxy short-circuits them to its cluster
+// endpoints ("subject to neither form of traffic policy"). A short-circuit front per family
+// holds them: internalOnly, with the ClusterIP and port, which the cluster front keeps. Before,
+// the short-circuit went to the cluster front, whose endpoints are this node's: the node's Pods
+// could not reach the Service's load balancer IP or node port on a node without endpoints.
+func TestBothTrafficPoliciesLocalShortCircuit(t *testing.T) {
+	web := dualStackLB()
+	web.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	local := corev1.ServiceInternalTrafficPolicyLocal
+	web.Spec.InternalTrafficPolicy = &local
+	snap := Snapshot{
+		Nodes:    twoNodes(),
+		Services: []*corev1.Service{web},
+		EndpointSlices: []*discoveryv1.EndpointSlice{
+			slice("default", "web", "web-a", "http", 8080, up("10.244.1.5", "n1")),
+			slice("default", "web", "web-b", "http", 8080, up("fd00:244:1::5", "n1")),
+		},
+	}
+	snap.EndpointSlices[1].AddressType = discoveryv1.AddressTypeIPv6
+	d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, s := range d.Config.LoadBalancer.Services {
+		in := "-"
+		if s.Internal != nil {
+			in = fmt.Sprintf("%s %v localHost=%v", s.Internal.Service, s.Internal.Sources, s.Internal.LocalHost)
+		}
+		var bes []string
+		for _, b := range s.Backends {
+			bes = append(bes, b.Address)
+		}
+		got[s.Name] = fmt.Sprintf("%v %d %v internalOnly=%v noBackend=%q hairpin=%v, internal: %s", s.VIPs, s.Port, bes, s.InternalOnly, s.NoBackend, s.Hairpin, in)
+	}
+	sc4, sc6 := lbName("default/web:http/short-circuit"), lbName("default/web:http/short-circuit/ipv6")
+	want := map[string]string{
+		lbName("default/web:http/cluster"):       `[10.96.0.10] 80 [] internalOnly=false noBackend="drop" hairpin=true, internal: -`,
+		lbName("default/web:http/cluster/ipv6"):  `[fd00:96::10] 80 [] internalOnly=false noBackend="drop" hairpin=true, internal: -`,
+		sc4:                                      `[10.96.0.10] 80 [10.244.1.5] internalOnly=true noBackend="" hairpin=false, internal: -`,
+		sc6:                                      `[fd00:96::10] 80 [fd00:244:1::5] internalOnly=true noBackend="" hairpin=false, internal: -`,
+		lbName("default/web:http/nodeport"):      `[172.18.0.2] 30080 [] internalOnly=false noBackend="drop" hairpin=true, internal: ` + sc4 + ` [10.244.0.0/24] localHost=true`,
+		lbName("default/web:http/nodeport/ipv6"): `[2001:db8:18::2] 30080 [] internalOnly=false noBackend="drop" hairpin=true, internal: ` + sc6 + ` [fd00:244::/64] localHost=true`,
+		lbName("default/web:http/external"):      `[172.18.0.151] 80 [] internalOnly=false noBackend="drop" hairpin=true, internal: ` + sc4 + ` [10.244.0.0/24] localHost=true`,
+		lbName("default/web:http/external/ipv6"): `[2001:db8::151] 80 [] internalOnly=false noBackend="drop" hairpin=true, internal: ` + sc6 + ` [fd00:244::/64] localHost=true`,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("load balancer services:\n got %v\nwant %v", got, want)
+	}
+	if errs := lb.ValidateServices(d.Config.LoadBalancer.Services, func(i int) string { return d.Config.LoadBalancer.Services[i].Name }); len(errs) > 0 {
+		t.Errorf("the load balancer refuses the derived services: %v", errs)
+	}
+
+	// A ClusterIP-only Service of the same policies has no short-circuit front (no clients
+	// to short-circuit), nor one with internalTrafficPolicy Cluster (the cluster front serves).
+	for _, mutate := range []func(s *corev1.Service){
+		func(s *corev1.Service) {
+			s.Spec.Type, s.Spec.ExternalTrafficPolicy, s.Status.LoadBalancer.Ingress = corev1.ServiceTypeClusterIP, "", nil
+			s.Spec.Ports[0].NodePort = 0
+		},
+		func(s *corev1.Service) { s.Spec.InternalTrafficPolicy = nil },
+	} {
+		w := web.DeepCopy()
+		mutate(w)
+		snap.Services = []*corev1.Service{w}
+		d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range d.Summary.Balanced {
+			if f.Front == FrontShortCircuit || f.InternalOnly {
+				t.Errorf("%s %s: a short-circuit front (%+v)", w.Spec.Type, f.Name, w.Spec.InternalTrafficPolicy)
+			}
+		}
+	}
+}
+
 // A front of traffic policy Local on a node without a usable local endpoint drops its
 // clients' packets while the Service has usable endpoints of the family elsewhere (ready, or
 // serving while terminating), as kube-proxy drops them ("has no local endpoints"); a Service

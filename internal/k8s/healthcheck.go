@@ -56,7 +56,7 @@ func healthChecks(svcs []*corev1.Service, balanced []LBFront) []HealthCheckPort 
 			eps = map[string]bool{}
 			local[k] = eps // balanced
 		}
-		if f.Front == FrontCluster || f.Skipped != "" {
+		if f.Front == FrontCluster || f.InternalOnly || f.Skipped != "" { // (the short-circuit's: every node's)
 			continue
 		}
 		for _, b := range f.Backends {

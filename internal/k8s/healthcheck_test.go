@@ -157,7 +157,9 @@ func TestHealthCheckFollowsTheKernel(t *testing.T) {
 	}
 }
 
-// Only balanced LoadBalancer Services with externalTrafficPolicy Local and a port have one.
+// Only balanced LoadBalancer Services with externalTrafficPolicy Local and a port have one,
+// which counts the endpoints of the fronts of external clients (not the cluster or
+// short-circuit fronts, which have other nodes' too).
 func TestHealthChecksOfServices(t *testing.T) {
 	lb := func(name string, local bool, hc int32) *corev1.Service {
 		s := service("default", name, corev1.ServiceTypeLoadBalancer, "10.96.0.10", port("http", 80, 8080, 30080))
@@ -170,6 +172,8 @@ func TestHealthChecksOfServices(t *testing.T) {
 	svcs := []*corev1.Service{lb("web", true, 32000), lb("cluster-policy", false, 0), lb("unbalanced", true, 32001), lb("none-here", true, 32002)}
 	balanced := []LBFront{
 		{Namespace: "default", Service: "web", Front: FrontCluster, Backends: []LBBackend{{Address: "10.244.1.5", State: StateUp}}},
+		// (internalTrafficPolicy Local too: every node's endpoints, for this node's own clients)
+		{Namespace: "default", Service: "web", Front: FrontShortCircuit, InternalOnly: true, Backends: []LBBackend{{Address: "10.244.1.5", State: StateUp}, {Address: "10.244.0.5", State: StateUp}}},
 		{Namespace: "default", Service: "web", Front: FrontNodePort, Backends: []LBBackend{{Address: "10.244.0.5", State: StateUp}, {Address: "10.244.0.6", State: StateDrain}}},
 		{Namespace: "default", Service: "web", Front: FrontExternal, Backends: []LBBackend{{Address: "10.244.0.5", State: StateUp}}},
 		{Namespace: "default", Service: "cluster-policy", Front: FrontNodePort, Backends: []LBBackend{{Address: "10.244.0.7", State: StateUp}}},

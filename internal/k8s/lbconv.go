@@ -179,7 +179,9 @@ func frontService(f *LBFront) lb.Service {
 		MasqueradeExcept: f.MasqueradeExcept,
 		NoBackend:        f.NoBackend,
 		// a Pod connecting to its own Service, picked itself: masqueraded, as kube-proxy does
-		Hairpin: f.Topology == lb.DNAT,
+		// (the short-circuit's: by the front whose internal clients it serves)
+		Hairpin:      f.Topology == lb.DNAT && !f.InternalOnly,
+		InternalOnly: f.InternalOnly,
 	}
 	if f.Internal != "" {
 		s.Internal = &lb.Internal{Service: f.Internal, Sources: f.InternalSources, LocalHost: true}
@@ -200,8 +202,11 @@ type svcKey struct {
 	port  int
 }
 
-// vipKeys are s's VIP keys.
+// vipKeys are s's VIP keys: none of an internalOnly service (another may have them).
 func vipKeys(s *lb.Service) []svcKey {
+	if s.InternalOnly {
+		return nil
+	}
 	ports := s.Ports
 	if s.Port != 0 {
 		ports = []int{s.Port}

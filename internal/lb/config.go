@@ -136,6 +136,13 @@ type Service struct {
 	MasqueradeExcept []string `json:"masqueradeExcept,omitempty"`
 	// Internal (snat, dnat): internal clients are served by another service's backends.
 	Internal *Internal `json:"internal,omitempty"`
+	// InternalOnly (dnat): the service serves only the internal clients of the services whose
+	// internal.service names it; packets to its own VIPs are not sent to it. Its VIPs give its
+	// families (one per family its callers have) and may be another service's: Kubernetes'
+	// short-circuit of a Service with both traffic policies Local, whose node's Pods reach
+	// every endpoint through its load balancer IP or node port and only this node's through
+	// its ClusterIP (the other service of the same VIP and port).
+	InternalOnly bool `json:"internalOnly,omitempty"`
 	// NoBackend (snat, dnat): what a new connection gets while no backend is available (none
 	// listed, or all down): "reject" (the default: a TCP reset or an ICMP unreachable, the
 	// client fails at once) or "drop" (silence: the client retries, as kube-proxy drops the
@@ -303,7 +310,7 @@ func ValidateServices(svcs []Service, field func(i int) string) []error {
 		}
 		names[s.Name] = i
 		proto := s.proto()
-		for k, v := range s.VIPs {
+		for k, v := range s.dispatched() {
 			a, err := model.ParseAddr(v)
 			if err != nil {
 				continue
@@ -392,6 +399,14 @@ func checkServes(s, t *Service, f, tf string) []error {
 		}
 	}
 	return nil
+}
+
+// dispatched are the VIPs whose packets go to the service: none of an internalOnly one.
+func (s *Service) dispatched() []string {
+	if s.InternalOnly {
+		return nil
+	}
+	return s.VIPs
 }
 
 func (s *Service) proto() string {
@@ -540,6 +555,22 @@ func (s *Service) validate(f string) []error {
 	for i, v := range s.MasqueradeExcept {
 		if _, err := netip.ParsePrefix(v); err != nil {
 			bad("masqueradeExcept[%d]: %s is not a CIDR", i, model.Quote(v))
+		}
+	}
+	if s.InternalOnly {
+		// (the callers' source NAT applies to their clients: the serving service's
+		// hairpin, masqueradeExcept, source ranges and internal clients would never match)
+		switch {
+		case topo != DNAT:
+			bad("internalOnly: only for dnat services (the services it serves are dnat, and their internal clients go to its chain)")
+		case s.Internal != nil:
+			bad("internalOnly: a service that serves only internal clients has no internal clients of its own (internal)")
+		case len(s.SourceRanges) > 0:
+			bad("sourceRanges: an internalOnly service has no clients of its own to restrict (the services it serves check theirs)")
+		case s.Hairpin:
+			bad("hairpin: an internalOnly service has no clients of its own (the hairpin of the services it serves applies)")
+		case len(s.MasqueradeExcept) > 0:
+			bad("masqueradeExcept: an internalOnly service has no clients of its own (the services it serves masquerade theirs)")
 		}
 	}
 	if in := s.Internal; in != nil {
@@ -824,8 +855,6 @@ func (h *HealthCheck) timeout() time.Duration {
 func (h *HealthCheck) rise() int { return cmp.Or(h.Rise, 2) }
 func (h *HealthCheck) fall() int { return cmp.Or(h.Fall, 3) }
 
-// validIfname follows the kernel's dev_valid_name.
-
 // ValidateChange is ValidateServices(svcs, field) for svcs that differ from was, a list that
 // passed it, in a few services (an API change): it validates the services that differ from
 // was's of their name, with the services that share a name, a VIP or a backend with them,
@@ -882,7 +911,7 @@ func ValidateChange(was, svcs []Service, field func(int) string) []error {
 			return a, err == nil
 		}
 		proto, ports := s.proto(), s.ports()
-		for _, v := range s.VIPs {
+		for _, v := range s.dispatched() {
 			if a, ok := parse(v); ok {
 				for _, p := range ports {
 					if fn(true, key{a, proto, p}) {

@@ -464,3 +464,47 @@ func TestNATVIPsOfTheServicesInEffect(t *testing.T) {
 		t.Error("a merge that does not validate: ok")
 	}
 }
+
+// An internalOnly service (Kubernetes: every endpoint of a Service whose traffic policies are
+// both Local, for its node port's internal clients) may share its VIPs and port with another
+// service, which keeps them (services-*: TestRender's internal-only); it must be dnat and have
+// no clients of its own to restrict, masquerade or send on.
+func TestValidationOfInternalOnly(t *testing.T) {
+	cluster := valid()
+	cluster.Name, cluster.VIPs = "cluster", []string{"10.96.0.10", "fd00:96::10"}
+	every := cluster.Clone()
+	every.Name, every.InternalOnly = "every", true
+	local := valid()
+	local.Backends, local.Internal = nil, &Internal{Service: "every", Sources: []string{"10.244.0.0/24"}, LocalHost: true}
+	if errs := ValidateServices([]Service{cluster, every, local}, byIndex); len(errs) > 0 {
+		t.Fatalf("valid: %v", errs)
+	}
+	// (without internalOnly, the shared VIPs are an error: what the test sees is the field)
+	shared := every.Clone()
+	shared.InternalOnly = false
+	if errs := fmt.Sprint(ValidateServices([]Service{cluster, shared}, byIndex)); !strings.Contains(errs, `loadBalancer.services[1].vips[0]: 10.96.0.10 tcp/80 is already used by service "cluster"`) {
+		t.Errorf("the same VIPs without internalOnly: %s", errs)
+	}
+	for _, c := range []struct {
+		want   string
+		mutate func(e *Service)
+	}{
+		{`loadBalancer.services[1].internalOnly: only for dnat services`, func(e *Service) { e.Topology = SNAT }},
+		{`loadBalancer.services[1].internalOnly: a service that serves only internal clients has no internal clients of its own`, func(e *Service) {
+			e.Internal = &Internal{Service: "cluster", LocalHost: true}
+		}},
+		{`loadBalancer.services[1].sourceRanges: an internalOnly service has no clients of its own`, func(e *Service) { e.SourceRanges = []string{"10.0.0.0/8"} }},
+		{`loadBalancer.services[1].hairpin: an internalOnly service has no clients of its own`, func(e *Service) { e.Hairpin = true }},
+		{`loadBalancer.services[1].masqueradeExcept: an internalOnly service has no clients of its own`, func(e *Service) { e.MasqueradeExcept = []string{"10.244.0.0/24"} }},
+	} {
+		e := every.Clone()
+		c.mutate(&e)
+		if errs := fmt.Sprint(ValidateServices([]Service{cluster, e, local}, byIndex)); !strings.Contains(errs, c.want) {
+			t.Errorf("want %q, got %s", c.want, errs)
+		}
+	}
+	// The incremental check (a change of one service among many) takes the shared VIPs too.
+	if errs := ValidateChange([]Service{cluster, local}, []Service{cluster, every, local}, byIndex); len(errs) > 0 {
+		t.Errorf("incremental: %v", errs)
+	}
+}

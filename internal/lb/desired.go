@@ -379,7 +379,7 @@ func sameDefinition(a, b *Service) bool {
 		a.Interface != b.Interface || a.BackendInterface != b.BackendInterface || a.Scheduler != b.Scheduler ||
 		a.FlushConntrack != b.FlushConntrack || a.Hairpin != b.Hairpin || a.NoBackend != b.NoBackend || !slices.Equal(a.VIPs, b.VIPs) || !slices.Equal(a.Ports, b.Ports) ||
 		!slices.Equal(a.SNATAddresses, b.SNATAddresses) || !slices.Equal(a.HashFields, b.HashFields) ||
-		!slices.Equal(a.SourceRanges, b.SourceRanges) || !SameInternal(a.Internal, b.Internal) || !slices.Equal(a.MasqueradeExcept, b.MasqueradeExcept) ||
+		!slices.Equal(a.SourceRanges, b.SourceRanges) || !SameInternal(a.Internal, b.Internal) || a.InternalOnly != b.InternalOnly || !slices.Equal(a.MasqueradeExcept, b.MasqueradeExcept) ||
 		!samePtr(a.Persistence, b.Persistence) || !samePtr(a.FlowTimeout, b.FlowTimeout) || a.FlowTableSize != b.FlowTableSize ||
 		!(a.HealthCheck == b.HealthCheck || a.HealthCheck != nil && b.HealthCheck != nil && reflect.DeepEqual(*a.HealthCheck, *b.HealthCheck)) ||
 		len(a.Backends) != len(b.Backends) {

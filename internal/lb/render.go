@@ -616,8 +616,12 @@ func snatAddress(ss *ServiceState, f family) string {
 	return ""
 }
 
-// vipKeys returns VIP . protocol . port for every VIP of the family and every port.
+// vipKeys returns VIP . protocol . port for every VIP of the family and every port: none
+// for an internalOnly service, whose VIPs are not dispatched to it.
 func vipKeys(ss *ServiceState, f family) [][]string {
+	if ss.Service.InternalOnly {
+		return nil
+	}
 	var out [][]string
 	for _, v := range ss.VIPs {
 		if v.Is6() != f.is6 {

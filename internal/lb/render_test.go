@@ -145,6 +145,15 @@ func renderVariants() map[string][]Service {
 	local.Backends, local.Hairpin = nil, true
 	local.NoBackend = NoBackendDrop // the Service has endpoints on other nodes: kube-proxy drops
 	local.Internal = &Internal{Service: "web", Sources: []string{"10.244.0.0/24", "10.244.0.128/25", "fd00:244::/64"}, LocalHost: true}
+	// both traffic policies Local in Kubernetes: the ClusterIP (web) has this node's endpoint
+	// only; the node port's internal clients go to every endpoint, in an internalOnly service
+	// of the same VIPs and port (no element of its own in services-*)
+	webLocal := fixture(DNAT, RoundRobin)
+	webLocal.Backends = []Backend{webLocal.Backends[0], webLocal.Backends[3]}
+	every := rename(fixture(DNAT, RoundRobin), "every", webLocal.VIPs...)
+	every.InternalOnly = true
+	localBoth := local
+	localBoth.Internal = &Internal{Service: "every", Sources: []string{"10.244.0.0/24", "fd00:244::/64"}, LocalHost: true}
 	// a ClusterIP in Kubernetes: clients other than this node's Pods are masqueraded (IPv6
 	// has no range here: every client of it is)
 	offCluster := fixture(DNAT, RoundRobin)
@@ -158,6 +167,7 @@ func renderVariants() map[string][]Service {
 	return map[string][]Service{
 		"flow-table-size":         {sized, sizedPersist},
 		"internal-clients":        {fixture(DNAT, RoundRobin), local},
+		"internal-only":           {webLocal, every, localBoth},
 		"masquerade-off-cluster":  {offCluster},
 		"persistence-snat":        {persist(SNAT)},
 		"persistence-dnat-ports":  {multiPersist},

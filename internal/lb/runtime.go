@@ -664,7 +664,7 @@ func NATVIPs(svcs []Service) []netip.Addr {
 	seen := map[netip.Addr]bool{} // thousands of VIPs: not a scan of out each
 	for _, s := range svcs {
 		if t := s.topology(); t == SNAT || t == DNAT {
-			for _, v := range s.VIPs {
+			for _, v := range s.dispatched() {
 				if a, err := netip.ParseAddr(v); err == nil && !seen[a] {
 					seen[a] = true
 					out = append(out, a)

@@ -235,6 +235,9 @@ func WriteService(w io.Writer, s ServiceStatus) {
 			}
 			fmt.Fprintf(w, "  internal clients (%s): served by %s\n", strings.Join(who, ", "), in.Service)
 		}
+		if s.Service.InternalOnly {
+			fmt.Fprintf(w, "  internal only: serves the internal clients of other services, not clients of %s\n", strings.Join(s.VIPs, ","))
+		}
 		tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
 		fmt.Fprintln(tw, "  BACKEND\tWEIGHT\tPRIO\tADMIN\tHEALTH\tIN MAPS\tCHECKED\tTRANSITIONS\tWHY")
 		for _, b := range s.Backends {

@@ -524,6 +524,43 @@ func TestLoadBalancerInternalClients(t *testing.T) {
 	}
 }
 
+// An internalOnly service (Kubernetes: a Service whose traffic policies are both Local, on a
+// node without local endpoints) serves the load balancer IP's internal clients with every
+// backend, while it shares its VIPs and port with the cluster service, which keeps them: this
+// node's Pods reach the remote backend through the load balancer IP, not through the
+// ClusterIP (the cluster service has no backend here and drops), and an outside client's
+// packets to the load balancer IP are dropped. Real traffic on the host's kernel, IPv4 and
+// IPv6. Before, the field did not exist: the two services could not share the VIPs and port,
+// and such a node's Pods could not reach the Service's load balancer IP (kube-proxy
+// short-circuits them to every endpoint).
+func TestLoadBalancerInternalOnlyService(t *testing.T) {
+	tp := lbTopo(t)
+	servers := remotePodServers(t, tp)
+	routeVIPsOut(t, tp)
+	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, lbOnly(t, tp, fmt.Sprintf(`  - {name: cluster, vips: ["%[1]s", "%[2]s"], port: %[3]d, topology: dnat, noBackend: drop, backends: []}
+  - {name: every, vips: ["%[1]s", "%[2]s"], port: %[3]d, topology: dnat, internalOnly: true, backends: [{address: "%[4]s"}, {address: "%[5]s"}]}
+  - {name: local, vips: ["%[6]s", "%[7]s"], port: %[3]d, topology: dnat, noBackend: drop, internal: {service: every, sources: ["%[8]s", "%[9]s"], localHost: true}, backends: []}
+`, clusterVIP[false], clusterVIP[true], lbPort, tp.V4.RemotePod, tp.V6.RemotePod, lbVIP[false], lbVIP[true], tp.V4.PodCIDR, tp.V6.PodCIDR))))
+	for _, v6 := range []bool{false, true} {
+		a := tp.Addrs(v6)
+		if err := connectFrom(tp.Pod, a.Pod, lbVIP[v6], true); err != nil {
+			t.Errorf("%s: this node's Pod to the load balancer IP: %v", famName(v6), err)
+		}
+		if err := connectFrom(tp.Node, netip.Addr{}, lbVIP[v6], true); err != nil {
+			t.Errorf("%s: the node to the load balancer IP: %v", famName(v6), err)
+		}
+		if got := servers[v6].Peers(); !slices.Contains(got, a.Pod) {
+			t.Errorf("%s: the backend saw %v; want this node's Pod's own address", famName(v6), got)
+		}
+		if err := connectFrom(tp.Pod, a.Pod, clusterVIP[v6], true); !timedOut(err) {
+			t.Errorf("%s: this node's Pod to the ClusterIP (the cluster service: no backend, drop): %v, want a timeout", famName(v6), err)
+		}
+		if err := connectFrom(tp.Remote, a.External, lbVIP[v6], true); !timedOut(err) {
+			t.Errorf("%s: an outside client to the load balancer IP: %v, want a timeout (its packets dropped)", famName(v6), err)
+		}
+	}
+}
+
 // timedOut reports whether err is a dial's timeout.
 func timedOut(err error) bool {
 	var ne net.Error
