@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ type genFake struct {
 	*knftables.Fake
 	gen     uint32
 	netns   uint64
+	inode   uint64 // the namespace's inode, which names the file
 	foreign int
 	fail    bool
 }
@@ -42,7 +44,7 @@ func (g *genFake) Run(ctx context.Context, tx *knftables.Transaction) error {
 }
 
 func (g *genFake) generation(context.Context) (nftlist.Generation, error) {
-	return nftlist.Generation{ID: g.gen, NetNS: g.netns, NetNSInode: 4026531840, Boot: "6f1b2c3d-boot"}, nil
+	return nftlist.Generation{ID: g.gen, NetNS: g.netns, NetNSInode: g.inode, Boot: "6f1b2c3d-boot"}, nil
 }
 
 // edit runs a transaction of someone else's.
@@ -55,7 +57,9 @@ func (g *genFake) edit(t *testing.T, change func(tx *knftables.Transaction)) {
 	}
 }
 
-func newGenFake() *genFake { return &genFake{Fake: knftables.NewFake("", ""), gen: 1, netns: 4097} }
+func newGenFake() *genFake {
+	return &genFake{Fake: knftables.NewFake("", ""), gen: 1, netns: 4097, inode: 4026531840}
+}
 
 // process is a Manager as a one-shot `hostaccel apply` makes it: new, its cache in dir.
 func (g *genFake) process(dir string) *Manager {
@@ -234,6 +238,56 @@ func TestKnownRemoveDropsTheFile(t *testing.T) {
 	}
 	if files, _ := filepath.Glob(filepath.Join(dir, "*")); len(files) != 0 {
 		t.Errorf("files left: %v", files)
+	}
+}
+
+// Applies in more namespaces than knownKeep leave knownKeep files: the one just written and
+// the most recently modified of the others; files that are not caches stay.
+func TestKnownFilesAreBounded(t *testing.T) {
+	dir := t.TempDir()
+	old := time.Now().Add(-24 * time.Hour)
+	others := []string{"hostaccel.lock", "flowtable-known-4026531840.json", "lb-known-4026531840.json",
+		"lb-known-4026531840.gob.123.tmp", "lb-known-4026531840.gob.bak"}
+	for _, name := range others {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each file written is then dated in the future, later than the one before: the next
+	// apply's file is the oldest of all, and still kept.
+	future := time.Now().Add(time.Hour)
+	n := knownKeep + 5
+	svcs := svcSet()
+	for i := range n {
+		g := newGenFake()
+		g.netns, g.inode = 5000+uint64(i), 4026532000+uint64(i)
+		m := g.process(dir)
+		apply(t, m, svcs, nil)
+		path := m.knownPath(nftlist.Generation{NetNSInode: g.inode})
+		if _, err := os.Stat(path); err != nil {
+			t.Fatalf("apply %d: its file: %v", i, err)
+		}
+		at := future.Add(time.Duration(i) * time.Second)
+		if err := os.Chtimes(path, at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "lb-known-*.gob"))
+	var want []string
+	for i := n - knownKeep; i < n; i++ {
+		want = append(want, filepath.Join(dir, fmt.Sprintf("lb-known-%d.gob", 4026532000+i)))
+	}
+	if !slices.Equal(files, want) {
+		t.Errorf("after applies in %d namespaces, %d files:\n%v\nwant the last %d:\n%v", n, len(files), files, knownKeep, want)
+	}
+	for _, name := range others {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			t.Errorf("not a cache file, removed: %v", err)
+		}
 	}
 }
 
