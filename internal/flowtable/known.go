@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/hostaccel/hostaccel/internal/nftlist"
+	"github.com/hostaccel/hostaccel/internal/runfile"
 )
 
 // A Manager knows the table as its last apply left it (its fingerprint), and takes any other
@@ -81,7 +82,9 @@ func (m *Manager) remember() {
 	if os.WriteFile(tmp, b, 0o600) != nil || os.Rename(tmp, path) != nil {
 		_ = os.Remove(tmp)
 		_ = os.Remove(path) // (forget removed it before the change; a file left would lie)
+		return
 	}
+	runfile.Prune(path, "flowtable-known-*.json", runfile.Keep) // (gone namespaces' files)
 }
 
 // forget removes the known file before a transaction changes the table, so that no file

@@ -18,6 +18,7 @@ import (
 
 	"github.com/hostaccel/hostaccel/internal/nftjson"
 	"github.com/hostaccel/hostaccel/internal/nftlist"
+	"github.com/hostaccel/hostaccel/internal/runfile"
 )
 
 // A one-shot `hostaccel apply` starts with an empty cache, and reading the tables back whole
@@ -39,15 +40,6 @@ const DefaultKnownDir = "/run/hostaccel"
 
 // knownFormat names the file's layout; a file of another is ignored.
 const knownFormat = "hostaccel-lb-known/2"
-
-// knownKeep bounds the cache files in KnownDir: writing one removes the others beyond the
-// knownKeep most recently modified. A file is named after a namespace's inode, and a
-// namespace that is gone never removes its own, so without a bound a host that runs applies
-// in short-lived namespaces (tests, CI, containers) piles them up, each up to megabytes at
-// 10,000 backends. 16 is more namespaces than a host applies the load balancer in by far
-// (the host's, a few containers'), and an evicted file of a live one costs only its next
-// apply a full read of the tables.
-const knownKeep = 16
 
 // knownGlob matches the cache files in KnownDir (not the temporary files of replaceFile).
 const knownGlob = "lb-known-*.gob"
@@ -87,41 +79,6 @@ type knownMap struct {
 // knownPath is the file of the network namespace of g (one of knownGlob).
 func (m *Manager) knownPath(g nftlist.Generation) string {
 	return filepath.Join(m.KnownDir, fmt.Sprintf("lb-known-%d.gob", g.NetNSInode))
-}
-
-// pruneKnown removes the cache files beside path (just written: kept) beyond the knownKeep
-// most recently modified. A cache: a file removed costs its namespace's next apply a full
-// read, so errors are only logged.
-func pruneKnown(path string) {
-	dir, self := filepath.Split(path)
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		slog.Debug("load balancer: cannot list the cache files", "dir", dir, "err", err)
-		return
-	}
-	type file struct {
-		name string
-		mod  time.Time
-	}
-	var files []file
-	for _, e := range entries {
-		if ok, _ := filepath.Match(knownGlob, e.Name()); !ok || e.Name() == self || !e.Type().IsRegular() {
-			continue
-		}
-		if fi, err := e.Info(); err == nil {
-			files = append(files, file{e.Name(), fi.ModTime()})
-		}
-	}
-	if len(files) < knownKeep {
-		return
-	}
-	// The newest knownKeep-1 stay, and path.
-	slices.SortFunc(files, func(a, b file) int { return b.mod.Compare(a.mod) })
-	for _, f := range files[knownKeep-1:] {
-		if err := os.Remove(filepath.Join(dir, f.name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			slog.Debug("load balancer: cannot remove an old cache file", "file", f.name, "err", err)
-		}
-	}
 }
 
 // generation reads the ruleset's generation with read (ok false: read is nil, or the
@@ -258,7 +215,7 @@ func (m *Manager) keep(was nftlist.Generation) {
 	if m.quiet != nil && m.cache.known() {
 		werr := writeKnown(path, m.cache.file(*m.quiet))
 		if werr == nil {
-			pruneKnown(path)
+			runfile.Prune(path, knownGlob, runfile.Keep)
 			return
 		}
 		slog.Debug("load balancer: cannot write the cache file", "err", werr)

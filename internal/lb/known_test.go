@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/hostaccel/hostaccel/internal/nftlist"
+	"github.com/hostaccel/hostaccel/internal/runfile"
 )
 
 // genFake is a Fake with the kernel's ruleset generation: a transaction that changes
@@ -241,7 +242,7 @@ func TestKnownRemoveDropsTheFile(t *testing.T) {
 	}
 }
 
-// Applies in more namespaces than knownKeep leave knownKeep files: the one just written and
+// Applies in more namespaces than runfile.Keep leave runfile.Keep files: the one just written and
 // the most recently modified of the others; files that are not caches stay.
 func TestKnownFilesAreBounded(t *testing.T) {
 	dir := t.TempDir()
@@ -260,7 +261,7 @@ func TestKnownFilesAreBounded(t *testing.T) {
 	// Each file written is then dated in the future, later than the one before: the next
 	// apply's file is the oldest of all, and still kept.
 	future := time.Now().Add(time.Hour)
-	n := knownKeep + 5
+	n := runfile.Keep + 5
 	svcs := svcSet()
 	for i := range n {
 		g := newGenFake()
@@ -278,11 +279,11 @@ func TestKnownFilesAreBounded(t *testing.T) {
 	}
 	files, _ := filepath.Glob(filepath.Join(dir, "lb-known-*.gob"))
 	var want []string
-	for i := n - knownKeep; i < n; i++ {
+	for i := n - runfile.Keep; i < n; i++ {
 		want = append(want, filepath.Join(dir, fmt.Sprintf("lb-known-%d.gob", 4026532000+i)))
 	}
 	if !slices.Equal(files, want) {
-		t.Errorf("after applies in %d namespaces, %d files:\n%v\nwant the last %d:\n%v", n, len(files), files, knownKeep, want)
+		t.Errorf("after applies in %d namespaces, %d files:\n%v\nwant the last %d:\n%v", n, len(files), files, runfile.Keep, want)
 	}
 	for _, name := range others {
 		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
