@@ -611,25 +611,14 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 func TestExternalTrafficPolicyLocalShortCircuit(t *testing.T) {
 	web := dualStackLB()
 	web.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-	snap := Snapshot{
-		Nodes:    twoNodes(),
-		Services: []*corev1.Service{web},
-		EndpointSlices: []*discoveryv1.EndpointSlice{
-			slice("default", "web", "web-a", "http", 8080, up("10.244.1.5", "n1")),
-			slice("default", "web", "web-b", "http", 8080, up("fd00:244:1::5", "n1")),
-		},
-	}
-	snap.EndpointSlices[1].AddressType = discoveryv1.AddressTypeIPv6
+	snap := endpointsOnN1(web)
 	d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := map[string]string{}
 	for _, s := range d.Config.LoadBalancer.Services {
-		in := "-"
-		if s.Internal != nil {
-			in = fmt.Sprintf("%s %v localHost=%v", s.Internal.Service, s.Internal.Sources, s.Internal.LocalHost)
-		}
+		in := internalClients(&s)
 		got[fmt.Sprint(s.VIPs, s.Port)] = fmt.Sprintf("%d backends, internal: %s", len(s.Backends), in)
 	}
 	c4, c6 := lbName("default/web:http/cluster"), lbName("default/web:http/cluster/ipv6")
@@ -678,25 +667,14 @@ func TestBothTrafficPoliciesLocalShortCircuit(t *testing.T) {
 	web.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 	local := corev1.ServiceInternalTrafficPolicyLocal
 	web.Spec.InternalTrafficPolicy = &local
-	snap := Snapshot{
-		Nodes:    twoNodes(),
-		Services: []*corev1.Service{web},
-		EndpointSlices: []*discoveryv1.EndpointSlice{
-			slice("default", "web", "web-a", "http", 8080, up("10.244.1.5", "n1")),
-			slice("default", "web", "web-b", "http", 8080, up("fd00:244:1::5", "n1")),
-		},
-	}
-	snap.EndpointSlices[1].AddressType = discoveryv1.AddressTypeIPv6
+	snap := endpointsOnN1(web)
 	d, err := Derive(mustBase(t, baseYAML), snap, Params{NodeName: "self"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := map[string]string{}
 	for _, s := range d.Config.LoadBalancer.Services {
-		in := "-"
-		if s.Internal != nil {
-			in = fmt.Sprintf("%s %v localHost=%v", s.Internal.Service, s.Internal.Sources, s.Internal.LocalHost)
-		}
+		in := internalClients(&s)
 		var bes []string
 		for _, b := range s.Backends {
 			bes = append(bes, b.Address)
@@ -743,6 +721,29 @@ func TestBothTrafficPoliciesLocalShortCircuit(t *testing.T) {
 			}
 		}
 	}
+}
+
+// endpointsOnN1 is a snapshot of two nodes with web, whose endpoints (one per family) are
+// on the other node, n1.
+func endpointsOnN1(web *corev1.Service) Snapshot {
+	snap := Snapshot{
+		Nodes:    twoNodes(),
+		Services: []*corev1.Service{web},
+		EndpointSlices: []*discoveryv1.EndpointSlice{
+			slice("default", "web", "web-a", "http", 8080, up("10.244.1.5", "n1")),
+			slice("default", "web", "web-b", "http", 8080, up("fd00:244:1::5", "n1")),
+		},
+	}
+	snap.EndpointSlices[1].AddressType = discoveryv1.AddressTypeIPv6
+	return snap
+}
+
+// internalClients says who s's internal clients are and which service serves them ("-": none).
+func internalClients(s *lb.Service) string {
+	if s.Internal == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%s %v localHost=%v", s.Internal.Service, s.Internal.Sources, s.Internal.LocalHost)
 }
 
 // A front of traffic policy Local on a node without a usable local endpoint drops its

@@ -500,12 +500,7 @@ func TestLoadBalancerInternalClients(t *testing.T) {
 	mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, config(fmt.Sprintf(`{service: cluster, sources: ["%s", "%s"], localHost: true}`, tp.V4.PodCIDR, tp.V6.PodCIDR), "drop")))
 	for _, v6 := range []bool{false, true} {
 		a := tp.Addrs(v6)
-		if err := connectFrom(tp.Pod, a.Pod, lbVIP[v6], true); err != nil {
-			t.Errorf("%s: this node's Pod to the load balancer IP: %v", famName(v6), err)
-		}
-		if err := connectFrom(tp.Node, netip.Addr{}, lbVIP[v6], true); err != nil {
-			t.Errorf("%s: the node to the load balancer IP: %v", famName(v6), err)
-		}
+		internalClientsReach(t, tp, v6)
 		if err := connectFrom(tp.Remote, a.External, lbVIP[v6], true); !timedOut(err) {
 			t.Errorf("%s: an outside client to a service without backends and noBackend drop: %v, want a timeout (its packets dropped)", famName(v6), err)
 		}
@@ -543,12 +538,7 @@ func TestLoadBalancerInternalOnlyService(t *testing.T) {
 `, clusterVIP[false], clusterVIP[true], lbPort, tp.V4.RemotePod, tp.V6.RemotePod, lbVIP[false], lbVIP[true], tp.V4.PodCIDR, tp.V6.PodCIDR))))
 	for _, v6 := range []bool{false, true} {
 		a := tp.Addrs(v6)
-		if err := connectFrom(tp.Pod, a.Pod, lbVIP[v6], true); err != nil {
-			t.Errorf("%s: this node's Pod to the load balancer IP: %v", famName(v6), err)
-		}
-		if err := connectFrom(tp.Node, netip.Addr{}, lbVIP[v6], true); err != nil {
-			t.Errorf("%s: the node to the load balancer IP: %v", famName(v6), err)
-		}
+		internalClientsReach(t, tp, v6)
 		if got := servers[v6].Peers(); !slices.Contains(got, a.Pod) {
 			t.Errorf("%s: the backend saw %v; want this node's Pod's own address", famName(v6), got)
 		}
@@ -558,6 +548,18 @@ func TestLoadBalancerInternalOnlyService(t *testing.T) {
 		if err := connectFrom(tp.Remote, a.External, lbVIP[v6], true); !timedOut(err) {
 			t.Errorf("%s: an outside client to the load balancer IP: %v, want a timeout (its packets dropped)", famName(v6), err)
 		}
+	}
+}
+
+// internalClientsReach checks that this node's Pod and the node itself (internal clients)
+// reach a backend through the load balancer IP of the family.
+func internalClientsReach(t *testing.T, tp *testbed.Topo, v6 bool) {
+	t.Helper()
+	if err := connectFrom(tp.Pod, tp.Addrs(v6).Pod, lbVIP[v6], true); err != nil {
+		t.Errorf("%s: this node's Pod to the load balancer IP: %v", famName(v6), err)
+	}
+	if err := connectFrom(tp.Node, netip.Addr{}, lbVIP[v6], true); err != nil {
+		t.Errorf("%s: the node to the load balancer IP: %v", famName(v6), err)
 	}
 }
 
