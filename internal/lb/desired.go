@@ -38,6 +38,10 @@ type Health struct {
 type Env struct {
 	Links     map[string]net.HardwareAddr
 	Neighbors map[string]map[netip.Addr]net.HardwareAddr // interface -> IP -> MAC
+	// Failed (dsr) are the neighbours the kernel tried to resolve and could not (FAILED):
+	// interface -> IPs. An address in neither map has no entry (never resolved, or its entry
+	// expired): the agent keeps the MAC it last saw for it (Runtime.neighbours).
+	Failed map[string]map[netip.Addr]bool
 	// Local lists this host's addresses: stateless-dnat does not rewrite packets to them
 	// (health checks' replies).
 	Local []netip.Addr

@@ -18,7 +18,8 @@ import (
 
 // HostEnv reads this network namespace's interfaces and, on devs, the neighbour tables.
 func HostEnv(devs []string) (Env, error) {
-	env := Env{Links: map[string]net.HardwareAddr{}, Neighbors: map[string]map[netip.Addr]net.HardwareAddr{}}
+	env := Env{Links: map[string]net.HardwareAddr{}, Neighbors: map[string]map[netip.Addr]net.HardwareAddr{},
+		Failed: map[string]map[netip.Addr]bool{}}
 	if len(devs) == 0 {
 		return env, nil
 	}
@@ -36,15 +37,20 @@ func HostEnv(devs []string) (Env, error) {
 		if err != nil {
 			return env, fmt.Errorf("list neighbours on %s: %w", a.Name, err)
 		}
-		m := map[netip.Addr]net.HardwareAddr{}
+		m, failed := map[netip.Addr]net.HardwareAddr{}, map[netip.Addr]bool{}
 		for _, n := range neigh {
 			ip, ok := netip.AddrFromSlice(n.IP)
-			if !ok || len(n.HardwareAddr) != 6 || n.State&(netlink.NUD_FAILED|netlink.NUD_INCOMPLETE) != 0 || n.State == netlink.NUD_NONE {
-				continue
+			switch {
+			case !ok:
+			case n.State&netlink.NUD_FAILED != 0: // the kernel asked; no answer
+				failed[ip.Unmap()] = true
+			case len(n.HardwareAddr) != 6 || n.State&netlink.NUD_INCOMPLETE != 0 || n.State == netlink.NUD_NONE:
+				// still being resolved (INCOMPLETE: the kernel's probes end in FAILED)
+			default:
+				m[ip.Unmap()] = n.HardwareAddr
 			}
-			m[ip.Unmap()] = n.HardwareAddr
 		}
-		env.Neighbors[a.Name] = m
+		env.Neighbors[a.Name], env.Failed[a.Name] = m, failed
 	}
 	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -12,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"sigs.k8s.io/knftables"
 )
 
 // Runtime is the load balancer inside the agent: it merges the config's services with the
@@ -78,6 +81,9 @@ type Runtime struct {
 	// unchanged service is neither resolved, rendered nor diffed again (mgrMu).
 	resolver Resolver
 	renderer Renderer
+	// macs (dsr) is the MAC each backend's neighbour entry had when a sync last saw it, by
+	// backend interface and address, for the backends configured (mgrMu): see neighbours.
+	macs map[string]map[netip.Addr]net.HardwareAddr
 }
 
 // settleAfter is how long after a change someone waited for (API call, health transition)
@@ -177,7 +183,7 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 		apply = mgr.ApplyChanges
 	}
 	r.mgrMu.Lock()
-	d := r.resolver.Resolve(svcs, health, env)
+	d := r.resolver.Resolve(svcs, health, r.neighbours(svcs, env))
 	res, err := apply(ctx, r.renderer.Render(d))
 	if err == nil && mgr.Unsettled() {
 		r.settleLater(mgr)
@@ -203,7 +209,7 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 			"elementsAdded", res.ElementsAdded, "elementsRemoved", res.ElementsRemoved, "flowsForgotten", res.FlowsForgotten, "ops", res.Operations, "netlink", res.Netlink, "took", time.Since(start).Round(time.Millisecond))
 	}
 	r.flush(prev, d)
-	r.solicit(d)
+	r.solicit(d, env)
 	return nil
 }
 
@@ -637,23 +643,131 @@ func (r *Runtime) flush(prev, cur *Desired) {
 	}
 }
 
-// solicit makes the kernel resolve dsr backends' MAC addresses that the neighbour table
-// lacks (one empty datagram each), and asks for a sync a second later.
-func (r *Runtime) solicit(d *Desired) {
-	var missing []netip.Addr
+// neighbours returns env with, for each dsr backend of svcs whose neighbour entry is gone,
+// the MAC its entry last had (r.mgrMu held). DSR forwarding does not use the kernel's entry:
+// it goes stale, and where the neighbour table is above gc_thresh1 the kernel's garbage
+// collection deletes it. Taken out of the maps until solicit brought the entry back, the
+// backend's flows (no conntrack) moved to other backends and broke. It keeps its MAC while
+// solicit asks again; only a FAILED entry (the kernel asked, the host did not answer) or
+// another MAC changes it. The MACs of backends no longer configured are forgotten. env is not
+// changed: its neighbour maps are copied where a MAC is added.
+func (r *Runtime) neighbours(svcs []Service, env Env) Env {
+	was := r.macs
+	r.macs = nil
+	var held map[string]map[netip.Addr]net.HardwareAddr // what env lacks, from was
+	for _, s := range svcs {
+		if s.topology() != DSR {
+			continue
+		}
+		dev := s.backendInterface()
+		for _, b := range s.Backends {
+			a, err := netip.ParseAddr(b.Address)
+			if b.MAC != "" || err != nil || env.Failed[dev][a] {
+				continue
+			}
+			mac, ok := env.Neighbors[dev][a]
+			if !ok {
+				if mac, ok = was[dev][a]; !ok {
+					continue
+				}
+				held = putNeighbor(held, dev, a, mac)
+			}
+			r.macs = putNeighbor(r.macs, dev, a, mac)
+		}
+	}
+	return withNeighbors(env, held)
+}
+
+// withNeighbors returns env with the neighbours of held added: env's maps are not changed
+// (held's are).
+func withNeighbors(env Env, held map[string]map[netip.Addr]net.HardwareAddr) Env {
+	if held == nil {
+		return env
+	}
+	out := env
+	out.Neighbors = make(map[string]map[netip.Addr]net.HardwareAddr, len(env.Neighbors)+len(held))
+	maps.Copy(out.Neighbors, env.Neighbors)
+	for dev, m := range held {
+		maps.Copy(m, env.Neighbors[dev])
+		out.Neighbors[dev] = m
+	}
+	return out
+}
+
+// installedMACs is Runtime.neighbours for a one-shot apply, which remembers nothing of the
+// last: it returns env with, for each dsr backend of d whose neighbour entry is gone (not
+// FAILED), the MAC the kernel's map holds for it (the last apply's), and whether there was
+// any. The map of a service is read only where one of its backends lacks its entry.
+func (m *Manager) installedMACs(ctx context.Context, d *Desired, env Env) (Env, bool) {
+	var held map[string]map[netip.Addr]net.HardwareAddr
 	for _, ss := range d.Services {
+		if ss.Topology != DSR || ss.Skipped != "" {
+			continue
+		}
+		dev := ss.Service.backendInterface()
+		var installed map[string]string // backend id -> MAC, read on first need
 		for _, b := range ss.Backends {
-			if ss.Topology == DSR && ss.Skipped == "" && b.MAC == nil && b.State != StateDown {
-				missing = append(missing, b.Addr)
+			if b.MAC != nil || env.Failed[dev][b.Addr] {
+				continue
+			}
+			if installed == nil {
+				name := setName(ss.Service.Name, "macs")
+				kt, err := m.list(ctx, TableRef{knftables.NetDevFamily, IngressTable(ss.Service.Interface)}, "map", name)
+				if err != nil || kt.Maps[name] == nil {
+					break // not installed
+				}
+				installed = kt.Maps[name].Elems
+			}
+			if mac, err := net.ParseMAC(installed[idMAC(b)]); err == nil {
+				held = putNeighbor(held, dev, b.Addr, mac)
 			}
 		}
 	}
+	return withNeighbors(env, held), held != nil
+}
+
+// putNeighbor sets m[dev][a] to mac, making the maps it needs.
+func putNeighbor(m map[string]map[netip.Addr]net.HardwareAddr, dev string, a netip.Addr, mac net.HardwareAddr) map[string]map[netip.Addr]net.HardwareAddr {
+	if m == nil {
+		m = map[string]map[netip.Addr]net.HardwareAddr{}
+	}
+	if m[dev] == nil {
+		m[dev] = map[netip.Addr]net.HardwareAddr{}
+	}
+	m[dev][a] = mac
+	return m
+}
+
+// solicit makes the kernel resolve the dsr backends' MAC addresses that its neighbour table
+// (env) lacks, whether or not neighbours kept one (one empty datagram each), and asks for a
+// sync a second later.
+func (r *Runtime) solicit(d *Desired, env Env) {
+	missing := unresolved(d, env)
 	if len(missing) == 0 || time.Since(r.solicited) < time.Second {
 		return
 	}
 	r.solicited = time.Now()
 	r.Solicit(missing)
 	time.AfterFunc(time.Second, r.Trigger)
+}
+
+// unresolved are the addresses of d's dsr backends (not down, of a service installed, without
+// a configured MAC) that env's neighbour table lacks, whether or not their MAC is known
+// otherwise.
+func unresolved(d *Desired, env Env) []netip.Addr {
+	var out []netip.Addr
+	for _, ss := range d.Services {
+		if ss.Topology != DSR || ss.Skipped != "" {
+			continue
+		}
+		nb := env.Neighbors[ss.Service.backendInterface()]
+		for _, b := range ss.Backends {
+			if b.Backend.MAC == "" && nb[b.Addr] == nil && b.State != StateDown {
+				out = append(out, b.Addr)
+			}
+		}
+	}
+	return out
 }
 
 // NATVIPs returns the VIPs of the snat and dnat services: connections to them are
@@ -714,6 +828,9 @@ func (o *OneShot) Apply(ctx context.Context, cfg Config) (string, error) {
 		return "", err
 	}
 	d := Resolve(svcs, nil, env)
+	if kept, ok := m.installedMACs(ctx, d, env); ok {
+		d = Resolve(svcs, nil, kept)
+	}
 	var notes []string
 	for _, ss := range d.Services {
 		if ss.Skipped != "" {
@@ -729,6 +846,7 @@ func (o *OneShot) Apply(ctx context.Context, cfg Config) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	solicitNeighbours(unresolved(d, env)) // for the next apply
 	what, how := "no change", ""
 	if res.Changed() {
 		what = fmt.Sprintf("%d operations", res.Operations)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/hostaccel/hostaccel/internal/lb"
 	"github.com/hostaccel/hostaccel/internal/nftjson"
+	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
 // rr: an exact rotation over the three backends, for every topology and family.
@@ -319,6 +320,70 @@ func TestDSRRepliesBypassTheLoadBalancer(t *testing.T) {
 		if c["replies "+fam] != 0 {
 			t.Errorf("%s: %d replies passed the load balancer", fam, c["replies "+fam])
 		}
+	}
+}
+
+// A dsr backend whose neighbour entry goes (the kernel's garbage collection deletes a stale
+// entry, and dsr forwarding never refreshes it) stays in the maps with the MAC the agent last
+// saw, while the agent solicits the entry again. Before, the next sync took it out of the maps
+// until the entry was back, and its flows (no conntrack) moved to other backends. The
+// backend, 10.1.0.21 on b1, is no other service's, and nothing else sends to it: its entry
+// stays gone until the agent solicits it.
+func TestDSRBackendOutlivesItsNeighbourEntry(t *testing.T) {
+	const svc, addr = "dsr-neigh", "10.1.0.21"
+	b1 := topo.backends[0]
+	if err := b1.AddrAdd("eth0", netip.MustParsePrefix(addr+"/24")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b1.Exec("ip", "addr", "del", addr+"/24", "dev", "eth0") })
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := topo.ha(args...); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	run("lb", "add", svc, "--vip", "10.200.0.99", "--port", "80", "--topology", lb.DSR, "--interface", "eth1", "--backend", addr)
+	t.Cleanup(func() { topo.ha("lb", "delete", svc) })
+	mac := testbed.LinkT(t, b1, "eth0").HardwareAddr.String()
+	inMaps := func() bool {
+		t.Helper()
+		out, err := topo.lb.Exec("nft", "list", "map", "netdev", lb.IngressTablePrefix+"eth1", svc+"-macs")
+		if err != nil {
+			t.Fatal(err, out)
+		}
+		return strings.Contains(out, mac)
+	}
+	neighbour := func() string {
+		out, _ := topo.lb.Exec("ip", "neigh", "show", addr, "dev", "eth1")
+		return strings.TrimSpace(out)
+	}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 10s (neighbour: %q)\n%s", what, neighbour(), topo.agentLog)
+			}
+		}
+	}
+	// The first sync finds no entry and solicits it; the next puts the backend in the maps.
+	waitFor("the backend in the maps", inMaps)
+	if out, err := topo.lb.Exec("ip", "neigh", "del", addr, "dev", "eth1"); err != nil {
+		t.Fatal(err, out)
+	}
+	if n := neighbour(); n != "" {
+		t.Fatalf("the entry is still there: %q", n)
+	}
+	// A change of the service: answered once a sync applied it, one without the entry.
+	run("lb", "backend", "set", svc, addr, "--weight", "2")
+	if !inMaps() {
+		t.Fatalf("the sync after the neighbour entry went took the backend out of the maps (neighbour: %q)", neighbour())
+	}
+	waitFor("the entry solicited again", func() bool { return strings.Contains(neighbour(), mac) })
+	for range 30 { // the sync the solicitation asks for, a second later
+		if !inMaps() {
+			t.Fatalf("the backend left the maps once its entry was solicited (neighbour: %q)", neighbour())
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
