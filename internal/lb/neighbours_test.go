@@ -122,6 +122,34 @@ func TestDSRBackendKeepsItsMACWhileItsNeighbourIsGone(t *testing.T) {
 	}
 }
 
+// An agent restarted remembers nothing of the last process: at its first sync, a dsr backend
+// whose neighbour entry is gone (not FAILED) keeps the MAC the kernel's map holds for it, and
+// remembers it for the syncs after (the entry still gone). Before, it left the maps until the
+// solicitation brought the entry back.
+func TestRestartedAgentKeepsInstalledMACs(t *testing.T) {
+	r, _, f := wakingRuntime()
+	t.Cleanup(func() { r.stop(false) })
+	b11 := netip.MustParseAddr("10.1.0.11")
+	gone := withNeighbour(b11, nil, false)
+	r.Env = func([]string) (Env, error) { return gone, nil }
+	m, _ := r.NewManager()
+	svcs := []Service{fixture(DSR, RoundRobin)}
+	if _, err := m.Apply(context.Background(), Render(Resolve(svcs, nil, testEnv))); err != nil { // the last process's
+		t.Fatal(err)
+	}
+	cfg := Config{API: &API{Disabled: true}, StateFile: filepath.Join(t.TempDir(), "state.yaml"), Services: svcs}
+	for _, step := range []string{"first sync", "second sync"} {
+		if err := r.Sync(context.Background(), cfg); err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range r.desired.Services[0].Backends {
+			if b.Addr == b11 && (!b.Known || dsrMACs(f)[idMAC(b)] != "02:00:00:00:01:11") {
+				t.Errorf("%s: 10.1.0.11 in the maps: %v, as %q; want 02:00:00:00:01:11", step, b.Known, dsrMACs(f)[idMAC(b)])
+			}
+		}
+	}
+}
+
 // A one-shot apply remembers nothing of the last: a dsr backend whose neighbour entry is gone
 // (not FAILED) keeps the MAC the kernel's map holds for it.
 func TestOneShotKeepsInstalledMACs(t *testing.T) {

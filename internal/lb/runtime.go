@@ -183,7 +183,15 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 		apply = mgr.ApplyChanges
 	}
 	r.mgrMu.Lock()
-	d := r.resolver.Resolve(svcs, health, r.neighbours(svcs, env))
+	nenv := r.neighbours(svcs, env)
+	d := r.resolver.Resolve(svcs, health, nenv)
+	if prev == nil {
+		// (until the first sync went in, neighbours knows no MAC: an agent restarted after
+		// a backend's entry vanished keeps the one the last process installed)
+		if kept, ok := mgr.installedMACs(ctx, d, nenv); ok {
+			d = r.resolver.Resolve(svcs, health, r.neighbours(svcs, kept))
+		}
+	}
 	res, err := apply(ctx, r.renderer.Render(d))
 	if err == nil && mgr.Unsettled() {
 		r.settleLater(mgr)
