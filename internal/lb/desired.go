@@ -190,7 +190,7 @@ func (ss *ServiceState) pick() {
 		case b.Health.State == HealthDown:
 			return "health check failing: " + b.Health.LastError
 		case ss.Topology == DSR && b.MAC == nil:
-			return fmt.Sprintf("MAC address unknown (no neighbour entry on %s yet)", ss.Service.backendInterface())
+			return fmt.Sprintf("MAC address unknown (no usable neighbour entry on %s: not resolved yet, or FAILED: the host does not answer)", ss.Service.backendInterface())
 		case b.State == StateDrain:
 			return draining
 		}
