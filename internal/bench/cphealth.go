@@ -41,15 +41,7 @@ func (r *cpRun) lbHealth(ctx context.Context) error {
 		return err
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	testbed.CloseAccepted(ln)
 
 	services, per := max(r.n/100, 1), min(r.n, 100)
 	cfg := strings.ReplaceAll(lbConfig(services, per, false), "    scheduler: rr\n", "    scheduler: rr\n"+healthCheckYAML)

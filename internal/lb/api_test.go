@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/knftables"
+
+	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
 // testRuntime is a Runtime on a fake kernel whose syncs run on their own goroutine, as the
@@ -736,15 +738,7 @@ func TestStatusShowsTheChecksSinceTheLastSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	testbed.CloseAccepted(ln)
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -347,3 +347,17 @@ func transferPackets(c net.Conn, n, chunk int, pat []byte) error {
 	}
 	return nil
 }
+
+// CloseAccepted accepts ln's connections and closes each at once (a backend a TCP health
+// check finds up), until ln is closed. It returns at once: the loop runs on.
+func CloseAccepted(ln net.Listener) {
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+}
