@@ -44,7 +44,14 @@ type Manager struct {
 	prepMu   sync.Mutex
 	prepared map[uint32]time.Time // Prepare: the clsact qdiscs it added, not yet adopted by an Apply
 	removed  bool                 // Remove ran, and no Apply since: Prepare adds nothing
+	// clean: the last Remove left nothing of ours attached, and no Apply ran since: the next
+	// Remove has nothing to do. An agent whose plan has no tc removes it at every sync, and
+	// the reading of every link's programs and filters was ~10 ms of each at 200 links.
+	clean bool
 }
+
+// removeObserve reads the kernel for Remove (tests count its readings).
+var removeObserve = observe
 
 // applied is the kernel as an Apply left it: the devices the program was attached to (name ->
 // ifindex) and what its maps held.
@@ -232,6 +239,7 @@ func (m *Manager) Apply(ctx context.Context, d *Desired) (Result, error) {
 	if d == nil {
 		return Result{}, errors.New("tc: no desired state")
 	}
+	m.clean = false
 	mode, err := m.mode()
 	res := Result{Mode: mode}
 	if err != nil {
@@ -435,19 +443,24 @@ func mapsDrift(was, now contents) []string {
 
 // Remove detaches the program from every device of this network namespace, deletes the
 // clsact qdiscs hostaccel created (when nothing else is on them) and so releases the program
-// and its maps: nothing else holds them.
+// and its maps: nothing else holds them. After a Remove that left nothing, with no Apply
+// since, it reads nothing.
 func (m *Manager) Remove(ctx context.Context) error {
 	m.Close() // a link event handled after it (the agent stopping) adds nothing
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	o, err := observe()
+	if m.clean {
+		return nil
+	}
+	o, err := removeObserve()
 	defer o.Close()
 	if err != nil {
 		return err
 	}
 	m.last = nil
 	_, _, err = o.detach(o.atts, nil)
+	m.clean = err == nil
 	return err
 }
 

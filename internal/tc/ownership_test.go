@@ -172,3 +172,31 @@ func TestUpgradeKeepsClsactOwnership(t *testing.T) {
 		t.Errorf("after the upgrade and Remove: %s keeps the clsact qdisc the older build recorded as hostaccel's", gw)
 	}
 }
+
+// A Remove after one that left nothing of ours, with no Apply between, reads nothing: an agent
+// whose plan has no tc removes it at every sync, and the reading of every link's programs and
+// filters was ~10 ms of each at 200 links. An Apply makes the next Remove read (and detach)
+// again.
+func TestRemoveAfterRemoveReadsNothing(t *testing.T) {
+	e := newEnv(t, "")
+	readings := 0
+	was := removeObserve
+	removeObserve = func() (*observed, error) { readings++; return was() }
+	t.Cleanup(func() { removeObserve = was })
+	remove := func() {
+		t.Helper()
+		e.do(func() error { return e.m.Remove(context.Background()) })
+	}
+	e.apply()
+	remove()
+	remove()
+	remove()
+	if readings != 1 {
+		t.Errorf("three Removes after an Apply read the kernel %d times, want once", readings)
+	}
+	e.apply()
+	remove()
+	if st := e.status(); readings != 2 || len(st.Devices) != 0 {
+		t.Errorf("a Remove after an Apply: %d readings in all (want 2), attached to %v (want none)", readings, st.Devices)
+	}
+}
