@@ -14,6 +14,7 @@ import (
 	"github.com/hostaccel/hostaccel/internal/lock"
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/nftjson"
+	"github.com/hostaccel/hostaccel/internal/probe"
 	"github.com/hostaccel/hostaccel/internal/sockmap"
 	"github.com/hostaccel/hostaccel/internal/tc"
 )
@@ -81,7 +82,7 @@ type ClassStatus struct {
 // Gather reads the kernel's state of hostaccel in this network namespace.
 func Gather(ctx context.Context, m *datapath.Managers, statePath string) Status {
 	st := Status{Errors: map[string]string{}}
-	if m.TC != nil {
+	if m.TC != nil && probe.CheckPrivilege(probe.PartTC) == nil { // (see datapath.Managers.Apply)
 		ts, err := m.TC.Status(ctx)
 		if err != nil {
 			st.Errors["tc"] = err.Error()

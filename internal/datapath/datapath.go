@@ -230,7 +230,9 @@ func (m *Managers) Apply(ctx context.Context, p Plan, caps probe.Result) (Result
 			res.TC = &r
 		}
 		errs = append(errs, err)
-	} else if m.TC != nil {
+	} else if m.TC != nil && probe.CheckPrivilege(probe.PartTC) == nil {
+		// (without CAP_SYS_ADMIN no program is found by its ID, ours or another's: no
+		// process of these capabilities attached ours, and every sync failed on another's)
 		remove = append(remove, m.TC.Remove)
 	}
 	if p.Sockmap != nil && m.Sockmap == nil {

@@ -7,6 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
@@ -86,5 +91,41 @@ func TestMissingCapabilitiesNamed(t *testing.T) {
 	}
 	if st := status(t, tp.Node); st.TC != nil {
 		t.Errorf("cleanup left the tc datapath: %+v", st.TC)
+	}
+}
+
+// With CAP_NET_ADMIN alone (the load balancer, the flowtable), another agent's tcx program
+// attached without a link (as `bpftool net attach tcx_ingress` does) on a device of the node
+// changes nothing: an apply without tc succeeds, and status reads no error of tc. Before,
+// every sync looked the program up by its ID to tell whether it was hostaccel's, which needs
+// CAP_SYS_ADMIN: "get program by id: operation not permitted", the apply failed (exit 1,
+// "the load balancer part was applied") and the agent was unhealthy at every sync.
+func TestForeignTCXProgramWithoutSysAdmin(t *testing.T) {
+	if out, err := exec.Command("setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all,+net_admin", "--", "true").CombinedOutput(); err != nil {
+		t.Skipf("no util-linux setpriv (the VM has busybox's): %v %s", err, out)
+	}
+	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
+	err := tp.Node.Do(func() error {
+		l, err := netlink.LinkByName(tp.GatewayName)
+		if err != nil {
+			return err
+		}
+		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "other_agent", Type: ebpf.SchedCLS, License: "GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()}}) // TC_ACT_UNSPEC: on to the stack
+		if err != nil {
+			return err
+		}
+		defer prog.Close() // (the attachment holds it: the namespace's end takes it off)
+		return link.RawAttachProgram(link.RawAttachProgramOptions{Target: l.Attrs().Index, Program: prog, Attach: ebpf.AttachTCXIngress})
+	})
+	if err != nil {
+		t.Skipf("no tcx here: %v", err)
+	}
+	lbCfg := writeConfig(t, "datapath: none\n"+lbSection(t.TempDir(), ""))
+	if out, err := setpriv(t, tp.Node.Name, ",+net_admin", "apply", "-f", lbCfg); err != nil || !strings.Contains(out, "applied the load balancer") {
+		t.Errorf("the load balancer with CAP_NET_ADMIN beside another's tcx program: %v\n%s", err, out)
+	}
+	if out, err := setpriv(t, tp.Node.Name, ",+net_admin", "status", "--state-file", ""); err != nil || strings.Contains(out, "error reading") {
+		t.Errorf("status with CAP_NET_ADMIN beside another's tcx program: %v\n%s", err, out)
 	}
 }
