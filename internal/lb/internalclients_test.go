@@ -98,3 +98,49 @@ func TestRemovedBackendFlushed(t *testing.T) {
 		t.Errorf("%d flushes of the conntrack table in two syncs, want 2", calls)
 	}
 }
+
+// A UDP backend that leaves an internalOnly service (Kubernetes: the short-circuit front, after
+// topology hints sent this node's endpoint to another zone) while the service that owns the
+// VIPs (the cluster front) and the service whose internal clients it serves (the node port)
+// keep it: no entry is flushed, as kube-proxy keeps every entry whose reply source still
+// serves the Service. Before, the flush took both the ClusterIP's and the node port's entries
+// to it. When it leaves them all, the entries of each are flushed.
+func TestInternalOnlyBackendLeavingFlushesWhatNoOneKeeps(t *testing.T) {
+	a := Backend{Address: "10.244.0.5", Port: 5353} // this node's endpoint
+	b := Backend{Address: "10.244.1.5", Port: 5353} // another node's
+	svcs := func(local []Backend, every ...Backend) []Service {
+		return []Service{
+			{Name: "cluster", VIPs: []string{"10.96.0.10"}, Port: 53, Protocol: "udp", Topology: DNAT, FlushConntrack: true, Backends: local},
+			{Name: "every", VIPs: []string{"10.96.0.10"}, Port: 53, Protocol: "udp", Topology: DNAT, FlushConntrack: true, InternalOnly: true, Backends: every},
+			{Name: "local", VIPs: []string{"192.0.2.1"}, Port: 30053, Protocol: "udp", Topology: DNAT, FlushConntrack: true, Backends: local,
+				Internal: &Internal{Service: "every", Sources: []string{"10.244.0.0/24"}, LocalHost: true}},
+		}
+	}
+	for _, c := range []struct {
+		name     string
+		from, to []Service
+		want     []string
+	}{
+		{"it leaves the internalOnly service only", svcs([]Backend{a}, a, b), svcs([]Backend{a}, b), nil},
+		{"it leaves every service", svcs([]Backend{a}, a, b), svcs(nil, b), []string{"10.96.0.10->10.244.0.5", "192.0.2.1->10.244.0.5"}},
+	} {
+		for _, s := range [][]Service{c.from, c.to} {
+			if errs := ValidateServices(s, func(i int) string { return s[i].Name }); len(errs) > 0 {
+				t.Fatal(errs)
+			}
+		}
+		var flushed []string
+		r := &Runtime{Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			FlushConntrack: func(fs []ConntrackFlush) error {
+				for _, f := range fs {
+					flushed = append(flushed, f.VIPs[0].String()+"->"+f.Backend.String())
+				}
+				return nil
+			}}
+		r.flush(Resolve(c.from, nil, Env{}), Resolve(c.to, nil, Env{}))
+		slices.Sort(flushed)
+		if flushed = slices.Compact(flushed); !slices.Equal(flushed, c.want) {
+			t.Errorf("%s: flushed %v, want %v", c.name, flushed, c.want)
+		}
+	}
+}

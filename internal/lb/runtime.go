@@ -594,9 +594,23 @@ func (r *Runtime) flush(prev, cur *Desired) {
 	// the services whose internal clients a service serves, by its name, of prev and cur;
 	// built on first use
 	internal := map[*Desired]map[string][]*ServiceState{}
+	// stays reports whether the service of name keeps b in cur (built on first use)
+	var curByName map[string]*ServiceState
+	stays := func(name string, b *BackendState) bool {
+		if curByName == nil {
+			curByName = make(map[string]*ServiceState, len(cur.Services))
+			for _, o := range cur.Services {
+				curByName[o.Service.Name] = o
+			}
+		}
+		o := curByName[name]
+		return o != nil && slices.ContainsFunc(o.Backends, func(k *BackendState) bool { return k.Known && k.Addr == b.Addr && k.Port == b.Port })
+	}
 	add := func(ss *ServiceState, b *BackendState, d *Desired) {
-		batch = append(batch, ConntrackFlush{ss.VIPs, ss.Ports, ss.Protocol, b.Addr, b.Port})
-		logged = append(logged, []any{"service", ss.Service.Name, "backend", b.Key})
+		if !ss.Service.InternalOnly { // (its VIPs are another service's, which may keep b)
+			batch = append(batch, ConntrackFlush{ss.VIPs, ss.Ports, ss.Protocol, b.Addr, b.Port})
+			logged = append(logged, []any{"service", ss.Service.Name, "backend", b.Key})
+		}
 		if internal[d] == nil {
 			internal[d] = map[string][]*ServiceState{}
 			for _, o := range d.Services {
@@ -606,6 +620,11 @@ func (r *Runtime) flush(prev, cur *Desired) {
 			}
 		}
 		for _, o := range internal[d][ss.Service.Name] {
+			if stays(o.Service.Name, b) {
+				// its outside clients' connections to b, under the same VIPs, stay (kube-proxy
+				// keeps every entry whose reply source still serves the Service)
+				continue
+			}
 			batch = append(batch, ConntrackFlush{o.VIPs, o.Ports, o.Protocol, b.Addr, b.Port})
 			logged = append(logged, []any{"service", o.Service.Name, "internal clients of", ss.Service.Name, "backend", b.Key})
 		}
