@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -134,6 +135,36 @@ func (s flowSet) match(f *conntrack.Flow) bool {
 	}
 	k.port, k.backendPort = f.Orig.DstPort, f.Reply.SrcPort
 	return s[k]
+}
+
+// neighbourWait bounds a one-shot apply's wait for the kernel to resolve dsr backends that
+// have no neighbour entry: a host that answers does so in milliseconds, one that does not is
+// FAILED after mcast_solicit probes retrans_time apart (3 x 1 s by default).
+const neighbourWait = 3500 * time.Millisecond
+
+// awaitNeighbours makes the kernel resolve d's dsr backends that env has no answer for (an
+// entry, or FAILED), one datagram each, and reads the neighbour tables of devs again until
+// each has one or wait passed. It returns the last reading.
+func awaitNeighbours(ctx context.Context, d *Desired, env Env, devs []string, wait time.Duration) (Env, error) {
+	pending := unanswered(d, env, true)
+	addrs := make([]netip.Addr, len(pending))
+	for i, n := range pending {
+		addrs[i] = n.addr
+	}
+	solicitNeighbours(addrs)
+	for deadline := time.Now().Add(wait); len(pending) > 0 && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return env, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		var err error
+		if env, err = HostEnv(devs); err != nil {
+			return env, err
+		}
+		pending = slices.DeleteFunc(pending, func(n devAddr) bool { return env.Neighbors[n.dev][n.addr] != nil || env.Failed[n.dev][n.addr] })
+	}
+	return env, nil
 }
 
 // solicitNeighbours makes the kernel resolve addrs' MAC addresses: one empty datagram each

@@ -2,6 +2,7 @@ package lb
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"net"
 	"net/netip"
@@ -215,5 +216,44 @@ func TestInstalledMACsFromTheKernel(t *testing.T) {
 	}
 	if got := kept.Neighbors["eth1"][b11].String(); !ok || got != "02:00:00:00:01:11" {
 		t.Errorf("kept %v %q, want 02:00:00:00:01:11", ok, got)
+	}
+}
+
+// installedMACs lists a service's MAC map only where a backend that may be in it has no
+// neighbour entry: not for an admin-down one (never in the maps), and where the tables are not
+// there at all (an agent's first sync after a boot), one listing of the tables, not a failing
+// one per service. Before, 50 services gave 50 listings in both cases.
+func TestInstalledMACsListsOnlyWhatMayHelp(t *testing.T) {
+	ctx := context.Background()
+	var svcs []Service
+	for i := range 50 {
+		s := fixture(DSR, RoundRobin)
+		s.Name, s.VIPs = fmt.Sprintf("web%d", i), []string{fmt.Sprintf("192.0.2.%d", i+1)}
+		s.Backends[0].State = StateDown // 10.1.0.11, without a neighbour entry
+		svcs = append(svcs, s)
+	}
+	gone := withNeighbour(netip.MustParseAddr("10.1.0.11"), nil, false)
+	counted := func(m *Manager) *int {
+		n := 0
+		list, tables := m.List, m.Tables
+		m.List = func(ctx context.Context, args ...string) ([]byte, error) { n++; return list(ctx, args...) }
+		m.Tables = func(ctx context.Context) ([]TableRef, error) { n++; return tables(ctx) }
+		return &n
+	}
+	m, _ := NewFakeManager()
+	if _, err := m.Apply(ctx, Render(Resolve(svcs, nil, gone))); err != nil {
+		t.Fatal(err)
+	}
+	n := counted(m)
+	if _, ok := m.installedMACs(ctx, Resolve(svcs, nil, gone), gone); ok || *n != 0 {
+		t.Errorf("only a down backend lacks its entry: kept %v, %d nft listings; want none", ok, *n)
+	}
+	for i := range svcs {
+		svcs[i].Backends[0].State = ""
+	}
+	empty, _ := NewFakeManager() // no tables yet
+	n = counted(empty)
+	if _, ok := empty.installedMACs(ctx, Resolve(svcs, nil, gone), gone); ok || *n != 1 {
+		t.Errorf("no tables: kept %v, %d nft listings; want one", ok, *n)
 	}
 }

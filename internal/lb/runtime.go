@@ -727,6 +727,7 @@ func withNeighbors(env Env, held map[string]map[netip.Addr]net.HardwareAddr) Env
 // any. The map of a service is read only where one of its backends lacks its entry.
 func (m *Manager) installedMACs(ctx context.Context, d *Desired, env Env) (Env, bool) {
 	var held map[string]map[netip.Addr]net.HardwareAddr
+	var tables map[TableRef]bool // our tables in the kernel, read on first need
 	for _, ss := range d.Services {
 		if ss.Topology != DSR || ss.Skipped != "" {
 			continue
@@ -734,12 +735,26 @@ func (m *Manager) installedMACs(ctx context.Context, d *Desired, env Env) (Env, 
 		dev := ss.Service.backendInterface()
 		var installed map[string]string // backend id -> MAC, read on first need
 		for _, b := range ss.Backends {
-			if b.MAC != nil || env.Failed[dev][b.Addr] {
+			if b.MAC != nil || env.Failed[dev][b.Addr] || b.State == StateDown { // (down: not in the map)
 				continue
 			}
 			if installed == nil {
+				// (one listing of the tables, not a failing one of a map per service where
+				// they are not there: an agent's first sync after a boot)
+				if tables == nil {
+					tables = map[TableRef]bool{}
+					if all, err := m.Tables(ctx); err == nil {
+						for _, t := range all {
+							tables[t] = true
+						}
+					}
+				}
+				ref := TableRef{knftables.NetDevFamily, IngressTable(ss.Service.Interface)}
 				name := setName(ss.Service.Name, "macs")
-				kt, err := m.list(ctx, TableRef{knftables.NetDevFamily, IngressTable(ss.Service.Interface)}, "map", name)
+				if !tables[ref] {
+					break
+				}
+				kt, err := m.list(ctx, ref, "map", name)
 				if err != nil || kt.Maps[name] == nil {
 					break // not installed
 				}
@@ -783,14 +798,30 @@ func (r *Runtime) solicit(d *Desired, env Env) {
 // otherwise.
 func unresolved(d *Desired, env Env) []netip.Addr {
 	var out []netip.Addr
+	for _, n := range unanswered(d, env, false) {
+		out = append(out, n.addr)
+	}
+	return out
+}
+
+// devAddr is a neighbour: an address on a device.
+type devAddr struct {
+	dev  string
+	addr netip.Addr
+}
+
+// unanswered are the neighbours (device and address) of unresolved's backends; with
+// failedAnswers, those the kernel has marked FAILED count as answered and are left out.
+func unanswered(d *Desired, env Env, failedAnswers bool) []devAddr {
+	var out []devAddr
 	for _, ss := range d.Services {
 		if ss.Topology != DSR || ss.Skipped != "" {
 			continue
 		}
-		nb := env.Neighbors[ss.Service.backendInterface()]
+		dev := ss.Service.backendInterface()
 		for _, b := range ss.Backends {
-			if b.Backend.MAC == "" && nb[b.Addr] == nil && b.State != StateDown {
-				out = append(out, b.Addr)
+			if b.Backend.MAC == "" && env.Neighbors[dev][b.Addr] == nil && b.State != StateDown && !(failedAnswers && env.Failed[dev][b.Addr]) {
+				out = append(out, devAddr{dev, b.Addr})
 			}
 		}
 	}
@@ -855,6 +886,16 @@ func (o *OneShot) Apply(ctx context.Context, cfg Config) (string, error) {
 		return "", err
 	}
 	d := Resolve(svcs, nil, env)
+	if len(unanswered(d, env, true)) > 0 {
+		// (a dsr backend without a neighbour entry: resolved now, where the agent would
+		// solicit it and sync again; a MAC the last apply installed is kept below only for
+		// one the kernel is still resolving, not for one it has FAILED, or an apply at every
+		// neighbour garbage collection would keep a dead backend for good)
+		if env, err = awaitNeighbours(ctx, d, env, interfaces(svcs), neighbourWait); err != nil {
+			return "", err
+		}
+		d = Resolve(svcs, nil, env)
+	}
 	if kept, ok := m.installedMACs(ctx, d, env); ok {
 		d = Resolve(svcs, nil, kept)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/hostaccel/hostaccel/internal/agent"
 	"github.com/hostaccel/hostaccel/internal/conntrack"
+	"github.com/hostaccel/hostaccel/internal/lb"
 	"github.com/hostaccel/hostaccel/internal/model"
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
@@ -650,4 +651,57 @@ func famName(v6 bool) string {
 		return "IPv6"
 	}
 	return "IPv4"
+}
+
+// A one-shot apply of a dsr service whose backend has no neighbour entry makes the kernel
+// resolve it before it decides: a backend that answers is in the maps at once (before, only at
+// the next apply); one whose entry the neighbour GC deleted while it lives keeps being in them;
+// one that no longer answers (its address gone) leaves them, once the kernel has FAILED it
+// (~3 s). Before, an apply kept the MAC the last one installed for a backend without an
+// entry, and above gc_thresh1, where the kernel collects FAILED entries between applies, a dead
+// backend stayed in the maps for good. Real kernel, IPv4.
+func TestOneShotDSRNeighbours(t *testing.T) {
+	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
+	b4 := tp.V4.PodCIDR.Addr().As4()
+	b4[3] = 77 // (a second address of the Pod, in its CIDR)
+	backend := netip.AddrFrom4(b4)
+	addr := netip.PrefixFrom(backend, tp.V4.PodCIDR.Bits())
+	if err := tp.Pod.AddrAdd("eth0", addr); err != nil {
+		t.Fatal(err)
+	}
+	cfg := writeConfig(t, lbOnly(t, tp, fmt.Sprintf("  - {name: d, vips: [\"198.51.100.7\"], port: 80, topology: dsr, interface: %s, backends: [{address: \"%s\"}]}\n", tp.GatewayName, backend)))
+	mac := testbed.LinkT(t, tp.Pod, "eth0").HardwareAddr.String()
+	inMaps := func() bool {
+		t.Helper()
+		out, err := tp.Node.Exec("nft", "list", "map", "netdev", lb.IngressTablePrefix+tp.GatewayName, "d-macs")
+		if err != nil {
+			t.Fatal(err, out)
+		}
+		return strings.Contains(out, mac)
+	}
+	forget := func() {
+		t.Helper()
+		if out, err := tp.Node.Exec("ip", "neigh", "del", backend.String(), "dev", tp.GatewayName); err != nil {
+			t.Fatal(err, out)
+		}
+	}
+	first := mustHA(t, tp.Node.Name, "apply", "-f", cfg)
+	if !inMaps() {
+		nb, _ := tp.Node.Exec("ip", "neigh", "show", "dev", tp.GatewayName)
+		t.Fatalf("a backend that answers is not in the maps after the first apply (neighbours: %q):\n%s", nb, first)
+	}
+	forget() // (as the GC does: dsr never refreshes it)
+	mustHA(t, tp.Node.Name, "apply", "-f", cfg)
+	if !inMaps() {
+		t.Errorf("a live backend whose entry was collected left the maps")
+	}
+	if out, err := tp.Pod.Exec("ip", "addr", "del", addr.String(), "dev", "eth0"); err != nil {
+		t.Fatal(err, out)
+	}
+	forget()
+	start := time.Now()
+	out := mustHA(t, tp.Node.Name, "apply", "-f", cfg)
+	if inMaps() {
+		t.Errorf("a backend that no longer answers is still in the maps (%s later):\n%s", time.Since(start).Round(time.Millisecond), out)
+	}
 }
