@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/hostaccel/hostaccel/internal/nftlist"
 	"github.com/hostaccel/hostaccel/internal/runfile"
@@ -79,6 +80,7 @@ func (m *Manager) remember() {
 		return
 	}
 	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
+	m.touched = time.Now()
 	if os.WriteFile(tmp, b, 0o600) != nil || os.Rename(tmp, path) != nil {
 		_ = os.Remove(tmp)
 		_ = os.Remove(path) // (forget removed it before the change; a file left would lie)
@@ -86,6 +88,21 @@ func (m *Manager) remember() {
 	}
 	runfile.Prune(path, "flowtable-known-*.json", runfile.Keep) // (gone namespaces' files)
 }
+
+// touch marks the file the Manager wrote as in use, at most every touchEvery: runfile.Prune
+// keeps the most recently modified files, and an agent whose table does not change would
+// lose its own first to the applies of short-lived namespaces (its restart would then compare
+// rule comments only).
+func (m *Manager) touch() {
+	if m.KnownDir == "" || m.written == "" || time.Since(m.touched) < touchEvery {
+		return
+	}
+	m.touched = time.Now()
+	_ = os.Chtimes(m.knownPath(nftlist.Namespace()), m.touched, m.touched)
+}
+
+// touchEvery is how often touch marks the file.
+const touchEvery = time.Minute
 
 // forget removes the known file before a transaction changes the table, so that no file
 // says what the table was before it: a process that dies between the commit and the file's

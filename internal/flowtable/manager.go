@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"sigs.k8s.io/knftables"
@@ -34,6 +35,7 @@ type Manager struct {
 	lastDevices []string       // its flowtable's devices
 	lastIndex   map[string]int // the devices' indexes as the last apply knew them (Ruleset.DeviceIndex)
 	written     string         // the fingerprint last written to the file (or tried)
+	touched     time.Time      // when the file was last written or touched (touch)
 	cleared     bool           // the file was removed, and nothing known since
 }
 
@@ -138,6 +140,8 @@ func (m *Manager) Apply(ctx context.Context, r *Ruleset) (Result, error) {
 	}
 	if m.last != m.written {
 		m.remember()
+	} else {
+		m.touch()
 	}
 	return res, nil
 }

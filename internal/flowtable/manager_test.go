@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/knftables"
 
@@ -401,5 +404,36 @@ func TestDeviceTakenOutIsDrift(t *testing.T) {
 		if res := apply(t, m, next); (res.Drift != "") != c.drift || !res.Rebuilt && !res.FlowtableRecreated && c.index != 0 {
 			t.Errorf("eth0 out of the flowtable, %s: %+v, want drift %v", c.name, res, c.drift)
 		}
+	}
+}
+
+// An agent whose table does not change marks its known file as in use at its syncs (at most
+// once a minute), so that runfile.Prune, which keeps the most recently modified files, does not
+// take it first for the applies of short-lived namespaces. Before, the file kept the time of
+// the agent's last change.
+func TestUnchangedTableTouchesTheKnownFile(t *testing.T) {
+	dir := t.TempDir()
+	m, _ := NewFakeManager()
+	m.KnownDir = dir
+	s := state()
+	apply(t, m, s)
+	files, _ := filepath.Glob(filepath.Join(dir, "flowtable-known-*.json"))
+	if len(files) != 1 {
+		t.Fatalf("known files %v, want one", files)
+	}
+	old := time.Now().Add(-2 * time.Hour)
+	if err := os.Chtimes(files[0], old, old); err != nil {
+		t.Fatal(err)
+	}
+	apply(t, m, s) // (within a minute of the write: not touched)
+	if fi, err := os.Stat(files[0]); err != nil || !fi.ModTime().Equal(old) {
+		t.Fatalf("touched within a minute of its write: %v %v", fi.ModTime(), err)
+	}
+	m.touched = time.Now().Add(-2 * touchEvery)
+	if res := apply(t, m, s); res.Operations != 0 {
+		t.Fatalf("nothing changed, yet %d operations", res.Operations)
+	}
+	if fi, err := os.Stat(files[0]); err != nil || time.Since(fi.ModTime()) > time.Minute {
+		t.Errorf("an unchanged table's sync did not touch the known file: %v %v", fi.ModTime(), err)
 	}
 }

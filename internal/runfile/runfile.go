@@ -15,8 +15,10 @@ import (
 // Keep is how many cache files of a kind Prune leaves. A namespace that is gone never removes
 // its own file, so without a bound a host that runs applies in short-lived namespaces (tests,
 // CI, containers) piles them up (a load balancer's is up to megabytes at 10,000 backends). 16
-// is more namespaces than a host runs hostaccel in by far (the host's, a few containers'),
-// and an evicted file of a live one costs only its next apply a full read of the tables.
+// is more namespaces than a host runs hostaccel in by far (the host's, a few containers'). An
+// evicted file of a live one costs its next apply a full read of the tables (the load
+// balancer), or a restarted agent the check of rules edited in place (the flowtable, whose
+// agent touches its file so that it stays among the newest).
 const Keep = 16
 
 // Prune removes the regular files beside path (just written: kept) whose names match
