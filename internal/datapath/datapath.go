@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/hostaccel/hostaccel/internal/flowtable"
 	"github.com/hostaccel/hostaccel/internal/model"
@@ -217,10 +218,14 @@ func (r Result) Changed() bool {
 // removed, only once every one of the plan's went in (make before break: a switch whose new
 // datapath the kernel refuses, a flowtable transaction say, keeps the old one working and
 // says so; before, the old one was removed first and the node was left with neither, while
-// the error said nothing had changed).
+// the error said nothing had changed). An error names the plan's datapaths that were applied
+// all the same: a failed flowtable transaction's "nothing was changed" is of that
+// transaction, and the tc datapath applied before it stays attached (before, the error read
+// as if the kernel had not been changed at all).
 func (m *Managers) Apply(ctx context.Context, p Plan, caps probe.Result) (Result, error) {
 	var res Result
 	var errs []error
+	var applied []string // the plan's datapaths applied without an error
 	var remove []func(context.Context) error
 	if p.TC != nil {
 		d, err := tc.Render(*p.TC)
@@ -230,6 +235,9 @@ func (m *Managers) Apply(ctx context.Context, p Plan, caps probe.Result) (Result
 			res.TC = &r
 		}
 		errs = append(errs, err)
+		if err == nil {
+			applied = append(applied, "tc")
+		}
 	} else if m.TC != nil && probe.CheckPrivilege(probe.PartTC) == nil {
 		// (without CAP_SYS_ADMIN no program is found by its ID, ours or another's: no
 		// process of these capabilities attached ours, and every sync failed on another's)
@@ -241,6 +249,9 @@ func (m *Managers) Apply(ctx context.Context, p Plan, caps probe.Result) (Result
 		r, err := m.Sockmap.Apply(ctx, sockmap.Render(*p.Sockmap))
 		res.Sockmap = &r
 		errs = append(errs, err)
+		if err == nil {
+			applied = append(applied, "sockmap")
+		}
 	} else if m.Sockmap != nil {
 		remove = append(remove, m.Sockmap.Remove)
 	}
@@ -248,19 +259,45 @@ func (m *Managers) Apply(ctx context.Context, p Plan, caps probe.Result) (Result
 		r, err := m.Flowtable.Apply(ctx, flowtable.Render(*p.Flowtable, flowtable.Options{FlowtableCounter: caps.Has(probe.FlowtableCounter)}))
 		res.Flowtable = r
 		errs = append(errs, err)
+		if err == nil {
+			applied = append(applied, "flowtable")
+		}
 	} else if m.Flowtable != nil {
 		remove = append(remove, m.Flowtable.Remove)
 	}
 	if err := errors.Join(errs...); err != nil {
+		var notes []string
+		if len(applied) > 0 {
+			notes = append(notes, appliedNote(applied))
+		}
 		if len(remove) > 0 {
-			err = fmt.Errorf("%w (the datapaths the plan no longer has were kept)", err)
+			notes = append(notes, "the datapaths the plan no longer has were kept")
+		}
+		if len(notes) > 0 {
+			err = fmt.Errorf("%w (%s)", err, strings.Join(notes, "; "))
 		}
 		return res, err
 	}
 	for _, rm := range remove {
 		errs = append(errs, rm(ctx))
 	}
-	return res, errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		if len(applied) > 0 {
+			// a removal's error alone reads as if the plan had not gone in either
+			err = fmt.Errorf("%w (%s)", err, appliedNote(applied))
+		}
+		return res, err
+	}
+	return res, nil
+}
+
+// appliedNote says that the datapaths named were applied: "the tc datapath was applied",
+// "the tc and sockmap datapaths were applied".
+func appliedNote(names []string) string {
+	if len(names) == 1 {
+		return "the " + names[0] + " datapath was applied"
+	}
+	return "the " + strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1] + " datapaths were applied"
 }
 
 // Close ends the managers' use and leaves their datapaths in place (a one-shot apply exiting,
