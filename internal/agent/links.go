@@ -4,13 +4,13 @@ import (
 	"net"
 
 	"github.com/hostaccel/hostaccel/internal/config"
-	"github.com/hostaccel/hostaccel/internal/linklist"
+	"github.com/hostaccel/hostaccel/internal/nldump"
 )
 
 // Links lists this network namespace's interfaces for config resolution (a dump interrupted
-// by a device coming or going is read again: linklist).
+// by a device coming or going is read again: nldump).
 func Links() ([]config.Link, error) {
-	ls, err := linklist.List()
+	ls, err := nldump.Links()
 	if err != nil {
 		return nil, err
 	}

@@ -6,7 +6,7 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/vishvananda/netlink"
+	"github.com/hostaccel/hostaccel/internal/nldump"
 )
 
 // LocalSubnets returns the prefixes of this network namespace's addresses that equal one of
@@ -16,7 +16,7 @@ func LocalSubnets(nodeIPs []netip.Addr) ([]netip.Prefix, error) {
 	if len(nodeIPs) == 0 {
 		return nil, fmt.Errorf("the node has no InternalIP address")
 	}
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	addrs, err := nldump.Addrs() // (read again where interrupted)
 	if err != nil {
 		return nil, err
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/hostaccel/hostaccel/internal/conntrack"
-	"github.com/hostaccel/hostaccel/internal/linklist"
+	"github.com/hostaccel/hostaccel/internal/nldump"
 )
 
 // The load balancer's access to the host beyond nftables: the interfaces and neighbour
@@ -24,7 +24,7 @@ func HostEnv(devs []string) (Env, error) {
 	if len(devs) == 0 {
 		return env, nil
 	}
-	links, err := linklist.List() // (read again where interrupted)
+	links, err := nldump.Links() // (read again where interrupted)
 	if err != nil {
 		return env, fmt.Errorf("list links: %w", err)
 	}
@@ -34,7 +34,7 @@ func HostEnv(devs []string) (Env, error) {
 		if !slices.Contains(devs, a.Name) {
 			continue
 		}
-		neigh, err := netlink.NeighList(a.Index, netlink.FAMILY_ALL)
+		neigh, err := nldump.Neighs(a.Index) // (read again where interrupted)
 		if err != nil {
 			return env, fmt.Errorf("list neighbours on %s: %w", a.Name, err)
 		}
@@ -53,7 +53,7 @@ func HostEnv(devs []string) (Env, error) {
 		}
 		env.Neighbors[a.Name], env.Failed[a.Name] = m, failed
 	}
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	addrs, err := nldump.Addrs() // (read again where interrupted)
 	if err != nil {
 		return env, fmt.Errorf("list addresses: %w", err)
 	}

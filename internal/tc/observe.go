@@ -14,7 +14,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
-	"github.com/hostaccel/hostaccel/internal/linklist"
+	"github.com/hostaccel/hostaccel/internal/nldump"
 )
 
 // The kernel as it is: our attachments and the program sets they run, found again by
@@ -38,7 +38,7 @@ type observed struct {
 
 func observe() (*observed, error) {
 	o := &observed{links: map[string]netlink.Link{}, sets: map[ebpf.ProgramID]*progSet{}}
-	links, err := linklist.List() // (read again where interrupted)
+	links, err := nldump.Links() // (read again where interrupted)
 	if err != nil {
 		return o, fmt.Errorf("listing links: %w", err)
 	}
@@ -175,7 +175,7 @@ func (o *observed) netState(listRoutes func() ([]route, bool, error)) (netState,
 	for name, l := range o.links {
 		n.links[name] = device{index: uint32(l.Attrs().Index), mtu: uint32(l.Attrs().MTU), peer: PeerElsewhere(l)}
 	}
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	addrs, err := nldump.Addrs() // (read again where interrupted)
 	if err != nil {
 		return n, fmt.Errorf("listing addresses: %w", err)
 	}

@@ -15,6 +15,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/hostaccel/hostaccel/internal/nldump"
 )
 
 // route is a route of the main table, reduced to what the program's fallback needs.
@@ -124,37 +126,37 @@ func (ix routeIndex) keeping(p netip.Prefix) keeping {
 // the FIB's answers depend on more than the destination (specific, parseRoute). It reads the netlink dump for the destination, the device and the MTU
 // alone: the netlink library's decoding of every route took ~30 ms of an apply at 10,000
 // routes (TestMainRoutesAsTheLibrary compares the two).
-// A dump the kernel marks interrupted (the table changed under it) is read again, up to three
-// times.
+// A dump the kernel marks interrupted (the table changed under it) is read again
+// (nldump.Retry).
 func mainRoutes() ([]route, bool, error) {
 	var out []route
 	specific := false
 	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
 		byAddrs := fam == unix.AF_INET && ipv4HashByAddrs()
-		start, specificBefore := len(out), specific
-		var err error
-		for try := 0; try < 3; try++ {
-			out, specific = out[:start], specificBefore
+		type dumped struct {
+			routes   []route
+			specific bool
+		}
+		d, err := nldump.Retry(func() (dumped, error) {
+			var d dumped
 			req := nl.NewNetlinkRequest(unix.RTM_GETROUTE, unix.NLM_F_DUMP)
 			req.AddData(&nl.RtMsg{RtMsg: unix.RtMsg{Family: fam}})
 			var perr error
-			err = req.ExecuteIter(unix.NETLINK_ROUTE, unix.RTM_NEWROUTE, func(m []byte) bool {
+			err := req.ExecuteIter(unix.NETLINK_ROUTE, unix.RTM_NEWROUTE, func(m []byte) bool {
 				r, sp, ok, e := parseRoute(m, fam, byAddrs)
 				if ok {
-					out = append(out, r)
-					specific = specific || sp
+					d.routes = append(d.routes, r)
+					d.specific = d.specific || sp
 				}
 				perr = e
 				return e == nil
 			})
-			err = cmp.Or(perr, err)
-			if !errors.Is(err, nl.ErrDumpInterrupted) {
-				break
-			}
-		}
+			return d, cmp.Or(perr, err)
+		})
 		if err != nil {
 			return nil, false, fmt.Errorf("listing routes: %w", err)
 		}
+		out, specific = append(out, d.routes...), specific || d.specific
 	}
 	return out, specific, nil
 }
