@@ -30,15 +30,7 @@ import (
 // replaces the table (the Manager's partial diff, one transaction) and the next flows are
 // all recorded.
 func TestFlowTableFullKeepsEachFlowOnOneBackend(t *testing.T) {
-	testbed.RequireRoot(t)
-	ns, err := testbed.NewNS("flowfull")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	if out, err := ns.Exec("ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"); err != nil {
-		t.Fatal(err, out)
-	}
+	ns := testEnvNS(t, "flowfull")
 	for _, dev := range []string{"eth0", "eth1"} {
 		if err := ns.LinkUp(dev); err != nil {
 			t.Fatal(err)

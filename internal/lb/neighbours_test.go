@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"sigs.k8s.io/knftables"
-
-	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
 // withNeighbour returns a copy of testEnv where backend a's neighbour entry on eth1 is mac (nil:
@@ -185,15 +183,7 @@ func TestOneShotKeepsInstalledMACs(t *testing.T) {
 
 // installedMACs reads the MAC of a backend from the kernel's map as nft lists it.
 func TestInstalledMACsFromTheKernel(t *testing.T) {
-	testbed.RequireRoot(t)
-	ns, err := testbed.NewNS("macs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	if out, err := ns.Exec("ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"); err != nil { // testEnv's devices
-		t.Fatal(err, out)
-	}
+	ns := testEnvNS(t, "macs")
 	ctx := context.Background()
 	svcs := []Service{fixture(DSR, RoundRobin)}
 	b11 := netip.MustParseAddr("10.1.0.11")

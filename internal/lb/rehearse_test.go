@@ -154,15 +154,7 @@ func TestSettleRehearses(t *testing.T) {
 // by rule, the expressions Settle remembers), and a Manager's Settle of a drained chain
 // rehearses it without listing the kernel's.
 func TestRehearsalIsTheKernelsRendering(t *testing.T) {
-	testbed.RequireRoot(t)
-	ns, err := testbed.NewNS("rehearse")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	if out, err := ns.Exec("ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"); err != nil { // testEnv's devices
-		t.Fatal(err, out)
-	}
+	ns := testEnvNS(t, "rehearse")
 	cases := renderVariants()
 	for _, topo := range topologies {
 		for _, sched := range schedulers {
@@ -267,4 +259,20 @@ func rulesOf(kt *kernelTable, chain string) string {
 		fmt.Fprintf(&b, "%s: %s\n", rl.Comment, normExpr(rl.Expr))
 	}
 	return b.String()
+}
+
+// testEnvNS is a network namespace (removed at the test's end) with testEnv's devices: eth0
+// and eth1, a veth pair. It needs root.
+func testEnvNS(t *testing.T, name string) *testbed.NS {
+	t.Helper()
+	testbed.RequireRoot(t)
+	ns, err := testbed.NewNS(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	if out, err := ns.Exec("ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"); err != nil {
+		t.Fatal(err, out)
+	}
+	return ns
 }
