@@ -90,7 +90,7 @@ func TestPartOfThePlanIsDegradedNotFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := a.State()
-	if serr != nil || st.SyncErrors != 0 || st.Healthy || len(st.Degraded) != 1 || !strings.Contains(st.Degraded[0], "without its NAT check") {
+	if serr != nil || st.SyncErrors != 0 || st.Healthy || len(st.Degraded) != 1 || !strings.Contains(st.Degraded[0], "has no NAT check") {
 		t.Errorf("sync: %v; state: healthy %v, sync errors %d, degraded %q; want no error, degraded by the missing NAT check", serr, st.Healthy, st.SyncErrors, st.Degraded)
 	}
 	if st.LastResult.TC == nil || len(st.LastResult.TC.Attached) == 0 {

@@ -24,8 +24,10 @@ var ErrNoFlowtable = errors.New("this kernel has no nftables flowtable (load nf_
 var ErrNoTC = errors.New("this kernel cannot run the tc datapath (needs eBPF with cls_bpf or tcx and bpf_redirect_neigh)")
 
 // ErrTCNotNATSafe: the tc datapath was asked for, but the kernel cannot tell it which flows
-// this node NATs.
-var ErrTCNotNATSafe = errors.New("the tc datapath runs without its NAT check: this kernel lacks the conntrack kfuncs (bpf_skb_ct_lookup, Linux >= 5.18 with BTF), so replies of connections this node's stack NATs to or from local Pods (a ClusterIP, a NodePort without SNAT) skip the un-NAT and break; use datapath auto, or set tc.natCheck: off if this node NATs no Pod traffic")
+// this node NATs. Choose returns the plan with it: an agent runs that plan, degraded (the
+// error is in its status), `hostaccel apply` refuses it (Strict). So the text says what the
+// kernel lacks and what tc without it does, not which of the two happened.
+var ErrTCNotNATSafe = errors.New("the tc datapath has no NAT check on this kernel: it lacks the conntrack kfuncs (bpf_skb_ct_lookup, Linux >= 5.18 with BTF), and without the check replies of connections this node's stack NATs to or from local Pods (a ClusterIP, a NodePort without SNAT) skip the un-NAT and break; use datapath auto, or set tc.natCheck: off if this node NATs no Pod traffic")
 
 // ErrNoSockmap: the kernel cannot run the sockmap datapath.
 var ErrNoSockmap = errors.New("this kernel cannot run the sockmap datapath (needs sockhash, sk_msg and sock_ops: CONFIG_BPF_STREAM_PARSER, CONFIG_NET_SOCK_MSG, and a cgroup v2 mount)")

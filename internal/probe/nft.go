@@ -35,18 +35,8 @@ func probeNFT(ctx context.Context) []Feature {
 			feature(Conntrack, err, ""))
 	}
 
-	check := func(nft knftables.Interface, objs ...knftables.Object) error {
-		return try(func() error {
-			tx := nft.NewTransaction()
-			tx.Add(&knftables.Table{})
-			for _, o := range objs {
-				tx.Add(o)
-			}
-			return nftError(nft.Check(ctx, tx))
-		})
-	}
 	flowtable := func(priority knftables.FlowtableIngressPriority) error {
-		return check(inet,
+		return checkNFT(ctx, inet,
 			&knftables.Flowtable{Name: "ft", Priority: &priority, Devices: []string{"lo"}},
 			&knftables.Chain{
 				Name:     "forward",
@@ -79,7 +69,7 @@ func probeNFT(ctx context.Context) []Feature {
 		if err != nil {
 			return nftError(err)
 		}
-		return check(netdev,
+		return checkNFT(ctx, netdev,
 			&knftables.Chain{
 				Name:     "ingress",
 				Type:     knftables.PtrTo(knftables.FilterType),
@@ -91,7 +81,28 @@ func probeNFT(ctx context.Context) []Feature {
 	})
 	fs = append(fs, feature(NetdevFwd, err, "load nft_fwd_netdev (CONFIG_NFT_FWD_NETDEV)"))
 
-	err = check(inet,
+	fs = append(fs, feature(Conntrack, probeConntrack(ctx, inet), "load nf_conntrack and nft_ct (CONFIG_NF_CONNTRACK, CONFIG_NFT_CT)"))
+	return fs
+}
+
+// checkNFT dry-runs (nft --check) a transaction that adds the probe table and objs to nft's
+// family: the kernel validates it, loading on demand the modules it uses, and commits nothing.
+func checkNFT(ctx context.Context, nft knftables.Interface, objs ...knftables.Object) error {
+	return try(func() error {
+		tx := nft.NewTransaction()
+		tx.Add(&knftables.Table{})
+		for _, o := range objs {
+			tx.Add(o)
+		}
+		return nftError(nft.Check(ctx, tx))
+	})
+}
+
+// probeConntrack dry-runs a rule that matches conntrack state (inet is of the inet family),
+// for which the kernel loads nf_conntrack and nft_ct where they are modules not loaded yet, as
+// it does for nft: nil if the conntrack core is there after it.
+func probeConntrack(ctx context.Context, inet knftables.Interface) error {
+	err := checkNFT(ctx, inet,
 		&knftables.Chain{
 			Name:     "output",
 			Type:     knftables.PtrTo(knftables.FilterType),
@@ -103,8 +114,25 @@ func probeNFT(ctx context.Context) []Feature {
 		// After the check, which may have loaded nf_conntrack on demand.
 		_, err = os.Stat(conntrackMax)
 	}
-	fs = append(fs, feature(Conntrack, err, "load nf_conntrack and nft_ct (CONFIG_NF_CONNTRACK, CONFIG_NFT_CT)"))
-	return fs
+	return err
+}
+
+// loadConntrack has the kernel load nf_conntrack as Run's conntrack probe does, for a caller
+// that reads nf_conntrack's module BTF without Run's nftables probes (ForTC): the conntrack
+// kfuncs are there only once the module is loaded. Where the conntrack core is there already
+// (loaded, or built in), it runs nothing (a stat); else its nft runs are ~3, once per boot.
+// Where it cannot (no nft, no privilege) the module stays as it is, as it does for Run.
+func loadConntrack(ctx context.Context) {
+	if _, err := os.Stat(conntrackMax); err == nil {
+		return
+	}
+	_ = try(func() error {
+		inet, err := knftables.New(knftables.InetFamily, probeTable)
+		if err != nil {
+			return err
+		}
+		return probeConntrack(ctx, inet)
+	})
 }
 
 // nftError shortens an error of the nft binary, whose stderr quotes the input and marks

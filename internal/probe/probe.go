@@ -1,7 +1,9 @@
 // Package probe finds out what the running kernel can do for hostaccel, without changing
-// anything on the host: nftables features are dry runs (nft --check, never committed), tc
+// its configuration: nftables features are dry runs (nft --check, never committed), tc
 // features are tried in a throwaway network namespace and eBPF features use cilium/ebpf's
-// feature probes.
+// feature probes. It does not leave the host quite as it found it: as for nft itself, the
+// kernel loads on demand the modules that the dry runs use (nf_conntrack, nft_ct, the
+// flowtable's), and they stay loaded.
 package probe
 
 import (
@@ -106,7 +108,9 @@ func Run(ctx context.Context) Result {
 // ForTC is Run for a config whose datapath is tc: the tc and BPF features only, which are all
 // that the plan of a tc datapath looks at (datapath.Choose). The nftables probes (a dozen nft
 // runs) and the sockmap's are left out: ~0.2 s of `apply`, whatever the config's size. The
-// features left out are absent (Has: false), so what shows every feature uses Run.
+// features left out are absent (Has: false), so what shows every feature uses Run. Of the
+// nftables probes it keeps the one that loads nf_conntrack, where the conntrack core is not
+// there yet (once per boot), so that it finds the conntrack kfuncs where Run does.
 //
 // Where the kernel answers a query of the loopback device's tcx programs (Linux >= 6.6; the
 // query changes nothing), the tc datapath attaches with tcx and nothing else (tc.Manager), so
@@ -122,6 +126,11 @@ func ForTC(ctx context.Context) Result {
 	} else {
 		r.Features = append(r.Features, probeTC(ctx)...)
 	}
+	// Where nf_conntrack is a module, the conntrack kfuncs are in its BTF, which is there
+	// only once it is loaded: Run's nft dry run of a conntrack rule loads it before Run reads
+	// the BTF, and so must ForTC, or an `apply` on a freshly booted node found no kfuncs
+	// until something else (`hostaccel probe`) loaded the module.
+	loadConntrack(ctx)
 	r.Features = append(r.Features, probeBPF()...)
 	return r
 }

@@ -125,6 +125,41 @@ func checkShape(t *testing.T, r Result) {
 	}
 }
 
+// ForTC, the probe of `hostaccel apply` for a tc config, finds the conntrack kfuncs where Run
+// does, whichever runs first: where nf_conntrack is a module, they are in its BTF, which is
+// there only once it is loaded. Run's nft dry run of a conntrack rule loads it; ForTC read the
+// BTF without, so on a freshly booted node (the VM's 6.1) `apply` refused datapath tc for
+// want of the kfuncs until a `hostaccel probe` had loaded the module. This test comes before
+// any of Run's in the package, so that in the VM nf_conntrack is not loaded when it starts.
+func TestForTCFindsTheKfuncsBeforeRun(t *testing.T) {
+	testbed.RequireRoot(t)
+	was := KfuncsCache
+	KfuncsCache = filepath.Join(t.TempDir(), "conntrack-kfuncs")
+	defer func() { KfuncsCache = was }()
+	haveKfuncs.Store(false) // read the BTF, not a yes of an earlier test
+	_, err := os.Stat(conntrackMax)
+	loaded := err == nil
+	inVM := os.Getenv("HOSTACCEL_IN_VM") == "1"
+	if inVM && loaded {
+		t.Errorf("the VM boots without nf_conntrack, yet it is loaded: a test before this one loaded it, and this one tests nothing more than TestForTCAgreesWithRun")
+	}
+
+	tc := ForTC(context.Background())
+	_, afterTC := os.Stat(conntrackMax)
+	all := Run(context.Background())
+	if !loaded && afterTC != nil && all.Has(Conntrack) {
+		t.Errorf("ForTC left nf_conntrack unloaded (%v), which Run's probe loads: it read the kfuncs without their module", afterTC)
+	}
+	if got, run := tc.Get(ConntrackKfuncs), all.Get(ConntrackKfuncs); got.Available != run.Available {
+		t.Errorf("%s, nf_conntrack loaded at the start %v: ForTC says available=%v (%s), Run after it %v (%s)",
+			ConntrackKfuncs, loaded, got.Available, got.Detail, run.Available, run.Detail)
+	}
+	if inVM && !tc.Has(ConntrackKfuncs) {
+		// Debian's 6.1 has them, in nf_conntrack's module BTF.
+		t.Errorf("ForTC in the VM: %s unavailable (%s)", ConntrackKfuncs, tc.Get(ConntrackKfuncs).Detail)
+	}
+}
+
 // TestRunFailsSoft runs with any privileges: without root every probe must still report.
 func TestRunFailsSoft(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
