@@ -247,3 +247,45 @@ func TestInstalledMACsListsOnlyWhatMayHelp(t *testing.T) {
 		t.Errorf("no tables: kept %v, %d nft listings; want one", ok, *n)
 	}
 }
+
+// On a kernel that refuses a negated map lookup (Linux 6.1), which their flow and client tables
+// need: dsr and stateless-dnat services are not installed (Skipped says why), snat and dnat ones
+// are, without their persistence (NoPersistence says why), and a service that needs none is
+// as before. Before, such a kernel refused the whole transaction, every service with it.
+func TestWithoutMapNegation(t *testing.T) {
+	persist := fixture(DNAT, RoundRobin)
+	persist.Name, persist.VIPs, persist.Persistence = "sticky", []string{"192.0.2.13"}, D(time.Minute)
+	persist.Backends = persist.Backends[:3] // (IPv4, as its VIP)
+	svcs := []Service{fixture(DNAT, RoundRobin), rename(fixture(DSR, Hash), "dsr", "192.0.2.11"),
+		rename(fixture(StatelessDNAT, SymHash), "sl", "192.0.2.12", "2001:db8::12"), persist}
+	env := testEnv
+	env.NoMapNegation = true
+	d := Resolve(svcs, nil, env)
+	got := map[string][2]string{}
+	for _, ss := range d.Services {
+		got[ss.Service.Name] = [2]string{ss.Skipped, ss.NoPersistence}
+	}
+	for name, want := range map[string][2]string{
+		"web":    {"", ""},
+		"dsr":    {"dsr " + noMapNegation, ""},
+		"sl":     {"stateless-dnat " + noMapNegation, ""},
+		"sticky": {"", "persistence " + noMapNegation},
+	} {
+		if got[name] != want {
+			t.Errorf("%s: skipped %q, no persistence %q; want %q", name, got[name][0], got[name][1], want)
+		}
+	}
+	for _, tb := range Render(d).Tables {
+		for _, r := range tb.Rules {
+			if strings.Contains(r.Rule, "!= @") {
+				t.Errorf("a negated map lookup rendered on a kernel that refuses it: %s", r.Rule)
+			}
+		}
+	}
+	// The kernel that takes them: as configured.
+	for _, ss := range Resolve(svcs, nil, testEnv).Services {
+		if ss.Skipped != "" || ss.NoPersistence != "" {
+			t.Errorf("%s with negated map lookups: skipped %q, no persistence %q", ss.Service.Name, ss.Skipped, ss.NoPersistence)
+		}
+	}
+}

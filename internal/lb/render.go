@@ -380,7 +380,7 @@ func natService(b *builder, ss *ServiceState, f family) {
 	}
 	b.rule(chain, pre+"count", b.counter(chain, pre+whatNewConnections))
 	slots := ss.slots(f.is6)
-	if p := ss.Service.Persistence; p != nil {
+	if p := ss.Service.Persistence; p != nil && ss.NoPersistence == "" {
 		persistent(b, ss, f, chain, data, dep, withPort, slots, p.Duration)
 	} else {
 		backends := setName(name, "backends-"+f.suffix)

@@ -176,6 +176,7 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
+	env.NoMapNegation = needsMapNegation(svcs) && !mgr.MapNegation(ctx)
 	health := checker.Health()
 	start := time.Now()
 	apply := mgr.Apply
@@ -885,6 +886,7 @@ func (o *OneShot) Apply(ctx context.Context, cfg Config) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	env.NoMapNegation = needsMapNegation(svcs) && !m.MapNegation(ctx)
 	d := Resolve(svcs, nil, env)
 	if len(unanswered(d, env, true)) > 0 {
 		// (a dsr backend without a neighbour entry: resolved now, where the agent would
@@ -903,6 +905,9 @@ func (o *OneShot) Apply(ctx context.Context, cfg Config) (string, error) {
 	for _, ss := range d.Services {
 		if ss.Skipped != "" {
 			return "", fmt.Errorf("services[%s]: %s", ss.Service.Name, ss.Skipped)
+		}
+		if ss.NoPersistence != "" {
+			notes = append(notes, fmt.Sprintf("services[%s]: installed without its %s", ss.Service.Name, ss.NoPersistence))
 		}
 		for _, b := range ss.Backends {
 			if !b.Known && b.State != StateDown {
