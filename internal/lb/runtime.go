@@ -176,7 +176,7 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
-	env.NoMapNegation = needsMapNegation(svcs) && !mgr.MapNegation(ctx)
+	env.NoMapNegation = kernelLacksMapNegation(ctx, svcs)
 	health := checker.Health()
 	start := time.Now()
 	apply := mgr.Apply
@@ -886,7 +886,7 @@ func (o *OneShot) Apply(ctx context.Context, cfg Config) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	env.NoMapNegation = needsMapNegation(svcs) && !m.MapNegation(ctx)
+	env.NoMapNegation = kernelLacksMapNegation(ctx, svcs)
 	d := Resolve(svcs, nil, env)
 	if len(unanswered(d, env, true)) > 0 {
 		// (a dsr backend without a neighbour entry: resolved now, where the agent would

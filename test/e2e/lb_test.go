@@ -18,6 +18,7 @@ import (
 	"github.com/hostaccel/hostaccel/internal/conntrack"
 	"github.com/hostaccel/hostaccel/internal/lb"
 	"github.com/hostaccel/hostaccel/internal/model"
+	"github.com/hostaccel/hostaccel/internal/probe"
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
@@ -714,15 +715,7 @@ func TestOneShotDSRNeighbours(t *testing.T) {
 func mapNegation(t *testing.T, ns *testbed.NS) bool {
 	t.Helper()
 	var ok bool
-	if err := ns.Do(func() error {
-		m, err := lb.NewManager()
-		if err != nil {
-			return err
-		}
-		defer m.Close()
-		ok = m.MapNegation(context.Background())
-		return nil
-	}); err != nil {
+	if err := ns.Do(func() error { ok = probe.HasMapNegation(context.Background()); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	return ok
