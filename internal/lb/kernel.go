@@ -6,12 +6,10 @@ import (
 	nftprobe "github.com/hostaccel/hostaccel/internal/probe"
 )
 
-// mapNegation is whether the kernel takes a negated lookup in a map (`key != @map`), which
-// dsr, stateless-dnat and persistence render (their flow and client tables): Linux 6.1 refuses
-// it ("Could not process rule: Invalid argument", and the whole transaction with it: its
-// nft_lookup takes a map only to read its data), 6.18 takes it (probe.MapNegation). A
-// variable: tests of the Resolve's answer set it.
-var mapNegation = nftprobe.HasMapNegation
+// The kernel's negated lookup in a map (`key != @map`), which dsr, stateless-dnat and
+// persistence render (their flow and client tables): Linux 6.1 refuses it ("Could not process
+// rule: Invalid argument", and the whole transaction with it: its nft_lookup takes a map only
+// to read its data), 6.18 takes it (nftprobe.HasMapNegation, the probe's nft_map_negation).
 
 // needsMapNegation reports whether a service of svcs renders a negated map lookup: only then
 // is the kernel asked (a dry run, once per process).
@@ -26,5 +24,5 @@ func needsMapNegation(svcs []Service) bool {
 
 // kernelLacksMapNegation reports whether svcs need what the kernel refuses (Env.NoMapNegation).
 func kernelLacksMapNegation(ctx context.Context, svcs []Service) bool {
-	return needsMapNegation(svcs) && !mapNegation(ctx)
+	return needsMapNegation(svcs) && !nftprobe.HasMapNegation(ctx)
 }
