@@ -45,11 +45,6 @@ type Env struct {
 	// Local lists this host's addresses: stateless-dnat does not rewrite packets to them
 	// (health checks' replies).
 	Local []netip.Addr
-	// NoMapNegation: the kernel refuses a negated lookup in a map (`key != @map`), which
-	// dsr, stateless-dnat and persistence render (their flow and client tables): Linux 6.1
-	// does (nft_lookup takes NFT_LOOKUP_F_INV on sets only). Such dsr and stateless-dnat
-	// services are not installed; snat and dnat ones are, without persistence.
-	NoMapNegation bool
 }
 
 // Desired is the load balancer as it should be now: the services with every backend's
@@ -70,9 +65,6 @@ type ServiceState struct {
 	Backends []*BackendState
 	// Skipped says why the service is not installed at all (a missing interface).
 	Skipped string
-	// NoPersistence says why the service is installed without its persistence (the kernel
-	// cannot: Env.NoMapNegation).
-	NoPersistence string
 	// OutMAC (dsr): the MAC of the backend interface, the source of forwarded frames.
 	OutMAC net.HardwareAddr
 }
@@ -148,11 +140,6 @@ func resolveService(s Service, health map[string]Health, env Env) *ServiceState 
 		if ss.Skipped == "" && ss.Topology == DSR && len(ss.OutMAC) != 6 {
 			ss.Skipped = fmt.Sprintf("interface %q has no Ethernet address", s.backendInterface())
 		}
-		if ss.Skipped == "" && env.NoMapNegation {
-			ss.Skipped = ss.Topology + " " + noMapNegation
-		}
-	} else if s.Persistence != nil && env.NoMapNegation {
-		ss.NoPersistence = "persistence " + noMapNegation
 	}
 	ids := make(map[uint32]bool, len(s.Backends))
 	states := make([]BackendState, len(s.Backends)) // one allocation, not one per backend
@@ -366,24 +353,14 @@ func (p *resolved) sameHealth(health map[string]Health) bool {
 	return true
 }
 
-// noMapNegation says why a service cannot have what needs a negated map lookup.
-const noMapNegation = "needs a kernel that takes a negated lookup in a map (`key != @map`, its flow or client table): this one refuses it (Linux 6.1 does; 6.18 takes it)"
-
 // envKey is what resolving s reads of env: for dsr and stateless-dnat, its interfaces'
-// MACs (and whether they exist) and, for dsr, the neighbours' MACs of its backends; whether
-// the kernel takes negated map lookups.
+// MACs (and whether they exist) and, for dsr, the neighbours' MACs of its backends.
 func envKey(s Service, env Env) string {
 	t := s.topology()
 	if t != DSR && t != StatelessDNAT {
-		if s.Persistence != nil && env.NoMapNegation {
-			return "no map negation"
-		}
 		return ""
 	}
 	var k strings.Builder
-	if env.NoMapNegation {
-		k.WriteString("no map negation;")
-	}
 	for _, dev := range []string{s.Interface, s.backendInterface()} {
 		mac, ok := env.Links[dev]
 		fmt.Fprintf(&k, "%s=%v/%s;", dev, ok, mac)

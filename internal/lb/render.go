@@ -380,7 +380,7 @@ func natService(b *builder, ss *ServiceState, f family) {
 	}
 	b.rule(chain, pre+"count", b.counter(chain, pre+whatNewConnections))
 	slots := ss.slots(f.is6)
-	if p := ss.Service.Persistence; p != nil && ss.NoPersistence == "" {
+	if p := ss.Service.Persistence; p != nil {
 		persistent(b, ss, f, chain, data, dep, withPort, slots, p.Duration)
 	} else {
 		backends := setName(name, "backends-"+f.suffix)
@@ -508,13 +508,12 @@ func persistent(b *builder, ss *ServiceState, f family, chain, data, dep string,
 	b.mapping(ids, "numgen inc mod 1 : "+stash, pre+"slot -> backend id", 0)
 	b.slotMap(ids, ss)
 	b.mapping(targets, stash+" : "+data, pre+"backend id -> backend", 0)
-	r := recorder{key: f.nf + " saddr", stash: stash, flows: persist, ids: targets}
+	r := recorder{key: f.nf + " saddr", stash: stash, flows: persist, action: dep + "dnat " + f.nf + " to " + stash + " map @" + targets}
 	if len(slots) > 0 {
 		r.sched = stash + " set " + schedExpr(ss, f, len(slots)) + " map @" + ids
 		r.hash = stash + " set " + keyHash(r.key, len(slots), name) + " map @" + ids
 	}
-	r.rules(b, chain, pre, "client", stash+" set ct original "+stash+" ")
-	b.rule(chain, pre+"to the client's backend", dep+"dnat "+f.nf+" to "+stash+" map @"+targets)
+	r.rules(b, chain, pre, "client", stash+" set ct original "+stash)
 	if v := noBackend(ss); v == "reject" {
 		// (the reject answers from the VIP: the destination the id overwrote comes back)
 		b.rule(chain, pre+"no backend available", stash+" set ct original "+stash+" reject")
@@ -534,46 +533,50 @@ func persistent(b *builder, ss *ServiceState, f family, chain, data, dep string,
 }
 
 // recorder renders the rules that give a packet its backend id from a dynamic map (flows,
-// persistent clients) race-free: schedule a new key, insert-if-absent, read the map back,
-// forget an entry whose backend is gone. The id is kept in stash, a header field that the
-// chain overwrites anyway after translating the id (no scratch register, no mark).
+// persistent clients) and send it on, race-free: a known key follows the map; an entry whose
+// backend is gone is forgotten; a new key is scheduled, inserted if still absent and read
+// back. The id is kept in stash, a header field that the chain overwrites anyway after
+// translating the id (no scratch register, no mark).
+//
+// Every lookup is positive (`key map @flows`: a miss ends the rule), never `key != @flows`:
+// Linux 6.1's nft_lookup refuses an inverted (or a plain membership) lookup in a map, and
+// one such rule fails the whole transaction. So each rule that finds an id ends in action,
+// which fails (ends the rule) where the id's backend is gone: the next rule forgets it.
 //
 // The map holds at most its size of keys (flowTableSize). When it is full, `update` fails
 // and ends its rule: the key is not recorded, and every packet of it would be scheduled
 // anew (rr and weight: to another backend each time, breaking a dsr or stateless-dnat
-// flow). A key still absent after the record rule is therefore sent by a hash of the key
-// over the same slots, counted by a named counter ("full-<chain>"): all its packets reach
-// one backend while the map is full.
+// flow). A key not recorded is therefore sent by a hash of the key over the same slots,
+// counted by a named counter ("full-<chain>"): all its packets reach one backend while the
+// map is full.
 type recorder struct {
-	key   string // the map's key expression
-	stash string // the header field that carries the id
-	flows string // the dynamic map: key -> id
-	ids   string // a map whose keys are the ids of the backends there still are
-	sched string // "<stash> set <scheduler> map @slots", "" without an eligible backend
-	hash  string // "<stash> set jhash <key's fields> ... map @slots": the map is full
+	key    string // the map's key expression
+	stash  string // the header field that carries the id
+	flows  string // the dynamic map: key -> id
+	sched  string // "<stash> set <scheduler> map @slots", "" without an eligible backend
+	hash   string // "<stash> set jhash <key's fields> ... map @slots": the map is full
+	action string // sends the packet to the backend of the id in stash; a miss where it is gone
 }
 
+// rules renders the recorder's rules; restore undoes the stash after a forgotten entry (the
+// scheduler may read the field).
 func (r recorder) rules(b *builder, chain, pre, what, restore string) {
 	update := "update @" + r.flows + " { " + r.key + " : " + r.stash + " }"
 	readBack := r.stash + " set " + r.key + " map @" + r.flows
-	if r.sched != "" {
-		b.rule(chain, pre+"new "+what+": schedule", r.key+" != @"+r.flows+" "+r.sched)
-		// update inserts only if the key is absent (the data of an entry is never replaced)
-		// and refreshes its timeout; the packet then follows what the map holds.
-		b.rule(chain, pre+"record the "+what+" (if new), follow the map", update+" "+readBack)
-		// still absent: the map is full (update failed)
-		b.rule(chain, pre+what+" table full: follow a hash of the "+what, r.key+" != @"+r.flows+" "+r.hash+" "+
-			b.counter("full-"+chain, pre+what+" "+whatTableFull))
-	} else {
-		b.rule(chain, pre+"known "+what, readBack+" "+update)
+	// update refreshes a known key's timeout (its data is never replaced).
+	b.rule(chain, pre+"known "+what+": to its backend", readBack+" "+update+" "+r.action)
+	// Known, but the rule above ended: the entry's backend is gone (down, failed, removed); a
+	// draining backend keeps its id, and its entries. The key is scheduled anew below.
+	b.rule(chain, pre+"forget a "+what+" whose backend is gone", strings.TrimSpace(readBack+" delete @"+r.flows+" { "+r.key+" : "+r.stash+" } "+restore))
+	if r.sched == "" {
+		return
 	}
-	// An entry whose backend is gone (down, failed, removed) is deleted and the key
-	// scheduled anew; a draining backend keeps its id, and its entries.
-	forget := r.stash + " != @" + r.ids + " delete @" + r.flows + " { " + r.key + " : " + r.stash + " }"
-	if r.sched != "" {
-		forget += " " + restore + r.sched + " " + update + " " + readBack
-	}
-	b.rule(chain, pre+"forget a "+what+" whose backend is gone", forget)
+	// update inserts only if the key is absent (another CPU's first packet of it may have
+	// won) and the packet follows what the map holds.
+	b.rule(chain, pre+"new "+what+": schedule, record, to its backend", r.sched+" "+update+" "+readBack+" "+r.action)
+	// not recorded: the map is full (update failed)
+	b.rule(chain, pre+what+" table full: follow a hash of the "+what, r.hash+" "+
+		b.counter("full-"+chain, pre+what+" "+whatTableFull)+" "+r.action)
 }
 
 // keyHash is the expression that picks one of n slots by a hash of fields (a flow's or a
@@ -755,9 +758,9 @@ func ingressService(b *builder, ss *ServiceState) {
 		pre := name + " " + f.suffix + ": "
 		flows, slotsMap := setName(name, "flows-"+f.suffix), setName(name, "slots-"+f.suffix)
 		addrs, ports := setName(name, "addrs-"+f.suffix), setName(name, "ports-"+f.suffix)
-		stash, ids := "ether daddr", macs
+		stash := "ether daddr"
 		if !dsr {
-			stash, ids = f.nf+" daddr", addrs
+			stash = f.nf + " daddr"
 		}
 		// The flow key: the client's address and port (its address only with persistence).
 		// nft 1.0.6 cannot update a map with a key longer than 16 bytes, so an IPv6 address
@@ -790,26 +793,25 @@ func ingressService(b *builder, ss *ServiceState) {
 		b.chain(&knftables.Chain{Name: chain})
 		b.rule(chain, pre+"count", b.counter(chain, pre+whatPackets))
 		slots := ss.slots(f.is6)
-		r := recorder{key: key, stash: stash, flows: flows, ids: ids}
+		r := recorder{key: key, stash: stash, flows: flows}
+		if dsr {
+			r.action = "ether saddr set " + ss.OutMAC.String() + " ether daddr set ether daddr map @" + macs +
+				" fwd to " + strconv.Quote(ss.Service.backendInterface())
+		} else {
+			if translate {
+				r.action = proto + " dport set " + stash + " map @" + ports + " "
+			}
+			r.action += stash + " set " + stash + " map @" + addrs + " accept"
+		}
 		if len(slots) > 0 {
 			r.sched = stash + " set " + schedExpr(ss, f, len(slots)) + " map @" + slotsMap
 			r.hash = stash + " set " + keyHash(fields, len(slots), name) + " map @" + slotsMap
 		}
 		restore := "" // dsr: no scheduler hashes the destination MAC
 		if !dsr {
-			restore = stash + " set " + vipOf(ss, f) + " " // stateless-dnat: one VIP per family
+			restore = stash + " set " + vipOf(ss, f) // stateless-dnat: one VIP per family
 		}
 		r.rules(b, chain, pre, "flow", restore)
-		if dsr {
-			b.rule(chain, pre+"to the backend's MAC", "ether saddr set "+ss.OutMAC.String()+
-				" ether daddr set ether daddr map @"+macs+" fwd to "+strconv.Quote(ss.Service.backendInterface()))
-		} else {
-			rw := ""
-			if translate {
-				rw = proto + " dport set " + stash + " map @" + ports + " "
-			}
-			b.rule(chain, pre+"to the backend's address", rw+stash+" set "+stash+" map @"+addrs+" accept")
-		}
 		b.rule(chain, pre+"no backend available", "counter drop")
 		for i, be := range slots {
 			v := idMAC(be)

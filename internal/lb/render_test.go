@@ -3,6 +3,7 @@ package lb
 import (
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -236,11 +237,48 @@ func TestRenderComments(t *testing.T) {
 	}
 }
 
+// Linux 6.1 refuses a lookup in a map that only asks whether the key is there (`key @map`,
+// `key != @map`: its nft_lookup reads a map only for its data), and the whole transaction
+// with it; the load balancer then did not install dsr, stateless-dnat or persistence there.
+// No golden may name a map but to read its data (map, vmap) or write it (update, delete).
+func TestRenderReadsMapsOnlyForTheirData(t *testing.T) {
+	files, _ := filepath.Glob("testdata/*.nft")
+	if len(files) < 20 {
+		t.Fatalf("%d golden files", len(files))
+	}
+	mapName := regexp.MustCompile(`^add map \S+ \S+ (\S+) `)
+	ref := regexp.MustCompile(`(\S+) @(\S+)`)
+	for _, file := range files {
+		text, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		maps := map[string]bool{}
+		lines := strings.Split(string(text), "\n")
+		for _, l := range lines {
+			if m := mapName.FindStringSubmatch(l); m != nil {
+				maps[m[1]] = true
+			}
+		}
+		for _, l := range lines {
+			if !strings.HasPrefix(l, "add rule ") {
+				continue
+			}
+			for _, m := range ref.FindAllStringSubmatch(l, -1) {
+				if maps[m[2]] && !slices.Contains([]string{"map", "vmap", "update", "delete"}, m[1]) {
+					t.Errorf("%s: map %s looked up for membership (%q): %s", file, m[2], m[1]+" @"+m[2], l)
+				}
+			}
+		}
+	}
+}
+
 // Persistence is race-free when every chain that remembers a choice records it before it
 // sends the packet on, and sends it where the map says: a new key is scheduled into a
 // backend id, `update` inserts it unless another packet's (another CPU's) is there already,
-// the id is read back from the map, and only that id is translated to the backend. The id
-// travels in a header field the chain rewrites anyway: no rule touches a mark.
+// the id is read back from the map, and only that id is translated to the backend. A known
+// key follows the map; one whose backend is gone is forgotten before the key is scheduled
+// anew. The id travels in a header field the chain rewrites anyway: no rule touches a mark.
 func TestRenderRecordsBeforeSending(t *testing.T) {
 	for _, topo := range topologies {
 		s := fixture(topo, RoundRobin)
@@ -272,42 +310,61 @@ func TestRenderRecordsBeforeSending(t *testing.T) {
 	}
 }
 
-// checkRecordOrder checks one service chain: schedule (on a miss) < update + read back <
-// forget < send (translating the stash through the id map).
+// checkRecordOrder checks one service chain: known key (read back, refreshed, sent) <
+// forget (read back, deleted) < new key (scheduled, recorded, read back, sent) < table full
+// (sent by a hash, the one rule that sends what it did not read back); every rule that sends
+// translates the stash through an id map.
 func checkRecordOrder(t *testing.T, what string, rules []string) {
 	t.Helper()
-	re := regexp.MustCompile(`^update @(\S+) \{ (.+) : (.+) \} (.+) set (.+) map @(\S+)$`)
-	rec := -1
+	re := regexp.MustCompile(`^(.+) set (.+) map @(\S+) update @(\S+) \{ (.+) : (.+) \} `)
+	known := -1
 	var dyn, key, stash string
 	for i, rl := range rules {
-		if m := re.FindStringSubmatch(rl); m != nil {
-			rec, dyn, key, stash = i, m[1], m[2], m[3]
-			if m[4] != stash || m[5] != key || m[6] != dyn {
-				t.Errorf("%s: the record rule does not read back what it inserted: %s", what, rl)
+		if m := re.FindStringSubmatch(rl); m != nil && known < 0 {
+			known, stash, key, dyn = i, m[1], m[2], m[3]
+			if m[4] != dyn || m[5] != key || m[6] != stash {
+				t.Errorf("%s: the known-key rule does not refresh what it read: %s", what, rl)
 			}
 		}
 	}
-	if rec < 0 {
-		t.Fatalf("%s: no rule records and reads back the choice:\n%s", what, strings.Join(rules, "\n"))
+	if known < 0 {
+		t.Fatalf("%s: no rule reads the choice back and refreshes it:\n%s", what, strings.Join(rules, "\n"))
 	}
-	sched := slices.IndexFunc(rules, func(r string) bool { return strings.HasPrefix(r, key+" != @"+dyn+" "+stash+" set ") })
-	forget := slices.IndexFunc(rules, func(r string) bool { return strings.HasPrefix(r, stash+" != @") })
-	send := slices.IndexFunc(rules, func(r string) bool {
-		return strings.Contains(r, "dnat ip") || strings.Contains(r, "fwd to") || strings.HasSuffix(r, " accept")
+	readBack := stash + " set " + key + " map @" + dyn
+	record := "update @" + dyn + " { " + key + " : " + stash + " }"
+	forget := slices.IndexFunc(rules, func(r string) bool {
+		return strings.HasPrefix(r, readBack+" delete @"+dyn+" { "+key+" : "+stash+" }")
 	})
-	if !(0 < sched && sched < rec && rec < forget && forget < send) {
-		t.Errorf("%s: schedule %d, record %d, forget %d, send %d: not in that order:\n%s", what, sched, rec, forget, send, strings.Join(rules, "\n"))
+	sched := slices.IndexFunc(rules, func(r string) bool {
+		return strings.HasPrefix(r, stash+" set ") && strings.Contains(r, "-slots-") && strings.Contains(r, record)
+	})
+	full := slices.IndexFunc(rules, func(r string) bool { return strings.Contains(r, `counter name "full-`) })
+	if !(0 < known && known < forget && forget < sched && sched < full) {
+		t.Errorf("%s: known %d, forget %d, schedule %d, table full %d: not in that order:\n%s", what, known, forget, sched, full, strings.Join(rules, "\n"))
 	}
-	if f := rules[forget]; !strings.HasSuffix(f, "update @"+dyn+" { "+key+" : "+stash+" } "+stash+" set "+key+" map @"+dyn) {
-		t.Errorf("%s: the forget rule does not record and read back its new choice: %s", what, f)
-	}
-	if !strings.Contains(rules[send], stash+" map @") || strings.Contains(rules[send], "@"+dyn) {
-		t.Errorf("%s: the packet is not sent where the id read back says: %s", what, rules[send])
-	}
-	for _, rl := range rules[:rec] {
-		if strings.Contains(rl, "update @") || strings.Contains(rl, "add @") {
-			t.Errorf("%s: a rule before the record rule writes a map: %s", what, rl)
+	sends := 0
+	for i, rl := range rules {
+		if !strings.Contains(rl, "dnat ip") && !strings.Contains(rl, "fwd to") && !strings.HasSuffix(rl, " accept") {
+			continue
 		}
+		sends++
+		rb, slot := strings.LastIndex(rl, readBack), strings.LastIndex(rl, "-slots-")
+		switch {
+		case i == full:
+			if rb >= 0 || slot < 0 {
+				t.Errorf("%s: the table-full rule does not send by a hash over the slots: %s", what, rl)
+			}
+		case rb < 0 || slot > rb:
+			t.Errorf("%s: a rule sends what it did not read back from the map: %s", what, rl)
+		case slot >= 0 && !strings.Contains(rl[slot:rb], record):
+			t.Errorf("%s: a rule sends a new choice it did not record: %s", what, rl)
+		}
+		if !strings.Contains(rl[max(rb, 0):], stash+" map @") && !strings.Contains(rl[max(rb, 0):], "daddr map @") {
+			t.Errorf("%s: the packet is not sent where the id says: %s", what, rl)
+		}
+	}
+	if sends != 3 {
+		t.Errorf("%s: %d rules send the packet, want 3 (known, new, table full):\n%s", what, sends, strings.Join(rules, "\n"))
 	}
 }
 

@@ -176,7 +176,6 @@ func (r *Runtime) Sync(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
-	env.NoMapNegation = kernelLacksMapNegation(ctx, svcs)
 	health := checker.Health()
 	start := time.Now()
 	apply := mgr.Apply
@@ -886,7 +885,6 @@ func (o *OneShot) Apply(ctx context.Context, cfg Config) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	env.NoMapNegation = kernelLacksMapNegation(ctx, svcs)
 	d := Resolve(svcs, nil, env)
 	if len(unanswered(d, env, true)) > 0 {
 		// (a dsr backend without a neighbour entry: resolved now, where the agent would
@@ -905,9 +903,6 @@ func (o *OneShot) Apply(ctx context.Context, cfg Config) (string, error) {
 	for _, ss := range d.Services {
 		if ss.Skipped != "" {
 			return "", fmt.Errorf("services[%s]: %s", ss.Service.Name, ss.Skipped)
-		}
-		if ss.NoPersistence != "" {
-			notes = append(notes, fmt.Sprintf("services[%s]: installed without its %s", ss.Service.Name, ss.NoPersistence))
 		}
 		for _, b := range ss.Backends {
 			if !b.Known && b.State != StateDown {

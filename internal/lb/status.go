@@ -34,8 +34,6 @@ type ServiceStatus struct {
 	VIPs      []string `json:"vips"`
 	Ports     []int    `json:"ports"`
 	Skipped   string   `json:"skipped,omitempty"`
-	// NoPersistence says why the service is installed without its persistence.
-	NoPersistence string `json:"noPersistence,omitempty"`
 	// Packets counted by the service's chains: new connections (snat, dnat; later packets
 	// follow conntrack) or every packet (dsr, stateless-dnat).
 	Packets uint64 `json:"packets"`
@@ -158,7 +156,7 @@ func (r *Runtime) status(ctx context.Context, counters bool, only string) Status
 			continue
 		}
 		s := ServiceStatus{Name: ss.Service.Name, Origin: "config", Topology: ss.Topology, Protocol: ss.Protocol,
-			Scheduler: ss.Sched, VIPs: ss.Service.VIPs, Ports: ss.Ports, Skipped: ss.Skipped, NoPersistence: ss.NoPersistence, Packets: packets[ss.Service.Name],
+			Scheduler: ss.Sched, VIPs: ss.Service.VIPs, Ports: ss.Ports, Skipped: ss.Skipped, Packets: packets[ss.Service.Name],
 			TableFull: full[ss.Service.Name], Service: ss.Service, packetParts: parts[ss.Service.Name], fullParts: fullParts[ss.Service.Name]}
 		if ov.index(ss.Service.Name) >= 0 {
 			s.Origin = "api"
@@ -225,9 +223,6 @@ func WriteService(w io.Writer, s ServiceStatus) {
 		}
 		if s.Skipped != "" {
 			fmt.Fprintf(w, " NOT INSTALLED: %s", s.Skipped)
-		}
-		if s.NoPersistence != "" {
-			fmt.Fprintf(w, " WITHOUT PERSISTENCE: %s", s.NoPersistence)
 		}
 		fmt.Fprintln(w)
 		if in := s.Service.Internal; in != nil {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 
 	"sigs.k8s.io/knftables"
 )
@@ -33,8 +32,7 @@ func probeNFT(ctx context.Context) []Feature {
 			feature(Flowtable, err, ""),
 			feature(FlowtableCounter, err, ""),
 			feature(NetdevFwd, err, ""),
-			feature(Conntrack, err, ""),
-			feature(MapNegation, err, ""))
+			feature(Conntrack, err, ""))
 	}
 
 	flowtable := func(priority knftables.FlowtableIngressPriority) error {
@@ -84,45 +82,7 @@ func probeNFT(ctx context.Context) []Feature {
 	fs = append(fs, feature(NetdevFwd, err, "load nft_fwd_netdev (CONFIG_NFT_FWD_NETDEV)"))
 
 	fs = append(fs, feature(Conntrack, probeConntrack(ctx, inet), "load nf_conntrack and nft_ct (CONFIG_NF_CONNTRACK, CONFIG_NFT_CT)"))
-	fs = append(fs, feature(MapNegation, checkMapNegation(ctx, inet, false),
-		"the load balancer's dsr and stateless-dnat services are not installed here, and persistence is left out (a kernel newer than 6.1 takes it)"))
 	return fs
-}
-
-// checkMapNegation dry-runs a negated lookup in a map (set: in a set, which every nf_tables
-// takes).
-func checkMapNegation(ctx context.Context, inet knftables.Interface, set bool) error {
-	var m knftables.Object = &knftables.Map{Name: "m", Type: "ipv4_addr : ipv4_addr"}
-	if set {
-		m = &knftables.Set{Name: "m", Type: "ipv4_addr"}
-	}
-	return checkNFT(ctx, inet, m, &knftables.Chain{Name: "c"}, &knftables.Rule{Chain: "c", Rule: "ip saddr != @m accept"})
-}
-
-var mapNegation struct {
-	once sync.Once
-	ok   bool
-}
-
-// HasMapNegation reports whether the kernel takes a negated lookup in a map (MapNegation),
-// asked once per process: false only where the dry run of it fails and the same in a set
-// passes, so that a dry run that fails for another reason (no nft, no privilege) is no answer,
-// and what needs it goes on to say what is wrong.
-func HasMapNegation(ctx context.Context) bool {
-	mapNegation.once.Do(func() {
-		mapNegation.ok = true
-		_ = try(func() error {
-			inet, err := knftables.New(knftables.InetFamily, probeTable)
-			if err != nil {
-				return err
-			}
-			if checkMapNegation(ctx, inet, false) != nil && checkMapNegation(ctx, inet, true) == nil {
-				mapNegation.ok = false
-			}
-			return nil
-		})
-	})
-	return mapNegation.ok
 }
 
 // checkNFT dry-runs (nft --check) a transaction that adds the probe table and objs to nft's

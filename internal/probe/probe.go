@@ -26,20 +26,17 @@ const (
 	FlowtableCounter = "flowtable_counter"
 	NetdevFwd        = "netdev_fwd"
 	Conntrack        = "conntrack"
-	// MapNegation: a negated lookup in a map (`key != @map`), which the load balancer's flow
-	// and client tables use (dsr, stateless-dnat, persistence); Linux 6.1 refuses it.
-	MapNegation     = "nft_map_negation"
-	ClsBPF          = "cls_bpf"
-	ClsFlower       = "cls_flower"
-	TCX             = "tcx"
-	RedirectNeigh   = "bpf_redirect_neigh"
-	RedirectPeer    = "bpf_redirect_peer"
-	ConntrackKfuncs = "bpf_skb_ct_lookup"
-	SockMap         = "sockmap"
+	ClsBPF           = "cls_bpf"
+	ClsFlower        = "cls_flower"
+	TCX              = "tcx"
+	RedirectNeigh    = "bpf_redirect_neigh"
+	RedirectPeer     = "bpf_redirect_peer"
+	ConntrackKfuncs  = "bpf_skb_ct_lookup"
+	SockMap          = "sockmap"
 )
 
 // All lists every feature Run probes, in its order.
-var All = []string{NFTables, Flowtable, FlowtableCounter, NetdevFwd, Conntrack, MapNegation, ClsBPF, ClsFlower, TCX, RedirectNeigh, RedirectPeer, ConntrackKfuncs, SockMap, SockMapFIONREAD, SockMapBound}
+var All = []string{NFTables, Flowtable, FlowtableCounter, NetdevFwd, Conntrack, ClsBPF, ClsFlower, TCX, RedirectNeigh, RedirectPeer, ConntrackKfuncs, SockMap, SockMapFIONREAD, SockMapBound}
 
 // Feature is the outcome of one probe.
 type Feature struct {

@@ -103,7 +103,7 @@ func ruleset(t *testing.T) []byte {
 	return out
 }
 
-var allFeatures = []string{NFTables, Flowtable, FlowtableCounter, NetdevFwd, Conntrack, MapNegation,
+var allFeatures = []string{NFTables, Flowtable, FlowtableCounter, NetdevFwd, Conntrack,
 	ClsBPF, ClsFlower, TCX, RedirectNeigh, RedirectPeer, ConntrackKfuncs, SockMap, SockMapFIONREAD, SockMapBound}
 
 // checkShape checks that r has every feature once, in order, and a reason for each missing one.
@@ -319,19 +319,4 @@ func TestReleaseAtLeast(t *testing.T) {
 			t.Errorf("releaseAtLeast(%q, 5, 7) = %v, want %v", rel, got, want)
 		}
 	}
-}
-
-// nft_map_negation: the VM's Linux 6.1 refuses a negated lookup in a map, this project's host
-// (6.18) takes it; HasMapNegation, which the load balancer asks, agrees with Run.
-func TestMapNegation(t *testing.T) {
-	testbed.RequireRoot(t)
-	r := Run(context.Background())
-	got := r.Get(MapNegation)
-	if HasMapNegation(context.Background()) != got.Available {
-		t.Errorf("HasMapNegation says %v, Run %v (%s)", !got.Available, got.Available, got.Detail)
-	}
-	if os.Getenv("HOSTACCEL_IN_VM") == "1" && got.Available {
-		t.Errorf("the VM's 6.1 takes a negated map lookup, which its nft_lookup refuses")
-	}
-	t.Logf("%s: %v %s", MapNegation, got.Available, got.Detail)
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/hostaccel/hostaccel/internal/conntrack"
 	"github.com/hostaccel/hostaccel/internal/lb"
 	"github.com/hostaccel/hostaccel/internal/model"
-	"github.com/hostaccel/hostaccel/internal/probe"
 	"github.com/hostaccel/hostaccel/internal/testbed"
 )
 
@@ -663,9 +662,6 @@ func famName(v6 bool) string {
 // backend stayed in the maps for good. Real kernel, IPv4.
 func TestOneShotDSRNeighbours(t *testing.T) {
 	tp := testbed.NewTopoT(t, testbed.TopoOptions{})
-	if !mapNegation(t, tp.Node) {
-		t.Skip("this kernel refuses dsr's negated map lookups (TestLoadBalancerWithoutMapNegation)")
-	}
 	b4 := tp.V4.PodCIDR.Addr().As4()
 	b4[3] = 77 // (a second address of the Pod, in its CIDR)
 	backend := netip.AddrFrom4(b4)
@@ -707,56 +703,5 @@ func TestOneShotDSRNeighbours(t *testing.T) {
 	out := mustHA(t, tp.Node.Name, "apply", "-f", cfg)
 	if inMaps() {
 		t.Errorf("a backend that no longer answers is still in the maps (%s later):\n%s", time.Since(start).Round(time.Millisecond), out)
-	}
-}
-
-// mapNegation reports whether ns's kernel takes the negated map lookups of dsr,
-// stateless-dnat and persistence (Linux 6.1 does not).
-func mapNegation(t *testing.T, ns *testbed.NS) bool {
-	t.Helper()
-	var ok bool
-	if err := ns.Do(func() error { ok = probe.HasMapNegation(context.Background()); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	return ok
-}
-
-// On a kernel that refuses a negated lookup in a map (the VM's Linux 6.1), which the flow and
-// client tables of dsr, stateless-dnat and persistence use: a dnat service with persistence is
-// installed without it, and says so, beside a plain one, and both serve; an apply with a dsr
-// service is refused, naming the service and the kernel's limit, and changes nothing. Before,
-// the kernel refused the whole transaction ("Could not process rule: Invalid argument"), every
-// service with it. Where the kernel takes them (6.18), the test is skipped: the other tests
-// there cover them.
-func TestLoadBalancerWithoutMapNegation(t *testing.T) {
-	tp := lbTopo(t)
-	if mapNegation(t, tp.Node) {
-		t.Skip("this kernel takes negated map lookups")
-	}
-	servers := remotePodServers(t, tp)
-	routeVIPsOut(t, tp)
-	svcs := fmt.Sprintf(`  - {name: sticky, vips: ["%s"], port: %d, topology: dnat, persistence: 10m, backends: [{address: "%s"}]}
-  - {name: plain, vips: ["%s"], port: %d, topology: dnat, backends: [{address: "%s"}]}
-`, lbVIP[false], lbPort, tp.V4.RemotePod, clusterVIP[false], lbPort, tp.V4.RemotePod)
-	out := mustHA(t, tp.Node.Name, "apply", "-f", writeConfig(t, lbOnly(t, tp, svcs)))
-	if !strings.Contains(out, "services[sticky]: installed without its persistence needs a kernel that takes a negated lookup in a map") {
-		t.Errorf("apply says nothing of the persistence left out:\n%s", out)
-	}
-	for _, vip := range []netip.Addr{lbVIP[false], clusterVIP[false]} {
-		if err := connectFrom(tp.Pod, tp.V4.Pod, vip, true); err != nil {
-			t.Errorf("this node's Pod to %s: %v", vip, err)
-		}
-	}
-	if got := servers[false].Peers(); !slices.Contains(got, tp.V4.Pod) {
-		t.Errorf("the backend saw %v; want the Pod", got)
-	}
-	before := ruleset(t, tp.Node)
-	dsr := svcs + fmt.Sprintf("  - {name: d, vips: [\"198.51.100.7\"], port: 80, topology: dsr, interface: %s, backends: [{address: \"%s\", mac: \"02:00:00:00:00:01\"}]}\n", tp.GatewayName, tp.V4.Pod)
-	out, err := ha(tp.Node.Name, "apply", "-f", writeConfig(t, lbOnly(t, tp, dsr)))
-	if err == nil || !strings.Contains(out, "services[d]: dsr needs a kernel that takes a negated lookup in a map") {
-		t.Errorf("apply of a dsr service on this kernel: %v\n%s", err, out)
-	}
-	if ruleset(t, tp.Node) != before {
-		t.Error("a refused apply changed the kernel")
 	}
 }
