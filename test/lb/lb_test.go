@@ -534,6 +534,9 @@ func TestPersistenceParallelFirstConnections(t *testing.T) {
 					src := clientAddr(nClients+round, fam, topoName == lb.DSR)
 					got, errs := parallelRequests(src, dst, parN)
 					if len(errs) > 0 {
+						if firstErr == nil {
+							diagnose(t, topoName, fam, src)
+						}
 						failed += len(errs)
 						firstErr = cmp.Or(firstErr, errs[0])
 					}
@@ -551,6 +554,24 @@ func TestPersistenceParallelFirstConnections(t *testing.T) {
 			})
 		}
 	}
+}
+
+// diagnose logs what the load balancer node holds of a client whose connection failed: its
+// conntrack entries, its persistence entry, the neighbours and the service chain's counters.
+func diagnose(t *testing.T, topoName string, fam int, src netip.Addr) {
+	t.Helper()
+	f := map[int]string{0: "ipv4", 1: "ipv6"}[fam]
+	ct, _ := topo.lb.Exec("conntrack", "-L", "-f", f, "-s", src.String())
+	nb, _ := topo.lb.Exec("ip", "-"+map[int]string{0: "4", 1: "6"}[fam], "neigh", "show")
+	rules, _ := topo.lb.Exec("nft", "list", "ruleset")
+	var chain []string
+	for _, l := range strings.Split(rules, "\n") {
+		if strings.Contains(l, svcName(topoName, sc("persist"))) && strings.Contains(l, "counter") {
+			chain = append(chain, strings.TrimSpace(l))
+		}
+	}
+	t.Logf("client %s failed: persistence entry %q\nconntrack:\n%s\nneighbours:\n%s\ncounters:\n%s",
+		src, persistEntry(t, topoName, fam, src), ct, nb, strings.Join(chain, "\n"))
 }
 
 // parallelRequests makes n requests from the client namespace, each on its own connection,
