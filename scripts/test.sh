@@ -79,9 +79,12 @@ else
 	# accepted (the fuzz corpus).
 	VMEXEC_MIRROR="../lb/testdata" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_REQUIRE_FLOWTABLE=1" \
 		go test -count=1 -p 1 -timeout 30m -exec "$ROOT/vmtest/vmexec.sh" -run '^TestFuzzCorpusKernelAccepts$' ./internal/config/
-	# The load balancer's flow and client tables on 6.1 (dsr, stateless-dnat, persistence), with
-	# traffic; every golden loads. (The rest of test/lb runs natively above: ~15 min in the VM.)
+	# The load balancer's flow and client tables on 6.1 (dsr, stateless-dnat, persistence, a full
+	# table), with traffic; every golden loads. (The rest of test/lb runs natively above: ~15 min
+	# in the VM.)
 	VMEXEC_MIRROR="../../internal/lb/testdata ../../examples" VMEXEC_FILES="$ROOT/.cache/bin/hostaccel" VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1 HOSTACCEL_BIN=/vmtest/hostaccel" \
 		go test -count=1 -p 1 -timeout 20m -exec "$ROOT/vmtest/vmexec.sh" -run '^(TestGoldenRendersLoad|TestHashAndPersistence|TestDSRRepliesBypassTheLoadBalancer|TestDSRBackendOutlivesItsNeighbourEntry|TestStatelessIsUntracked|TestPersistenceParallelFirstConnections|TestPersistenceForgetsDownBackends)$' ./test/lb/
+	VMEXEC_ENV="HOSTACCEL_REQUIRE_ROOT=1" \
+		go test -count=1 -p 1 -timeout 10m -exec "$ROOT/vmtest/vmexec.sh" -run '^TestFlowTableFullKeepsEachFlowOnOneBackend$' ./internal/lb/
 fi
 echo "== all tests passed in $(($(date +%s) - T0)) s"

@@ -280,9 +280,15 @@ func TestRenderReadsMapsOnlyForTheirData(t *testing.T) {
 // key follows the map; one whose backend is gone is forgotten before the key is scheduled
 // anew. The id travels in a header field the chain rewrites anyway: no rule touches a mark.
 func TestRenderRecordsBeforeSending(t *testing.T) {
-	for _, topo := range topologies {
+	for _, c := range []struct {
+		topo    string
+		persist bool
+	}{{SNAT, true}, {DNAT, true}, {DSR, true}, {StatelessDNAT, true}, {DSR, false}, {StatelessDNAT, false}} {
+		topo := c.topo
 		s := fixture(topo, RoundRobin)
-		s.Persistence = D(10 * time.Minute)
+		if c.persist { // (the clients' table; without, dsr's and stateless-dnat's flow table)
+			s.Persistence = D(10 * time.Minute)
+		}
 		for _, sched := range []string{RoundRobin, SymHash} {
 			s.Scheduler = sched
 			r := Render(Resolve([]Service{s}, nil, testEnv))
@@ -341,6 +347,11 @@ func checkRecordOrder(t *testing.T, what string, rules []string) {
 	full := slices.IndexFunc(rules, func(r string) bool { return strings.Contains(r, `counter name "full-`) })
 	if !(0 < known && known < forget && forget < sched && sched < full) {
 		t.Errorf("%s: known %d, forget %d, schedule %d, table full %d: not in that order:\n%s", what, known, forget, sched, full, strings.Join(rules, "\n"))
+	}
+	// (dsr's stash is the destination MAC, which no scheduler reads; the others' is the
+	// destination address, which symhash does)
+	if forget > 0 && stash != "ether daddr" && !strings.Contains(rules[forget][len(readBack):], " "+stash+" set ") {
+		t.Errorf("%s: the forget rule does not restore %s before the key is scheduled anew: %s", what, stash, rules[forget])
 	}
 	sends := 0
 	for i, rl := range rules {
