@@ -508,7 +508,9 @@ func persistent(b *builder, ss *ServiceState, f family, chain, data, dep string,
 	b.mapping(ids, "numgen inc mod 1 : "+stash, pre+"slot -> backend id", 0)
 	b.slotMap(ids, ss)
 	b.mapping(targets, stash+" : "+data, pre+"backend id -> backend", 0)
-	r := recorder{key: f.nf + " saddr", stash: stash, flows: persist, action: dep + "dnat " + f.nf + " to " + stash + " map @" + targets}
+	alive := setName(name, "alive-"+f.suffix)
+	b.set(alive, stash, pre+whatAlive)
+	r := recorder{key: f.nf + " saddr", stash: stash, flows: persist, alive: alive, action: dep + "dnat " + f.nf + " to " + stash + " map @" + targets}
 	if len(slots) > 0 {
 		r.sched = stash + " set " + schedExpr(ss, f, len(slots)) + " map @" + ids
 		r.hash = stash + " set " + keyHash(r.key, len(slots), name) + " map @" + ids
@@ -527,10 +529,14 @@ func persistent(b *builder, ss *ServiceState, f family, chain, data, dep string,
 	for _, be := range ss.Backends {
 		if be.Known && be.Addr.Is6() == f.is6 {
 			b.elem(targets, []string{idAddr(be, f)}, natTarget(be, withPort)...)
+			b.elem(alive, []string{idAddr(be, f)})
 			b.t.Dynamic[persist][idAddr(be, f)] = true
 		}
 	}
 }
+
+// whatAlive describes a recorder's alive set.
+const whatAlive = "backend ids there still are"
 
 // recorder renders the rules that give a packet its backend id from a dynamic map (flows,
 // persistent clients) and send it on, race-free: a known key follows the map; an entry whose
@@ -538,10 +544,14 @@ func persistent(b *builder, ss *ServiceState, f family, chain, data, dep string,
 // back. The id is kept in stash, a header field that the chain overwrites anyway after
 // translating the id (no scratch register, no mark).
 //
-// Every lookup is positive (`key map @flows`: a miss ends the rule), never `key != @flows`:
-// Linux 6.1's nft_lookup refuses an inverted (or a plain membership) lookup in a map, and
-// one such rule fails the whole transaction. So each rule that finds an id ends in action,
-// which fails (ends the rule) where the id's backend is gone: the next rule forgets it.
+// A map is only read for its data (`key map @flows`: a miss ends the rule), never asked
+// whether a key is there (`key != @flows`): Linux 6.1's nft_lookup refuses an inverted (or a
+// plain membership) lookup in a map, and one such rule fails the whole transaction. So each
+// rule that finds an id ends in action, which fails (ends the rule) where the id's backend is
+// gone. The next rule forgets an entry only if its id is not in alive, a set (where 6.1 takes
+// `!=`): the key may have been absent for the rule before and recorded by another CPU's first
+// packet since, and that entry must stay (a forget of it sent that CPU's flow, or the
+// client's other connections, to another backend).
 //
 // The map holds at most its size of keys (flowTableSize). When it is full, `update` fails
 // and ends its rule: the key is not recorded, and every packet of it would be scheduled
@@ -556,6 +566,7 @@ type recorder struct {
 	sched  string // "<stash> set <scheduler> map @slots", "" without an eligible backend
 	hash   string // "<stash> set jhash <key's fields> ... map @slots": the map is full
 	action string // sends the packet to the backend of the id in stash; a miss where it is gone
+	alive  string // the set of the ids whose backends there still are (action's map's keys)
 }
 
 // rules renders the recorder's rules; restore undoes the stash after a forgotten entry (the
@@ -565,9 +576,10 @@ func (r recorder) rules(b *builder, chain, pre, what, restore string) {
 	readBack := r.stash + " set " + r.key + " map @" + r.flows
 	// update refreshes a known key's timeout (its data is never replaced).
 	b.rule(chain, pre+"known "+what+": to its backend", readBack+" "+update+" "+r.action)
-	// Known, but the rule above ended: the entry's backend is gone (down, failed, removed); a
-	// draining backend keeps its id, and its entries. The key is scheduled anew below.
-	b.rule(chain, pre+"forget a "+what+" whose backend is gone", strings.TrimSpace(readBack+" delete @"+r.flows+" { "+r.key+" : "+r.stash+" } "+restore))
+	// Known, and its backend is gone (down, failed, removed): forgotten, and the key scheduled
+	// anew below; a draining backend keeps its id, and its entries.
+	b.rule(chain, pre+"forget a "+what+" whose backend is gone", strings.TrimSpace(readBack+" "+r.stash+" != @"+r.alive+
+		" delete @"+r.flows+" { "+r.key+" : "+r.stash+" } "+restore))
 	if r.sched == "" {
 		return
 	}
@@ -740,16 +752,18 @@ func renderIngress(dev string, svcs []*ServiceState, local []netip.Addr, part pa
 func ingressService(b *builder, ss *ServiceState) {
 	name, proto := ss.Service.Name, ss.Protocol
 	dsr := ss.Topology == DSR
-	macs := setName(name, "macs")
+	macs, alive := setName(name, "macs"), setName(name, "alive")
 	translate := false
 	for _, be := range ss.Backends {
 		translate = translate || !dsr && len(ss.Ports) == 1 && be.Port != ss.Ports[0]
 	}
 	if dsr {
 		b.mapping(macs, "ether daddr : ether daddr", name+": backend id -> MAC", 0)
+		b.set(alive, "ether daddr", name+": "+whatAlive)
 		for _, be := range ss.Backends {
 			if be.Known {
 				b.elem(macs, []string{idMAC(be)}, be.MAC.String())
+				b.elem(alive, []string{idMAC(be)})
 			}
 		}
 	}
@@ -782,6 +796,8 @@ func ingressService(b *builder, ss *ServiceState) {
 		b.slotMap(slotsMap, ss)
 		if !dsr {
 			b.mapping(addrs, stash+" : "+f.nf+" daddr", pre+"backend id -> address", 0)
+			alive = setName(name, "alive-"+f.suffix)
+			b.set(alive, stash, pre+whatAlive)
 			if translate {
 				b.mapping(ports, stash+" : "+proto+" dport", pre+"backend id -> port", 0)
 			}
@@ -793,7 +809,7 @@ func ingressService(b *builder, ss *ServiceState) {
 		b.chain(&knftables.Chain{Name: chain})
 		b.rule(chain, pre+"count", b.counter(chain, pre+whatPackets))
 		slots := ss.slots(f.is6)
-		r := recorder{key: key, stash: stash, flows: flows}
+		r := recorder{key: key, stash: stash, flows: flows, alive: alive}
 		if dsr {
 			r.action = "ether saddr set " + ss.OutMAC.String() + " ether daddr set ether daddr map @" + macs +
 				" fwd to " + strconv.Quote(ss.Service.backendInterface())
@@ -823,6 +839,7 @@ func ingressService(b *builder, ss *ServiceState) {
 		for _, be := range ss.Backends {
 			if be.Known && !dsr && be.Addr.Is6() == f.is6 {
 				b.elem(addrs, []string{idAddr(be, f)}, be.Addr.String())
+				b.elem(alive, []string{idAddr(be, f)})
 				if translate {
 					b.elem(ports, []string{idAddr(be, f)}, strconv.Itoa(be.Port))
 				}
