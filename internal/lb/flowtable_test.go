@@ -30,26 +30,7 @@ import (
 // replaces the table (the Manager's partial diff, one transaction) and the next flows are
 // all recorded.
 func TestFlowTableFullKeepsEachFlowOnOneBackend(t *testing.T) {
-	ns := testEnvNS(t, "flowfull")
-	for _, dev := range []string{"eth0", "eth1"} {
-		if err := ns.LinkUp(dev); err != nil {
-			t.Fatal(err)
-		}
-	}
-	eth1 := testbed.LinkT(t, ns, "eth1").HardwareAddr
-	// The clients send to the VIP through a gateway whose MAC is eth1's: the frames reach
-	// eth1's ingress (the service), no ARP.
-	if err := ns.AddrAdd("eth0", netip.MustParsePrefix("10.0.0.2/24")); err != nil {
-		t.Fatal(err)
-	}
-	for _, args := range [][]string{
-		{"ip", "neigh", "replace", "10.0.0.1", "lladdr", eth1.String(), "dev", "eth0", "nud", "permanent"},
-		{"ip", "route", "add", "192.0.2.0/24", "via", "10.0.0.1", "dev", "eth0"},
-	} {
-		if out, err := ns.Exec(args...); err != nil {
-			t.Fatal(err, out)
-		}
-	}
+	ns, eth1 := dsrBed(t, "flowfull")
 
 	const flows, packets, size, port0 = 12, 6, 4, 40000
 	macs := []string{"02:00:00:00:01:11", "02:00:00:00:01:12", "02:00:00:00:01:13"}
@@ -225,4 +206,31 @@ func TestFlowTableFullKeepsEachFlowOnOneBackend(t *testing.T) {
 	if full, was := read(IngressTable("eth1"))["full-dsr-web-v4"].Packets, lb["full-dsr-web-v4"].Packets; full != was {
 		t.Errorf("flow table full counter: %d packets after the resize, %d before: flows were hashed", full, was)
 	}
+}
+
+// dsrBed makes the namespace of a dsr service on eth1 whose clients are on eth0 (10.0.0.2),
+// eth0 and eth1 a veth pair: a client's frames to the VIPs (192.0.2.0/24) go by a gateway
+// whose MAC is eth1's, so they reach eth1's ingress (the service) with no ARP, and the service
+// forwards them out of eth1 again, back to eth0, where a test counts them.
+func dsrBed(t *testing.T, name string) (*testbed.NS, net.HardwareAddr) {
+	t.Helper()
+	ns := testEnvNS(t, name)
+	for _, dev := range []string{"eth0", "eth1"} {
+		if err := ns.LinkUp(dev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eth1 := testbed.LinkT(t, ns, "eth1").HardwareAddr
+	if err := ns.AddrAdd("eth0", netip.MustParsePrefix("10.0.0.2/24")); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"ip", "neigh", "replace", "10.0.0.1", "lladdr", eth1.String(), "dev", "eth0", "nud", "permanent"},
+		{"ip", "route", "add", "192.0.2.0/24", "via", "10.0.0.1", "dev", "eth0"},
+	} {
+		if out, err := ns.Exec(args...); err != nil {
+			t.Fatal(err, out)
+		}
+	}
+	return ns, eth1
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/netip"
 	"regexp"
 	"strings"
 	"testing"
@@ -17,7 +16,7 @@ import (
 
 // The forget rule deletes a flow's entry only when the entry's backend is gone. A key that
 // was absent for the known-flow rule may have been recorded by another CPU's first packet of
-// it before the forget rule runs: 9dc7eb9's forget rule (read back, delete) deleted that
+// it before the forget rule runs: d7c14db's forget rule (read back, delete) deleted that
 // entry, and the packet was scheduled anew, so one flow's (with persistence: one client's)
 // packets on two CPUs reached two backends (test/lb's TestPersistenceParallelFirstConnections
 // saw a reset and a split, now and then). Here the other CPU is a rule inserted between the
@@ -25,24 +24,7 @@ import (
 // backend, and the entry must still hold it. Real kernel, dsr, IPv4 (eth0 -> eth1's ingress,
 // forwarded out of eth1 back to eth0, as in TestFlowTableFullKeepsEachFlowOnOneBackend).
 func TestForgetSparesAFlowAnotherCPURecorded(t *testing.T) {
-	ns := testEnvNS(t, "forget")
-	for _, dev := range []string{"eth0", "eth1"} {
-		if err := ns.LinkUp(dev); err != nil {
-			t.Fatal(err)
-		}
-	}
-	eth1 := testbed.LinkT(t, ns, "eth1").HardwareAddr
-	if err := ns.AddrAdd("eth0", netip.MustParsePrefix("10.0.0.2/24")); err != nil {
-		t.Fatal(err)
-	}
-	for _, args := range [][]string{
-		{"ip", "neigh", "replace", "10.0.0.1", "lladdr", eth1.String(), "dev", "eth0", "nud", "permanent"},
-		{"ip", "route", "add", "192.0.2.0/24", "via", "10.0.0.1", "dev", "eth0"},
-	} {
-		if out, err := ns.Exec(args...); err != nil {
-			t.Fatal(err, out)
-		}
-	}
+	ns, eth1 := dsrBed(t, "forget")
 	svc := Service{Name: "web", VIPs: []string{"192.0.2.10"}, Port: 80, Protocol: "udp", Topology: DSR, Interface: "eth1", Scheduler: RoundRobin}
 	for i := range 3 {
 		svc.Backends = append(svc.Backends, Backend{Address: fmt.Sprintf("10.0.0.%d", 11+i), MAC: fmt.Sprintf("02:00:00:00:01:1%d", i+1)})
