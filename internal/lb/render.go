@@ -752,13 +752,14 @@ func renderIngress(dev string, svcs []*ServiceState, local []netip.Addr, part pa
 func ingressService(b *builder, ss *ServiceState) {
 	name, proto := ss.Service.Name, ss.Protocol
 	dsr := ss.Topology == DSR
-	macs, alive := setName(name, "macs"), setName(name, "alive")
+	macs := setName(name, "macs")
 	translate := false
 	for _, be := range ss.Backends {
 		translate = translate || !dsr && len(ss.Ports) == 1 && be.Port != ss.Ports[0]
 	}
 	if dsr {
 		b.mapping(macs, "ether daddr : ether daddr", name+": backend id -> MAC", 0)
+		alive := setName(name, "alive")
 		b.set(alive, "ether daddr", name+": "+whatAlive)
 		for _, be := range ss.Backends {
 			if be.Known {
@@ -772,9 +773,10 @@ func ingressService(b *builder, ss *ServiceState) {
 		pre := name + " " + f.suffix + ": "
 		flows, slotsMap := setName(name, "flows-"+f.suffix), setName(name, "slots-"+f.suffix)
 		addrs, ports := setName(name, "addrs-"+f.suffix), setName(name, "ports-"+f.suffix)
-		stash := "ether daddr"
+		// (dsr: one set of MAC ids for both families, as macs)
+		stash, alive := "ether daddr", setName(name, "alive")
 		if !dsr {
-			stash = f.nf + " daddr"
+			stash, alive = f.nf+" daddr", setName(name, "alive-"+f.suffix)
 		}
 		// The flow key: the client's address and port (its address only with persistence).
 		// nft 1.0.6 cannot update a map with a key longer than 16 bytes, so an IPv6 address
@@ -796,7 +798,6 @@ func ingressService(b *builder, ss *ServiceState) {
 		b.slotMap(slotsMap, ss)
 		if !dsr {
 			b.mapping(addrs, stash+" : "+f.nf+" daddr", pre+"backend id -> address", 0)
-			alive = setName(name, "alive-"+f.suffix)
 			b.set(alive, stash, pre+whatAlive)
 			if translate {
 				b.mapping(ports, stash+" : "+proto+" dport", pre+"backend id -> port", 0)

@@ -316,10 +316,10 @@ func TestRenderRecordsBeforeSending(t *testing.T) {
 	}
 }
 
-// checkRecordOrder checks one service chain: known key (read back, refreshed, sent) <
-// forget (read back, deleted if its id is not alive) < new key (scheduled, recorded, read back, sent) < table full
-// (sent by a hash, the one rule that sends what it did not read back); every rule that sends
-// translates the stash through an id map.
+// checkRecordOrder checks one service chain: known key (read back, refreshed, sent) < forget
+// (read back, deleted if its id is not alive) < new key (scheduled, recorded, read back,
+// sent) < table full (sent by a hash, the one rule that sends what it did not read back);
+// every rule that sends translates the stash through an id map.
 func checkRecordOrder(t *testing.T, what string, rules []string) {
 	t.Helper()
 	re := regexp.MustCompile(`^(.+) set (.+) map @(\S+) update @(\S+) \{ (.+) : (.+) \} `)
