@@ -7,7 +7,6 @@ import (
 	"math"
 	"net"
 	"net/netip"
-	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -171,7 +170,7 @@ func RunHere(ctx context.Context, o Options, env string, prog *Progress) (*Run, 
 	r := &Run{Env: env, Machine: CollectMachine(), Pin: pin, Duration: o.Duration.Seconds(), Reps: o.Reps, PhaseSpread: o.PhaseSpread.Seconds(), Rules: o.Rules, Nodes: o.Nodes, Started: time.Now()}
 	r.Label = fmt.Sprintf("%s (kernel %s)", env, r.Machine.Kernel)
 	if o.RaiseConntrackMax {
-		raiseConntrackMax()
+		testbed.RaiseConntrackMax(262144) // (in the VM, which goes with the run: not put back)
 	}
 	names := o.Variants
 	if len(names) == 0 {
@@ -790,10 +789,4 @@ func (r *Run) pktgenRound(ctx context.Context, b *Bed, nodes []*Node, v Variant,
 		}
 	}
 	return out, nil
-}
-
-func raiseConntrackMax() {
-	const want = "262144"
-	_, _ = runHost("modprobe", "nf_conntrack")
-	_ = os.WriteFile("/proc/sys/net/netfilter/nf_conntrack_max", []byte(want), 0)
 }

@@ -3,6 +3,10 @@ package testbed
 import (
 	be "encoding/binary"
 	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
 
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -79,4 +83,20 @@ func ctNAT(typ int, to netip.AddrPort) *nl.RtAttr {
 		n.AddChild(ctNest(ctaNATProto, nl.NewRtAttr(ctaProtoNATPortMin, p), nl.NewRtAttr(ctaProtoNATPortMax, p)))
 	}
 	return n
+}
+
+// RaiseConntrackMax makes the kernel's conntrack table hold at least n entries and returns
+// what puts the old size back (a no-op where nothing changed). For a kernel the run owns
+// only (the VM): nf_conntrack_max is the whole kernel's. The VM's 1 GiB sizes it at 8,192,
+// which connection-heavy runs fill within a minute or two (connections stay for TIME_WAIT,
+// 120 s), and then "nf_conntrack: table full, dropping packet" drops new connections.
+func RaiseConntrackMax(n int) (restore func()) {
+	const file = "/proc/sys/net/netfilter/nf_conntrack_max"
+	_ = exec.Command("modprobe", "nf_conntrack").Run() // (the file comes with the module)
+	was, err := os.ReadFile(file)
+	if have, _ := strconv.Atoi(strings.TrimSpace(string(was))); err != nil || have >= n ||
+		os.WriteFile(file, []byte(strconv.Itoa(n)), 0o644) != nil {
+		return func() {}
+	}
+	return func() { _ = os.WriteFile(file, was, 0o644) }
 }
